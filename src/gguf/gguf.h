@@ -1,0 +1,142 @@
+// GGUF v3 container: a memory-mapped, validated, read-only view of one model
+// (possibly split over several files). Tensor data is exposed in place; nothing is
+// copied or dequantized at load.
+#pragma once
+
+#include <cstddef>
+#include <cstdint>
+#include <map>
+#include <memory>
+#include <optional>
+#include <stdexcept>
+#include <string>
+#include <string_view>
+#include <vector>
+
+namespace step35::gguf {
+
+// Any malformed or unreadable input. what() is one line naming the file, the offset
+// or key, and what was expected.
+class Error : public std::runtime_error {
+ public:
+  using std::runtime_error::runtime_error;
+};
+
+enum class ValueType : uint32_t {
+  U8 = 0, I8 = 1, U16 = 2, I16 = 3, U32 = 4, I32 = 5, F32 = 6, BOOL = 7,
+  STRING = 8, ARRAY = 9, U64 = 10, I64 = 11, F64 = 12,
+};
+const char* value_type_name(ValueType t);
+
+// One metadata value. Scalars keep their exact type; integer and float accessors convert
+// with range checks. Arrays hold their element type and the elements (nested arrays allowed).
+struct Value {
+  ValueType type = ValueType::U8;
+  uint64_t u = 0;      // unsigned integers and bool
+  int64_t i = 0;       // signed integers
+  double f = 0.0;      // floats
+  std::string str;     // STRING
+  ValueType elem_type = ValueType::U8;  // ARRAY
+  std::vector<Value> array;             // ARRAY
+
+  bool is_integer() const;
+  bool is_float() const;
+  std::string to_string(size_t max_array_items = 8) const;  // for `inspect`
+};
+
+// Tensor info as stored, plus where its bytes are.
+struct TensorInfo {
+  std::string name;
+  uint32_t n_dims = 0;
+  int64_t ne[4] = {1, 1, 1, 1};  // ne[0] fastest varying; unused dims are 1
+  uint32_t type = 0;             // ggml type id (see tensor/dtype.h)
+  uint64_t offset = 0;           // relative to its file's data section
+  uint64_t nbytes = 0;           // computed from type and shape (overflow-checked)
+  const uint8_t* data = nullptr; // points into the mapping
+  uint32_t file_index = 0;       // which split file holds it
+
+  int64_t n_elements() const { return ne[0] * ne[1] * ne[2] * ne[3]; }
+};
+
+// A read-only memory mapping of one file.
+class MappedFile {
+ public:
+  explicit MappedFile(const std::string& path);  // throws Error
+  ~MappedFile();
+  MappedFile(const MappedFile&) = delete;
+  MappedFile& operator=(const MappedFile&) = delete;
+  const uint8_t* data() const { return data_; }
+  size_t size() const { return size_; }
+  const std::string& path() const { return path_; }
+
+ private:
+  std::string path_;
+  const uint8_t* data_ = nullptr;
+  size_t size_ = 0;
+};
+
+// A parsed model: metadata of the first file, tensors of all split files.
+class File {
+ public:
+  // Opens `path`. If it is the first part of a split model (split.count > 1), the other
+  // parts are found next to it by the `-0000K-of-0000N.gguf` naming and opened too.
+  static std::unique_ptr<File> open(const std::string& path);
+  // Parses an in-memory buffer (used by tests and fuzzers). `name` appears in errors.
+  static std::unique_ptr<File> parse_buffer(const uint8_t* data, size_t size,
+                                            const std::string& name = "<buffer>");
+
+  const std::string& path() const { return path_; }
+  uint32_t version() const { return version_; }
+  uint32_t alignment() const { return alignment_; }
+  size_t n_files() const { return files_.size(); }
+  uint64_t total_file_bytes() const;
+
+  // Metadata.
+  const std::map<std::string, Value>& metadata() const { return kv_; }
+  const Value* find(std::string_view key) const;
+  bool has(std::string_view key) const { return find(key) != nullptr; }
+  // Typed getters: throw Error naming the key when missing or of the wrong type.
+  uint32_t get_u32(std::string_view key) const;   // any integer type in range
+  uint64_t get_u64(std::string_view key) const;   // any non-negative integer type
+  int64_t get_i64(std::string_view key) const;    // any integer type in range
+  float get_f32(std::string_view key) const;      // F32/F64 (or integer)
+  bool get_bool(std::string_view key) const;
+  const std::string& get_str(std::string_view key) const;
+  const Value& get_array(std::string_view key, ValueType elem_type) const;
+  // Optional variants: nullopt when absent, Error when present with the wrong type.
+  std::optional<uint32_t> opt_u32(std::string_view key) const;
+  std::optional<float> opt_f32(std::string_view key) const;
+  std::optional<bool> opt_bool(std::string_view key) const;
+  std::optional<std::string> opt_str(std::string_view key) const;
+  // Per-layer "scalar or array" keys (llama.cpp's u32-or-array rule): a scalar is
+  // repeated n times; an array must have exactly n elements. Missing -> Error unless
+  // a default is given.
+  std::vector<uint32_t> get_u32_per_layer(std::string_view key, size_t n,
+                                          std::optional<uint32_t> dflt = std::nullopt) const;
+  std::vector<float> get_f32_per_layer(std::string_view key, size_t n,
+                                       std::optional<float> dflt = std::nullopt) const;
+  std::vector<bool> get_bool_per_layer(std::string_view key, size_t n,
+                                       std::optional<bool> dflt = std::nullopt) const;
+  // String array (e.g. tokenizer.ggml.tokens).
+  std::vector<std::string> get_str_array(std::string_view key) const;
+  std::vector<int32_t> get_i32_array(std::string_view key) const;
+
+  // Tensors.
+  const std::vector<TensorInfo>& tensors() const { return tensors_; }
+  const TensorInfo* find_tensor(std::string_view name) const;
+
+ private:
+  File() = default;
+  void parse(size_t file_index, const uint8_t* data, size_t size, const std::string& name);
+  void finish();
+
+  std::string path_;
+  uint32_t version_ = 0;
+  uint32_t alignment_ = 32;
+  std::vector<std::unique_ptr<MappedFile>> files_;
+  std::map<std::string, Value> kv_;
+  std::vector<TensorInfo> tensors_;
+  std::map<std::string, size_t, std::less<>> tensor_index_;
+};
+
+}  // namespace step35::gguf

@@ -1,0 +1,55 @@
+// GGUF v3 writer: builds metadata and tensors in memory order and writes one file.
+// Used by `step35 make-tiny`, `step35 quantize` and the tests (corrupt-file corpus).
+#pragma once
+
+#include <cstdint>
+#include <string>
+#include <vector>
+
+#include "gguf/gguf.h"
+
+namespace step35::gguf {
+
+class Writer {
+ public:
+  explicit Writer(uint32_t alignment = 32) : alignment_(alignment) {}
+
+  void set_u8(const std::string& key, uint8_t v);
+  void set_u16(const std::string& key, uint16_t v);
+  void set_u32(const std::string& key, uint32_t v);
+  void set_i32(const std::string& key, int32_t v);
+  void set_u64(const std::string& key, uint64_t v);
+  void set_f32(const std::string& key, float v);
+  void set_bool(const std::string& key, bool v);
+  void set_str(const std::string& key, const std::string& v);
+  void set_arr_i32(const std::string& key, const std::vector<int32_t>& v);
+  void set_arr_u32(const std::string& key, const std::vector<uint32_t>& v);
+  void set_arr_f32(const std::string& key, const std::vector<float>& v);
+  void set_arr_bool(const std::string& key, const std::vector<bool>& v);
+  void set_arr_str(const std::string& key, const std::vector<std::string>& v);
+  // Generic (any Value, nested arrays included). Keys keep insertion order; setting a
+  // key again replaces its value in place.
+  void set(const std::string& key, const Value& v);
+
+  // Adds a tensor; `data` must hold exactly the bytes for (type, ne).
+  void add_tensor(const std::string& name, uint32_t ggml_type, const std::vector<int64_t>& ne,
+                  std::vector<uint8_t> data);
+
+  // Serialises the whole file.
+  std::vector<uint8_t> to_bytes() const;
+  // Writes to `path` (throws Error on I/O failure).
+  void write(const std::string& path) const;
+
+ private:
+  struct PendingTensor {
+    std::string name;
+    uint32_t type;
+    std::vector<int64_t> ne;
+    std::vector<uint8_t> data;
+  };
+  uint32_t alignment_;
+  std::vector<std::pair<std::string, Value>> kv_;
+  std::vector<PendingTensor> tensors_;
+};
+
+}  // namespace step35::gguf

@@ -1,0 +1,45 @@
+// Scalar reference implementations for every supported weight type: dequantize a row,
+// dot a row with an F32 vector, and (where the writer needs it) quantize a row.
+// These are the ground truth that every SIMD kernel is tested against.
+// Block layouts: ../shared/docs/step35-model.md §7.
+#pragma once
+
+#include <cstddef>
+#include <cstdint>
+
+#include "tensor/dtype.h"
+
+namespace step35 {
+
+// Block structs, packed exactly as stored in GGUF (little-endian fields).
+#pragma pack(push, 1)
+struct BlockQ8_0 { uint16_t d; int8_t qs[32]; };
+struct BlockQ4_0 { uint16_t d; uint8_t qs[16]; };
+struct BlockQ4_1 { uint16_t d; uint16_t m; uint8_t qs[16]; };
+struct BlockQ5_0 { uint16_t d; uint8_t qh[4]; uint8_t qs[16]; };
+struct BlockQ5_1 { uint16_t d; uint16_t m; uint8_t qh[4]; uint8_t qs[16]; };
+struct BlockMXFP4 { uint8_t e; uint8_t qs[16]; };
+struct BlockQ2_K { uint8_t scales[16]; uint8_t qs[64]; uint16_t d; uint16_t dmin; };
+struct BlockQ3_K { uint8_t hmask[32]; uint8_t qs[64]; uint8_t scales[12]; uint16_t d; };
+struct BlockQ4_K { uint16_t d; uint16_t dmin; uint8_t scales[12]; uint8_t qs[128]; };
+struct BlockQ5_K { uint16_t d; uint16_t dmin; uint8_t scales[12]; uint8_t qh[32]; uint8_t qs[128]; };
+struct BlockQ6_K { uint8_t ql[128]; uint8_t qh[64]; int8_t scales[16]; uint16_t d; };
+#pragma pack(pop)
+static_assert(sizeof(BlockQ8_0) == 34 && sizeof(BlockQ4_0) == 18 && sizeof(BlockQ4_1) == 20);
+static_assert(sizeof(BlockQ5_0) == 22 && sizeof(BlockQ5_1) == 24 && sizeof(BlockMXFP4) == 17);
+static_assert(sizeof(BlockQ2_K) == 84 && sizeof(BlockQ3_K) == 110 && sizeof(BlockQ4_K) == 144);
+static_assert(sizeof(BlockQ5_K) == 176 && sizeof(BlockQ6_K) == 210);
+
+// Dequantizes n elements (n a multiple of the type's block size) starting at `src`.
+void dequantize_row_ref(DType t, const void* src, float* dst, int64_t n);
+
+// Σ_i w[i]·x[i] over n elements, w in type t, x in F32, accumulated in F32 per block and
+// summed in double across blocks (the reference for "exact weights, F32 activations").
+float dot_row_ref(DType t, const void* w, const float* x, int64_t n);
+
+// Quantizes n F32 values into type t. Supported: F32, F16, BF16, Q8_0, Q4_0, Q4_1,
+// Q5_0, Q5_1 (round-to-nearest encoders as ggml's reference ones) — the K-quants'
+// encoders come with `step35 quantize`. Returns false for unsupported types.
+bool quantize_row_ref(DType t, const float* src, void* dst, int64_t n);
+
+}  // namespace step35

@@ -1,0 +1,82 @@
+// Byte-level BPE tokenizer read from GGUF metadata (tokenizer.ggml.*), with the
+// pre-tokenizer selected by tokenizer.ggml.pre and special-token carving.
+// Algorithm: ../shared/docs/step35-model.md §5.
+#pragma once
+
+#include <cstdint>
+#include <memory>
+#include <string>
+#include <string_view>
+#include <unordered_map>
+#include <vector>
+
+namespace step35::gguf { class File; }
+
+namespace step35 {
+
+using TokenId = int32_t;
+
+enum class TokenType : int32_t {
+  UNDEFINED = 0, NORMAL = 1, UNKNOWN = 2, CONTROL = 3, USER_DEFINED = 4, UNUSED = 5, BYTE = 6,
+};
+
+class Tokenizer {
+ public:
+  // Reads tokens, token types, merges, special ids and the pre-tokenizer name.
+  // Throws gguf::Error on missing/malformed keys or an unsupported tokenizer model.
+  static std::unique_ptr<Tokenizer> from_gguf(const gguf::File& file);
+
+  // add_special: prepend BOS when the vocab says add_bos (llama_tokenize add_special).
+  // parse_special: carve CONTROL tokens out of the text (USER_DEFINED always are).
+  // Arbitrary bytes are accepted (invalid UTF-8 included); the result always decodes
+  // back to exactly the input bytes (plus the BOS text if added).
+  std::vector<TokenId> encode(std::string_view text, bool add_special, bool parse_special) const;
+
+  // Text of one token as raw bytes (byte-level mapping inverted). Control tokens give
+  // their literal text when `special` is true, nothing otherwise.
+  std::string token_to_piece(TokenId id, bool special = true) const;
+  std::string decode(const std::vector<TokenId>& ids, bool special = true) const;
+
+  size_t n_vocab() const { return tokens_.size(); }
+  const std::string& token_text(TokenId id) const { return tokens_.at(size_t(id)); }  // vocab form
+  TokenType token_type(TokenId id) const { return types_.at(size_t(id)); }
+  TokenId find_token(std::string_view text) const;  // by vocab string; -1 if absent
+  TokenId bos() const { return bos_; }
+  TokenId eos() const { return eos_; }
+  bool add_bos() const { return add_bos_; }
+  bool is_eog(TokenId id) const;  // end of generation: eos, eot, <|im_end|>, ...
+  const std::vector<TokenId>& eog_ids() const { return eog_; }
+  const std::string& pre_type() const { return pre_; }
+  size_t n_merges() const { return n_merges_; }
+
+  // Pre-tokenizer split of plain text (no special tokens), exposed for tests.
+  std::vector<std::string> pre_tokenize(std::string_view text) const;
+
+ private:
+  Tokenizer() = default;
+  std::vector<TokenId> bpe(std::string_view piece) const;
+
+  std::vector<std::string> tokens_;
+  std::vector<TokenType> types_;
+  std::unordered_map<std::string, TokenId> token_to_id_;
+  std::unordered_map<std::string, int32_t> merge_rank_;  // "left right" -> rank
+  std::vector<TokenId> special_sorted_;                  // carve-out order (longest first)
+  std::vector<TokenId> eog_;
+  std::string pre_;
+  size_t n_merges_ = 0;
+  TokenId bos_ = -1, eos_ = -1;
+  bool add_bos_ = false;
+};
+
+// Incremental UTF-8 assembly for streaming: feed token pieces, get back only complete
+// UTF-8 sequences; invalid bytes are passed through once they can no longer complete.
+class Utf8Stream {
+ public:
+  std::string push(std::string_view bytes);
+  std::string flush();
+
+ private:
+  std::string pending_;
+};
+
+}  // namespace step35

@@ -1,0 +1,127 @@
+#include "support.h"
+
+#include <sys/stat.h>
+#include <sys/wait.h>
+
+#include <cstdio>
+#include <cstring>
+#include <fstream>
+#include <mutex>
+#include <sstream>
+#include <stdexcept>
+
+namespace step35::testing {
+
+std::string fixtures_dir() { return STEP35_FIXTURES_DIR; }
+std::string fixture_model(const std::string& file) { return fixtures_dir() + "/models/" + file; }
+std::string golden_path(const std::string& file) { return fixtures_dir() + "/golden/" + file; }
+
+std::string tmp_dir() {
+  std::string dir = STEP35_TEST_TMP;
+  ::mkdir(dir.c_str(), 0755);
+  return dir;
+}
+
+bool file_exists(const std::string& path) {
+  struct stat st;
+  return ::stat(path.c_str(), &st) == 0;
+}
+
+std::vector<uint8_t> read_bytes(const std::string& path) {
+  std::ifstream in(path, std::ios::binary);
+  if (!in) throw std::runtime_error("cannot open " + path);
+  return std::vector<uint8_t>((std::istreambuf_iterator<char>(in)), std::istreambuf_iterator<char>());
+}
+
+std::vector<float> read_f32(const std::string& path) {
+  auto bytes = read_bytes(path);
+  if (bytes.size() % 4) throw std::runtime_error("not a float32 file: " + path);
+  std::vector<float> v(bytes.size() / 4);
+  std::memcpy(v.data(), bytes.data(), bytes.size());
+  return v;
+}
+
+nlohmann::json read_json(const std::string& path) {
+  std::ifstream in(path);
+  if (!in) throw std::runtime_error("cannot open " + path);
+  return nlohmann::json::parse(in);
+}
+
+void write_bytes(const std::string& path, const std::vector<uint8_t>& data) {
+  std::ofstream out(path, std::ios::binary);
+  out.write(reinterpret_cast<const char*>(data.data()), std::streamsize(data.size()));
+  if (!out) throw std::runtime_error("cannot write " + path);
+}
+
+static std::string slurp_and_remove(const std::string& path) {
+  std::string s;
+  if (file_exists(path)) {
+    auto b = read_bytes(path);
+    s.assign(b.begin(), b.end());
+  }
+  std::remove(path.c_str());
+  return s;
+}
+
+int run_command(const std::string& cmd, std::string* out, std::string* err) {
+  static std::mutex mu;
+  static int counter = 0;
+  std::string base;
+  {
+    std::lock_guard<std::mutex> lock(mu);
+    base = tmp_dir() + "/cmd." + std::to_string(::getpid()) + "." + std::to_string(counter++);
+  }
+  std::string full = "(" + cmd + ") >" + base + ".out 2>" + base + ".err </dev/null";
+  int rc = std::system(full.c_str());
+  std::string o = slurp_and_remove(base + ".out");
+  std::string e = slurp_and_remove(base + ".err");
+  if (out) *out = o;
+  if (err) *err = e;
+  if (rc == -1) return -1;
+  return WIFEXITED(rc) ? WEXITSTATUS(rc) : 128 + WTERMSIG(rc);
+}
+
+std::string step35_binary() { return STEP35_BINARY; }
+
+std::string regenerated_fixture(const std::string& file, std::string* why) {
+  static std::mutex mu;
+  std::lock_guard<std::mutex> lock(mu);
+  const std::string out = tmp_dir() + "/" + file;
+  nlohmann::json manifest = read_json(fixtures_dir() + "/manifest.json");
+  // Find the generator command for this file and the expected sha256.
+  std::string gen_cmd;
+  for (const auto& c : manifest["commands"]) {
+    std::string s = c.get<std::string>();
+    if (s.rfind("python3 tools/make_tiny_step35.py --out " + file + " ", 0) == 0) gen_cmd = s;
+  }
+  if (gen_cmd.empty() && file == "tiny-b-q8_0.gguf") {
+    // Not in the command list (made by llama-quantize); the generator's --dtype q8_0 output
+    // holds the same tensor data (fixtures README).
+    for (const auto& c : manifest["commands"]) {
+      std::string s = c.get<std::string>();
+      if (s.rfind("python3 tools/make_tiny_step35.py --out tiny-b-f32.gguf ", 0) == 0) {
+        gen_cmd = s;
+        gen_cmd.replace(gen_cmd.find("tiny-b-f32.gguf"), 15, file);
+        gen_cmd.replace(gen_cmd.find(" --quiet"), 8, " --dtype q8_0 --quiet");
+      }
+    }
+  }
+  if (gen_cmd.empty()) {
+    if (why) *why = "no generator command for " + file + " in manifest.json";
+    return "";
+  }
+  if (file_exists(out)) return out;
+  // Run from tmp_dir so general.name (derived from the output file name) matches.
+  std::string cmd = gen_cmd;
+  cmd.replace(0, std::strlen("python3 tools/"), "python3 " + std::string(STEP35_SHARED_TOOLS_DIR) + "/");
+  std::string err;
+  int rc = run_command("cd '" + tmp_dir() + "' && " + cmd + " > /dev/null", nullptr, &err);
+  if (rc != 0) {
+    if (why) *why = "generator failed (" + std::to_string(rc) + "): " + err;
+    std::remove(out.c_str());
+    return "";
+  }
+  return out;
+}
+
+}  // namespace step35::testing

@@ -1,0 +1,32 @@
+// Shared helpers for the tests: fixture paths, reading golden files, running the CLI.
+#pragma once
+
+#include <cstdint>
+#include <string>
+#include <vector>
+
+#include <nlohmann/json.hpp>
+
+namespace step35::testing {
+
+std::string fixtures_dir();                 // ../shared/fixtures
+std::string fixture_model(const std::string& file);   // models/<file>
+std::string golden_path(const std::string& file);     // golden/<file>
+std::string tmp_dir();                      // per-build scratch folder (created)
+bool file_exists(const std::string& path);
+std::vector<uint8_t> read_bytes(const std::string& path);
+std::vector<float> read_f32(const std::string& path);
+nlohmann::json read_json(const std::string& path);
+void write_bytes(const std::string& path, const std::vector<uint8_t>& data);
+
+// Runs a shell command, returns its exit status; stdout goes to *out (if given),
+// stderr to *err (if given).
+int run_command(const std::string& cmd, std::string* out = nullptr, std::string* err = nullptr);
+std::string step35_binary();                // the built CLI
+
+// Path of a fixture model that is not shipped but regenerable with the reference
+// generator (tiny-k-f32, tiny-b-q8_0): generated once into tmp_dir() and checked against
+// manifest.json's sha256. Returns "" (and sets *why) when it cannot be made.
+std::string regenerated_fixture(const std::string& file, std::string* why);
+
+}  // namespace step35::testing
