@@ -1,0 +1,45 @@
+// step35: command-line entry point. Dispatches to the subcommands in tools/cmd_*.cpp.
+#include <cstdio>
+#include <cstring>
+#include <exception>
+#include <string>
+
+#include "commands.h"
+
+using namespace step35::cli;
+
+static void print_usage() {
+  std::fprintf(stderr,
+               "usage: step35 <command> [options]\n"
+               "\n"
+               "commands:\n"
+               "  run        generate text from a prompt (streams to stdout)\n"
+               "  eval       run token ids as one batch, print logits/argmax/greedy as JSON\n"
+               "  tokenize   print the token ids of a text as JSON\n"
+               "  inspect    describe a GGUF model (hyperparameters, tensors, tokenizer)\n"
+               "  make-tiny  write a small random-weight step35 GGUF\n"
+               "\n"
+               "run 'step35 <command> --help' for a command's options.\n");
+}
+
+int main(int argc, char** argv) {
+  if (argc < 2 || !std::strcmp(argv[1], "--help") || !std::strcmp(argv[1], "-h")) {
+    print_usage();
+    return argc < 2 ? 1 : 0;
+  }
+  const std::string cmd = argv[1];
+  Args args(argv + 2, argv + argc);
+  try {
+    if (cmd == "run") return cmd_run(args);
+    if (cmd == "eval") return cmd_eval(args);
+    if (cmd == "tokenize") return cmd_tokenize(args);
+    if (cmd == "inspect") return cmd_inspect(args);
+    if (cmd == "make-tiny") return cmd_make_tiny(args);
+  } catch (const std::exception& e) {
+    std::fprintf(stderr, "step35 %s: error: %s\n", cmd.c_str(), e.what());
+    return 1;
+  }
+  std::fprintf(stderr, "step35: unknown command '%s'\n\n", cmd.c_str());
+  print_usage();
+  return 1;
+}
