@@ -44,6 +44,11 @@ struct Value {
   std::string to_string(size_t max_array_items = 8) const;  // for `inspect`
 };
 
+// Bytes of a tensor of ggml type `type` with shape ne[0..n_dims): nullopt for an unsupported
+// type, n_dims outside 1..4, a dimension <= 0, ne[0] not a multiple of the type's block
+// size, or a size that overflows uint64.
+std::optional<uint64_t> tensor_nbytes(uint32_t type, const int64_t* ne, size_t n_dims);
+
 // Tensor info as stored, plus where its bytes are.
 struct TensorInfo {
   std::string name;
@@ -88,8 +93,10 @@ class File {
   const std::string& path() const { return path_; }
   uint32_t version() const { return version_; }
   uint32_t alignment() const { return alignment_; }
-  size_t n_files() const { return files_.size(); }
+  size_t n_files() const { return file_sizes_.size(); }  // 1 for parse_buffer
   uint64_t total_file_bytes() const;
+  // Byte offset of the data section (header end rounded up to the alignment) in file i.
+  uint64_t data_offset(size_t file_index = 0) const;
 
   // Metadata.
   const std::map<std::string, Value>& metadata() const { return kv_; }
@@ -134,6 +141,8 @@ class File {
   uint32_t version_ = 0;
   uint32_t alignment_ = 32;
   std::vector<std::unique_ptr<MappedFile>> files_;
+  std::vector<uint64_t> file_sizes_;    // one per parsed part (also for parse_buffer)
+  std::vector<uint64_t> data_offsets_;  // one per parsed part
   std::map<std::string, Value> kv_;
   std::vector<TensorInfo> tensors_;
   std::map<std::string, size_t, std::less<>> tensor_index_;

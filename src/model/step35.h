@@ -1,0 +1,136 @@
+// The step35 architecture (Step 3.5 Flash): hyperparameters read from GGUF metadata,
+// the tensor set, and the forward pass. Reads section by section like
+// ../shared/docs/step35-model.md (§2 forward pass, §3 MTP, §4 GGUF keys and tensors).
+// Nothing about the released model is hard-coded: the tiny fixtures and the 196B model
+// run through the same code.
+#pragma once
+
+#include <cstdint>
+#include <functional>
+#include <memory>
+#include <string>
+#include <vector>
+
+#include "gguf/gguf.h"
+#include "runtime/kv_cache.h"
+#include "tensor/tensor.h"
+#include "tokenizer/tokenizer.h"
+
+namespace step35 {
+
+class ThreadPool;
+
+// §2.1: everything that varies per block (trunk layers and MTP blocks alike).
+struct LayerHParams {
+  bool is_swa = false;      // sliding-window attention (else full attention)
+  int32_t n_head = 0;       // query heads
+  int32_t n_head_kv = 0;    // key/value heads
+  int32_t n_rot = 0;        // rotary dims (full layers rotate half the head)
+  float rope_base = 10000;  // θ base
+  bool use_rope_freqs = false;  // llama3 factors from rope_freqs.weight (full layers)
+  bool is_moe = false;      // ffn_gate_inp present
+  int32_t n_ff = 0;         // dense MLP width (dense layers)
+  int32_t n_expert_used = 0;
+  int32_t n_ff_exp = 0;
+  float clamp_exp = 0;      // SwiGLU limit for routed experts (0 = off)
+  float clamp_shexp = 0;    // SwiGLU limit for the shared expert and dense MLPs
+};
+
+struct HParams {
+  int32_t n_vocab = 0;
+  int32_t n_embd = 0;
+  int32_t n_layer = 0;      // trunk layers
+  int32_t n_mtp = 0;        // MTP blocks declared (block_count - n_layer)
+  int32_t head_dim_k = 0;
+  int32_t head_dim_v = 0;
+  float rms_eps = 1e-5f;
+  int32_t swa_window = 0;
+  int32_t n_ctx_train = 0;
+  int32_t n_expert = 0;
+  int32_t n_ff_shexp = 0;
+  bool gating_sigmoid = true;      // expert_gating_func: sigmoid (2, default) or softmax (1)
+  bool expert_weights_norm = false;
+  float expert_weights_scale = 1.0f;
+  std::vector<LayerHParams> layers;  // block_count entries (trunk, then MTP)
+};
+
+// §4.3: one block's tensors, in place in the mapping. Norm vectors are small and copied
+// to F32 at load (they may be stored in any type).
+struct LayerWeights {
+  std::vector<float> attn_norm, attn_q_norm, attn_k_norm, ffn_norm;
+  WeightMatrix attn_q, attn_k, attn_v, attn_gate, attn_output;
+  // dense MLP
+  WeightMatrix ffn_gate, ffn_up, ffn_down;
+  // MoE
+  WeightMatrix ffn_gate_inp;       // router {n_embd, n_expert}
+  std::vector<float> exp_probs_b;  // selection bias (empty if absent)
+  WeightMatrix ffn_gate_exps, ffn_up_exps, ffn_down_exps;
+  WeightMatrix ffn_gate_shexp, ffn_up_shexp, ffn_down_shexp;
+  // MTP (§3): only on blocks n_layer.. with nextn tensors
+  WeightMatrix nextn_eh_proj, nextn_shared_head_head, nextn_embed_tokens;
+  std::vector<float> nextn_enorm, nextn_hnorm, nextn_shared_head_norm;
+};
+
+// Receives named intermediates ("attn_norm_in", layer, data, n_floats) during a forward
+// pass, with the same names as llama.cpp's graph so runs can be diffed layer by layer
+// against the fixtures' *.layers.f32 dumps. Layer is -1 for model-level tensors.
+using DumpFn = std::function<void(const std::string& name, int layer, const float* data,
+                                  int64_t n_floats)>;
+
+class Model {
+ public:
+  struct LoadOptions {
+    bool verbose = true;    // print a summary line to stderr
+    bool progress = false;  // progress bar on stderr
+  };
+  // Throws gguf::Error with a one-line message for anything malformed or unsupported.
+  static std::unique_ptr<Model> load(const std::string& path, const LoadOptions& opts);
+  static std::unique_ptr<Model> load(const std::string& path) { return load(path, LoadOptions{}); }
+
+  const HParams& hparams() const { return hp_; }
+  const Tokenizer& tokenizer() const { return *tokenizer_; }
+  const gguf::File& file() const { return *file_; }
+  const LayerWeights& layer(int il) const { return layers_[size_t(il)]; }
+  bool has_mtp() const { return n_mtp_loaded_ > 0; }
+  int32_t n_mtp_loaded() const { return n_mtp_loaded_; }
+  // Bytes of all weight tensors (file size minus metadata).
+  uint64_t weight_bytes() const { return weight_bytes_; }
+
+  // A KV cache for the trunk layers (and, with `with_mtp`, the MTP blocks after them).
+  std::unique_ptr<KvCache> make_cache(int32_t n_ctx, int32_t max_batch, bool with_mtp = false) const;
+
+  // Runs n_tokens tokens at positions cache.n_pos() ... through the trunk, appending their
+  // K/V to the cache. Writes logits for every position (n_tokens × n_vocab) when
+  // all_logits, else only for the last one (n_vocab). `hidden` (optional) receives the
+  // last trunk layer's output before output_norm, n_tokens × n_embd (the MTP input).
+  // Batches longer than the cache's max_batch are processed in chunks.
+  void forward(KvCache& cache, const int32_t* tokens, int32_t n_tokens, bool all_logits,
+               std::vector<float>& logits, ThreadPool& pool, std::vector<float>* hidden = nullptr,
+               const DumpFn& dump = nullptr) const;
+
+ private:
+  Model() = default;
+  void load_hparams();
+  void load_tensors(const LoadOptions& opts);
+  void forward_chunk(KvCache& cache, const int32_t* tokens, int32_t n_tokens, bool all_logits,
+                     float* logits, ThreadPool& pool, float* hidden, const DumpFn& dump) const;
+  void attention(const LayerHParams& L, const LayerWeights& W, size_t cache_layer, KvCache& cache,
+                 int32_t pos0, int32_t n_tokens, const float* a, float* out, ThreadPool& pool,
+                 int il, const DumpFn& dump) const;
+  void dense_ffn(const LayerHParams& L, const LayerWeights& W, const float* f, int32_t n_tokens,
+                 float* out, ThreadPool& pool) const;
+  void moe_ffn(const LayerHParams& L, const LayerWeights& W, const float* f, int32_t n_tokens,
+               float* out, ThreadPool& pool, int il, const DumpFn& dump) const;
+
+  std::unique_ptr<gguf::File> file_;
+  std::unique_ptr<Tokenizer> tokenizer_;
+  HParams hp_;
+  std::vector<LayerWeights> layers_;
+  WeightMatrix token_embd_, output_;
+  std::vector<float> output_norm_;
+  std::vector<float> rope_freqs_;  // empty if absent
+  int32_t n_mtp_loaded_ = 0;
+  uint64_t weight_bytes_ = 0;
+};
+
+}  // namespace step35

@@ -1,0 +1,52 @@
+// Views of weight matrices stored in place in the mapped GGUF, and the matrix-vector
+// products the model is built from.
+#pragma once
+
+#include <cstddef>
+#include <cstdint>
+
+#include "tensor/dtype.h"
+
+namespace step35 {
+
+class ThreadPool;
+
+// One weight tensor {n_in, n_out[, n_mat]}: n_mat matrices of n_out rows, each row n_in
+// elements of `type`, rows contiguous (GGUF layout). A 1-D tensor is one row (n_out = 1).
+struct WeightMatrix {
+  const uint8_t* data = nullptr;
+  DType type = DType::F32;
+  int64_t n_in = 0, n_out = 0, n_mat = 1;
+  size_t row_bytes = 0;
+
+  bool present() const { return data != nullptr; }
+  size_t mat_bytes() const { return row_bytes * size_t(n_out); }
+  size_t total_bytes() const { return mat_bytes() * size_t(n_mat); }
+  const uint8_t* row(int64_t r, int64_t mat = 0) const {
+    return data + size_t(mat) * mat_bytes() + size_t(r) * row_bytes;
+  }
+  WeightMatrix matrix(int64_t mat) const {  // one expert of a 3-D tensor
+    WeightMatrix m = *this;
+    m.data = data + size_t(mat) * mat_bytes();
+    m.n_mat = 1;
+    return m;
+  }
+};
+
+// Dequantizes row r of w into dst[n_in].
+void dequantize_row(const WeightMatrix& w, int64_t r, float* dst);
+
+// Σ a[i]·b[i] in F32 with a fixed summation order (independent of the thread count).
+float dot_f32(const float* a, const float* b, int64_t n);
+
+// y[t][o] = Σ_i W[o][i] · x[t][i] for t < n_tok, o < n_out (x: n_tok rows of n_in, y: n_tok
+// rows of n_out). Work is split over output rows, so each weight row is read once per
+// call whatever n_tok is, and results are identical for any thread count.
+void matmul(const WeightMatrix& w, const float* x, int64_t n_tok, float* y, ThreadPool& pool);
+
+// Same, for a list of token rows: y[j] = W · x[rows[j]] for j < n_rows (used by MoE
+// experts, which see only the tokens routed to them).
+void matmul_rows(const WeightMatrix& w, const float* x, const int32_t* rows, int64_t n_rows,
+                 float* y, ThreadPool& pool);
+
+}  // namespace step35

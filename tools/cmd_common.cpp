@@ -1,0 +1,118 @@
+#include <sys/stat.h>
+#include <unistd.h>
+
+#include <chrono>
+#include <cstdio>
+#include <cstdlib>
+#include <thread>
+
+#include "args.h"
+#include "common.h"
+#include "model/make_tiny.h"
+
+namespace step35::cli {
+
+int default_threads() {
+  const unsigned n = std::thread::hardware_concurrency();
+  return n == 0 ? 1 : int(n);
+}
+
+double now_seconds() {
+  using namespace std::chrono;
+  return duration<double>(steady_clock::now().time_since_epoch()).count();
+}
+
+std::unique_ptr<Model> load_model(const std::string& path, bool quiet) {
+  const double t0 = now_seconds();
+  Model::LoadOptions opts;
+  opts.verbose = !quiet;
+  opts.progress = !quiet;
+  auto model = Model::load(path, opts);
+  if (!quiet) {
+    const HParams& hp = model->hparams();
+    int n_moe = 0, n_swa = 0;
+    for (int il = 0; il < hp.n_layer; ++il) {
+      n_moe += hp.layers[size_t(il)].is_moe;
+      n_swa += hp.layers[size_t(il)].is_swa;
+    }
+    std::fprintf(stderr,
+                 "model: %s | %d layers (%d SWA, %d full; %d MoE) + %d MTP | embd %d | vocab %d | "
+                 "%.1f MiB of weights mapped | loaded in %.0f ms\n",
+                 path.c_str(), hp.n_layer, n_swa, hp.n_layer - n_swa, n_moe, model->n_mtp_loaded(),
+                 hp.n_embd, hp.n_vocab, double(model->weight_bytes()) / (1 << 20),
+                 (now_seconds() - t0) * 1e3);
+  }
+  return model;
+}
+
+void print_kv_cache(const Model& model, const KvCache& cache) {
+  size_t n_full = 0, n_swa = 0;
+  int32_t ring = 0;
+  for (size_t il = 0; il < cache.n_layers(); ++il) {
+    if (cache.shape(il).is_swa) {
+      ++n_swa;
+      ring = cache.capacity(il);
+    } else {
+      ++n_full;
+    }
+  }
+  std::fprintf(stderr,
+               "kv cache: %.2f MiB (F32) = %zu full-attention layers x %d positions + %zu SWA layers x "
+               "%d-position ring (window %d)\n",
+               double(cache.bytes()) / (1 << 20), n_full, cache.n_ctx(), n_swa, ring,
+               model.hparams().swa_window);
+}
+
+static std::string cache_dir() {
+  if (const char* d = std::getenv("STEP35_CACHE_DIR"); d && *d) return d;
+  if (const char* d = std::getenv("XDG_CACHE_HOME"); d && *d) return std::string(d) + "/step35";
+  if (const char* h = std::getenv("HOME"); h && *h) return std::string(h) + "/.cache/step35";
+  return "/tmp/step35-cache";
+}
+
+static void mkdirs(const std::string& path) {
+  for (size_t i = 1; i <= path.size(); ++i)
+    if (i == path.size() || path[i] == '/') ::mkdir(path.substr(0, i).c_str(), 0755);
+}
+
+std::string builtin_tiny_model_path() {
+  const std::string dir = cache_dir();
+  const std::string path = dir + "/tiny-random-f32.gguf";
+  struct stat st;
+  if (::stat(path.c_str(), &st) == 0) return path;
+  mkdirs(dir);
+  std::fprintf(stderr, "creating the built-in tiny model at %s ...\n", path.c_str());
+  // Write to a temporary name, then rename: a concurrent or interrupted run never sees a
+  // half-written file.
+  const std::string tmp = path + ".tmp." + std::to_string(::getpid());
+  TinyModelOptions opts;
+  opts.name = "step35-tiny-random";
+  make_tiny_model(opts, tmp);
+  if (std::rename(tmp.c_str(), path.c_str()) != 0) {
+    std::remove(tmp.c_str());
+    throw std::runtime_error("cannot create " + path);
+  }
+  return path;
+}
+
+std::vector<int32_t> parse_token_list(const std::string& s) {
+  std::vector<int32_t> ids;
+  size_t i = 0;
+  while (i < s.size()) {
+    size_t j = s.find(',', i);
+    if (j == std::string::npos) j = s.size();
+    std::string item = s.substr(i, j - i);
+    while (!item.empty() && item.front() == ' ') item.erase(item.begin());
+    while (!item.empty() && item.back() == ' ') item.pop_back();
+    char* end = nullptr;
+    long long v = std::strtoll(item.c_str(), &end, 10);
+    if (item.empty() || *end != '\0' || v < 0 || v > 0x7fffffff)
+      throw UsageError("--tokens expects comma-separated non-negative token ids, got '" + item + "'");
+    ids.push_back(int32_t(v));
+    i = j + 1;
+  }
+  if (ids.empty()) throw UsageError("--tokens is empty");
+  return ids;
+}
+
+}  // namespace step35::cli

@@ -1,0 +1,92 @@
+// step35 inspect: architecture, hyperparameters, per-layer schedule, tensor types and
+// bytes, tokenizer summary, and the KV cache a given context would need.
+#include <cstdio>
+#include <map>
+
+#include "args.h"
+#include "commands.h"
+#include "common.h"
+#include "tensor/dtype.h"
+
+namespace step35::cli {
+
+static int inspect_main(const Args& args) {
+  ArgParser p("inspect", "Describes a step35 GGUF model.");
+  p.positional("MODEL", "GGUF file (first part of a split model)");
+  p.flag("-m,--model", "FILE", "same as MODEL");
+  p.flag("-c,--ctx-size", "N", "context size for the KV cache estimate", "the model's training context");
+  p.flag("--metadata", "", "also list every metadata key");
+  p.flag("--tensors", "", "also list every tensor");
+  if (!p.parse(args)) return 0;
+  std::string path = p.positionals().empty() ? p.str("model") : p.positionals()[0];
+  if (path.empty()) throw UsageError("MODEL is required");
+  auto model = load_model(path, true);
+  const gguf::File& f = model->file();
+  const HParams& hp = model->hparams();
+  const Tokenizer& tok = model->tokenizer();
+
+  std::printf("file:          %s (%zu part%s, %.1f MiB, GGUF v%u, alignment %u)\n", path.c_str(), f.n_files(),
+              f.n_files() > 1 ? "s" : "", double(f.total_file_bytes()) / (1 << 20), f.version(), f.alignment());
+  std::printf("architecture:  %s  name: %s\n", f.get_str("general.architecture").c_str(),
+              f.opt_str("general.name").value_or("-").c_str());
+  std::printf("layers:        %d trunk + %d MTP declared (%d MTP loaded)\n", hp.n_layer, hp.n_mtp,
+              model->n_mtp_loaded());
+  std::printf("embedding:     %d   vocab: %d   head dim: %d (K) / %d (V)\n", hp.n_embd, hp.n_vocab,
+              hp.head_dim_k, hp.head_dim_v);
+  std::printf("attention:     sliding window %d, rms eps %g, context (training) %d\n", hp.swa_window,
+              double(hp.rms_eps), hp.n_ctx_train);
+  std::printf("experts:       %d, gating %s, weights %snormalised, scale %g, shared ff %d\n", hp.n_expert,
+              hp.gating_sigmoid ? "sigmoid" : "softmax", hp.expert_weights_norm ? "" : "not ",
+              double(hp.expert_weights_scale), hp.n_ff_shexp);
+  std::printf("\n  il  attn  heads  kv  rot  rope base   ffn    ff/exp  top-k  clamp exp/shexp\n");
+  for (size_t il = 0; il < hp.layers.size(); ++il) {
+    const LayerHParams& L = hp.layers[il];
+    std::printf("  %2zu  %-4s  %5d  %2d  %3d  %-10g  %-5s  %6d  %5d  %g / %g%s\n", il, L.is_swa ? "swa" : "full",
+                L.n_head, L.n_head_kv, L.n_rot, double(L.rope_base), L.is_moe ? "moe" : "dense",
+                L.is_moe ? L.n_ff_exp : L.n_ff, L.is_moe ? L.n_expert_used : 0, double(L.clamp_exp),
+                double(L.clamp_shexp), int(il) >= hp.n_layer ? "  (MTP)" : "");
+  }
+  std::map<std::string, std::pair<size_t, uint64_t>> by_type;
+  for (const auto& t : f.tensors()) {
+    auto& e = by_type[dtype_info(t.type) ? dtype_info(t.type)->name : "?"];
+    e.first++;
+    e.second += t.nbytes;
+  }
+  std::printf("\ntensors:       %zu\n", f.tensors().size());
+  for (const auto& [name, e] : by_type)
+    std::printf("  %-6s %5zu tensors  %10.2f MiB\n", name.c_str(), e.first, double(e.second) / (1 << 20));
+  std::printf("\ntokenizer:     %zu tokens, %zu merges, pre-tokenizer '%s', bos %d, eos %d, add_bos %s, "
+              "%zu end-of-generation ids\n",
+              tok.n_vocab(), tok.n_merges(), tok.pre_type().c_str(), tok.bos(), tok.eos(),
+              tok.add_bos() ? "yes" : "no", tok.eog_ids().size());
+  std::printf("chat template: %s\n", f.has("tokenizer.chat_template") ? "embedded" : "none (Step 3.5 format)");
+  const int n_ctx = int(p.i64("ctx-size", hp.n_ctx_train, 1, 1 << 30));
+  size_t full = 0, swa = 0;
+  for (int il = 0; il < hp.n_layer; ++il) (hp.layers[size_t(il)].is_swa ? swa : full)++;
+  const double row = double(hp.head_dim_k + hp.head_dim_v) * 4;  // K+V floats per KV head
+  double bytes = 0;
+  for (int il = 0; il < hp.n_layer; ++il) {
+    const LayerHParams& L = hp.layers[size_t(il)];
+    const double slots = L.is_swa ? std::min<double>(n_ctx, hp.swa_window + 512 - 1) : n_ctx;
+    bytes += slots * L.n_head_kv * row;
+  }
+  std::printf("kv cache:      %.1f MiB (F32) at context %d: %zu full layers x %d + %zu SWA layers x %d\n",
+              bytes / (1 << 20), n_ctx, full, n_ctx, swa, std::min(n_ctx, hp.swa_window + 511));
+  if (p.has("metadata")) {
+    std::printf("\nmetadata:\n");
+    for (const auto& [k, v] : f.metadata()) std::printf("  %s = %s\n", k.c_str(), v.to_string().c_str());
+  }
+  if (p.has("tensors")) {
+    std::printf("\n");
+    for (const auto& t : f.tensors()) {
+      std::printf("  %-40s %-6s {", t.name.c_str(), dtype_info(t.type) ? dtype_info(t.type)->name : "?");
+      for (uint32_t d = 0; d < t.n_dims; ++d) std::printf("%s%lld", d ? ", " : "", (long long)t.ne[d]);
+      std::printf("}  %llu bytes\n", (unsigned long long)t.nbytes);
+    }
+  }
+  return 0;
+}
+
+int cmd_inspect(const Args& args) { return run_guarded("inspect", inspect_main, args); }
+
+}  // namespace step35::cli
