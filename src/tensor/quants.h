@@ -31,6 +31,8 @@ static_assert(sizeof(BlockQ2_K) == 84 && sizeof(BlockQ3_K) == 110 && sizeof(Bloc
 static_assert(sizeof(BlockQ5_K) == 176 && sizeof(BlockQ6_K) == 210);
 
 // Dequantizes n elements (n a multiple of the type's block size) starting at `src`.
+// `src`/`w` need no alignment. A wrong n or an unsupported t throws std::invalid_argument
+// (checked once per row).
 void dequantize_row_ref(DType t, const void* src, float* dst, int64_t n);
 
 // Σ_i w[i]·x[i] over n elements, w in type t, x in F32, accumulated in F32 per block and

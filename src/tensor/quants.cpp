@@ -1,0 +1,436 @@
+// Scalar reference kernels: one plain per-block dequantizer per type (formulas of
+// ../shared/docs/step35-model.md §7), and row loops that dispatch on the type once per row.
+// The float operation order inside each dequantizer is the natural one of the formula
+// (scale·q, then ± offset) so the values match llama.cpp's own dequantization.
+#include "tensor/quants.h"
+
+#include <algorithm>
+#include <cmath>
+#include <cstring>
+#include <stdexcept>
+#include <string>
+
+#include "tensor/fp16.h"
+
+namespace step35 {
+
+namespace {
+
+// ---- per-block dequantizers ----------------------------------------------------------
+// The block structs are packed (alignment 1), so member reads are unaligned-safe; only the
+// u32 view of qh needs memcpy.
+
+uint32_t load_u32(const uint8_t* p) {
+  uint32_t v;
+  std::memcpy(&v, p, 4);  // GGUF is little-endian and so are the hosts we build for
+  return v;
+}
+
+void deq_q8_0(const BlockQ8_0& b, float* y) {
+  const float d = fp16_to_fp32(b.d);
+  for (int j = 0; j < 32; ++j) y[j] = float(b.qs[j]) * d;
+}
+
+void deq_q4_0(const BlockQ4_0& b, float* y) {
+  const float d = fp16_to_fp32(b.d);
+  for (int j = 0; j < 16; ++j) {
+    y[j] = float((b.qs[j] & 15) - 8) * d;
+    y[j + 16] = float((b.qs[j] >> 4) - 8) * d;
+  }
+}
+
+void deq_q4_1(const BlockQ4_1& b, float* y) {
+  const float d = fp16_to_fp32(b.d), m = fp16_to_fp32(b.m);
+  for (int j = 0; j < 16; ++j) {
+    y[j] = float(b.qs[j] & 15) * d + m;
+    y[j + 16] = float(b.qs[j] >> 4) * d + m;
+  }
+}
+
+void deq_q5_0(const BlockQ5_0& b, float* y) {
+  const float d = fp16_to_fp32(b.d);
+  const uint32_t qh = load_u32(b.qh);
+  for (int j = 0; j < 16; ++j) {
+    const int lo = (b.qs[j] & 15) | int(((qh >> j) & 1u) << 4);
+    const int hi = (b.qs[j] >> 4) | int(((qh >> (j + 16)) & 1u) << 4);
+    y[j] = float(lo - 16) * d;
+    y[j + 16] = float(hi - 16) * d;
+  }
+}
+
+void deq_q5_1(const BlockQ5_1& b, float* y) {
+  const float d = fp16_to_fp32(b.d), m = fp16_to_fp32(b.m);
+  const uint32_t qh = load_u32(b.qh);
+  for (int j = 0; j < 16; ++j) {
+    const int lo = (b.qs[j] & 15) | int(((qh >> j) & 1u) << 4);
+    const int hi = (b.qs[j] >> 4) | int(((qh >> (j + 16)) & 1u) << 4);
+    y[j] = float(lo) * d + m;
+    y[j + 16] = float(hi) * d + m;
+  }
+}
+
+// E2M1 values doubled (so they are integers); the scale below is halved to compensate.
+constexpr int8_t kMxfp4Values[16] = {0, 1, 2, 3, 4, 6, 8, 12, 0, -1, -2, -3, -4, -6, -8, -12};
+
+void deq_mxfp4(const BlockMXFP4& b, float* y) {
+  // 2^(e-128) for every e in 0..255 is representable (e = 0, 1 are float denormals);
+  // ldexp is exact for these.
+  const float d = std::ldexp(1.0f, int(b.e) - 128);
+  for (int j = 0; j < 16; ++j) {
+    y[j] = float(kMxfp4Values[b.qs[j] & 15]) * d;
+    y[j + 16] = float(kMxfp4Values[b.qs[j] >> 4]) * d;
+  }
+}
+
+// Q4_K / Q5_K: 6-bit scale and min of sub-block b (0..7) from the 12 packed bytes. The
+// first four sub-blocks use the low 6 bits of bytes 0..7; the last four take their low
+// nibbles from bytes 8..11 and their top two bits from the spare bits 6..7 of bytes 0..7.
+void k4_scale_min(const uint8_t* s, int b, int* sc, int* m) {
+  if (b < 4) {
+    *sc = s[b] & 63;
+    *m = s[b + 4] & 63;
+  } else {
+    *sc = (s[b + 4] & 15) | ((s[b - 4] >> 6) << 4);
+    *m = (s[b + 4] >> 4) | ((s[b] >> 6) << 4);
+  }
+}
+
+void deq_q4_k(const BlockQ4_K& b, float* y) {
+  const float d = fp16_to_fp32(b.d), dmin = fp16_to_fp32(b.dmin);
+  for (int c = 0; c < 4; ++c) {
+    int sc0, m0, sc1, m1;
+    k4_scale_min(b.scales, 2 * c, &sc0, &m0);
+    k4_scale_min(b.scales, 2 * c + 1, &sc1, &m1);
+    const float d0 = d * float(sc0), o0 = dmin * float(m0);
+    const float d1 = d * float(sc1), o1 = dmin * float(m1);
+    const uint8_t* q = b.qs + 32 * c;
+    for (int l = 0; l < 32; ++l) {
+      y[64 * c + l] = d0 * float(q[l] & 15) - o0;
+      y[64 * c + 32 + l] = d1 * float(q[l] >> 4) - o1;
+    }
+  }
+}
+
+void deq_q5_k(const BlockQ5_K& b, float* y) {
+  const float d = fp16_to_fp32(b.d), dmin = fp16_to_fp32(b.dmin);
+  for (int c = 0; c < 4; ++c) {
+    int sc0, m0, sc1, m1;
+    k4_scale_min(b.scales, 2 * c, &sc0, &m0);
+    k4_scale_min(b.scales, 2 * c + 1, &sc1, &m1);
+    const float d0 = d * float(sc0), o0 = dmin * float(m0);
+    const float d1 = d * float(sc1), o1 = dmin * float(m1);
+    const uint8_t* q = b.qs + 32 * c;
+    for (int l = 0; l < 32; ++l) {
+      const int lo = (q[l] & 15) + (((b.qh[l] >> (2 * c)) & 1) << 4);
+      const int hi = (q[l] >> 4) + (((b.qh[l] >> (2 * c + 1)) & 1) << 4);
+      y[64 * c + l] = d0 * float(lo) - o0;
+      y[64 * c + 32 + l] = d1 * float(hi) - o1;
+    }
+  }
+}
+
+void deq_q6_k(const BlockQ6_K& b, float* y) {
+  const float d = fp16_to_fp32(b.d);
+  for (int n = 0; n < 2; ++n) {
+    const uint8_t* ql = b.ql + 64 * n;
+    const uint8_t* qh = b.qh + 32 * n;
+    const int8_t* sc = b.scales + 8 * n;
+    float* yh = y + 128 * n;
+    for (int l = 0; l < 32; ++l) {
+      const int s = l / 16;
+      const int q1 = ((ql[l] & 15) | (((qh[l] >> 0) & 3) << 4)) - 32;
+      const int q2 = ((ql[l + 32] & 15) | (((qh[l] >> 2) & 3) << 4)) - 32;
+      const int q3 = ((ql[l] >> 4) | (((qh[l] >> 4) & 3) << 4)) - 32;
+      const int q4 = ((ql[l + 32] >> 4) | (((qh[l] >> 6) & 3) << 4)) - 32;
+      yh[l] = d * float(sc[s]) * float(q1);
+      yh[l + 32] = d * float(sc[s + 2]) * float(q2);
+      yh[l + 64] = d * float(sc[s + 4]) * float(q3);
+      yh[l + 96] = d * float(sc[s + 6]) * float(q4);
+    }
+  }
+}
+
+void deq_q3_k(const BlockQ3_K& b, float* y) {
+  const float d = fp16_to_fp32(b.d);
+  // Sixteen signed 6-bit scales: low nibbles from bytes 0..7 (low then high nibble),
+  // the two top bits from bytes 8..11, two bits per scale.
+  int S[16];
+  for (int k = 0; k < 16; ++k) {
+    const int low4 = k < 8 ? (b.scales[k] & 15) : (b.scales[k - 8] >> 4);
+    const int high2 = (b.scales[8 + k % 4] >> (2 * (k / 4))) & 3;
+    S[k] = (low4 | (high2 << 4)) - 32;
+  }
+  int k = 0;
+  for (int n = 0; n < 2; ++n) {
+    const uint8_t* q = b.qs + 32 * n;
+    float* yh = y + 128 * n;
+    for (int j = 0; j < 4; ++j) {
+      const uint8_t hbit = uint8_t(1u << (4 * n + j));
+      const float dl0 = d * float(S[k++]);
+      for (int l = 0; l < 16; ++l) {
+        const int v = ((q[l] >> (2 * j)) & 3) - ((b.hmask[l] & hbit) ? 0 : 4);
+        yh[32 * j + l] = dl0 * float(v);
+      }
+      const float dl1 = d * float(S[k++]);
+      for (int l = 0; l < 16; ++l) {
+        const int v = ((q[l + 16] >> (2 * j)) & 3) - ((b.hmask[l + 16] & hbit) ? 0 : 4);
+        yh[32 * j + 16 + l] = dl1 * float(v);
+      }
+    }
+  }
+}
+
+void deq_q2_k(const BlockQ2_K& b, float* y) {
+  const float d = fp16_to_fp32(b.d), dmin = fp16_to_fp32(b.dmin);
+  int k = 0;
+  for (int n = 0; n < 2; ++n) {
+    const uint8_t* q = b.qs + 32 * n;
+    float* yh = y + 128 * n;
+    for (int j = 0; j < 4; ++j) {
+      for (int g = 0; g < 2; ++g) {
+        const uint8_t sc = b.scales[k++];
+        const float dl = d * float(sc & 15), ml = dmin * float(sc >> 4);
+        for (int l = 0; l < 16; ++l)
+          yh[32 * j + 16 * g + l] = dl * float((q[16 * g + l] >> (2 * j)) & 3) - ml;
+      }
+    }
+  }
+}
+
+// Float "blocks" of one element; packed so that a row at any byte address is legal.
+#pragma pack(push, 1)
+struct F16Elem { uint16_t v; };
+struct BF16Elem { uint16_t v; };
+#pragma pack(pop)
+void deq_f16(const F16Elem& b, float* y) { *y = fp16_to_fp32(b.v); }
+void deq_bf16(const BF16Elem& b, float* y) { *y = bf16_to_fp32(b.v); }
+static_assert(sizeof(F16Elem) == 2 && sizeof(BF16Elem) == 2);
+
+// ---- row loops -----------------------------------------------------------------------
+
+template <typename Block, int QK, void (*Deq)(const Block&, float*)>
+void dequant_blocks(const void* src, float* dst, int64_t n) {
+  const Block* b = static_cast<const Block*>(src);
+  const int64_t nb = n / QK;
+  for (int64_t i = 0; i < nb; ++i) Deq(b[i], dst + i * QK);
+}
+
+template <typename Block, int QK, void (*Deq)(const Block&, float*)>
+float dot_blocks(const void* w, const float* x, int64_t n) {
+  const Block* b = static_cast<const Block*>(w);
+  const int64_t nb = n / QK;
+  float tmp[QK];
+  double sum = 0.0;
+  for (int64_t i = 0; i < nb; ++i) {
+    Deq(b[i], tmp);
+    const float* xb = x + i * QK;
+    float acc = 0.0f;
+    for (int j = 0; j < QK; ++j) acc += tmp[j] * xb[j];
+    sum += double(acc);
+  }
+  return float(sum);
+}
+
+// Checks the caller's contract once per row (a violation is a programming error).
+void check_row(DType t, int64_t n, const char* what) {
+  const DTypeInfo* info = dtype_info(uint32_t(t));
+  if (!info) throw std::invalid_argument(std::string(what) + ": unsupported type");
+  if (n < 0 || n % info->block_elems != 0)
+    throw std::invalid_argument(std::string(what) + ": " + std::to_string(n) +
+                                " elements is not a multiple of the " + info->name + " block size");
+}
+
+// ---- quantizers (round-to-nearest, as ggml's reference encoders) -----------------------
+// Note they scale by the reciprocal 1/d computed from the unrounded float d, and store d
+// as f16 afterwards; this order is what makes the bytes identical to llama-quantize's.
+
+// Truncating float -> int conversion of a value clamped to [0, hi] first, so that a NaN or
+// out-of-range input cannot hit undefined behaviour; identical to (int)v for v in [0, hi].
+int trunc_clamped(float v, int hi) {
+  if (!(v > 0.0f)) return 0;
+  if (v >= float(hi)) return hi;
+  return int(v);
+}
+
+// Value of largest magnitude, keeping its sign (first one wins among equal magnitudes).
+float signed_absmax(const float* x, int n) {
+  float amax = 0.0f, max = 0.0f;
+  for (int j = 0; j < n; ++j) {
+    if (amax < std::fabs(x[j])) {
+      amax = std::fabs(x[j]);
+      max = x[j];
+    }
+  }
+  return max;
+}
+
+void quant_q8_0(const float* x, BlockQ8_0* y) {
+  float amax = 0.0f;
+  for (int j = 0; j < 32; ++j) amax = std::max(amax, std::fabs(x[j]));
+  const float d = amax / 127.0f;
+  const float id = d != 0.0f ? 1.0f / d : 0.0f;
+  y->d = fp32_to_fp16(d);
+  for (int j = 0; j < 32; ++j) {
+    // |x·id| <= 127 up to rounding; clamp so an ulp over cannot wrap the int8.
+    float v = std::round(x[j] * id);
+    if (std::isnan(v)) v = 0.0f;  // a NaN input must not reach the (UB) float->int cast
+    v = std::clamp(v, -127.0f, 127.0f);
+    y->qs[j] = int8_t(v);
+  }
+}
+
+void quant_q4_0(const float* x, BlockQ4_0* y) {
+  const float d = signed_absmax(x, 32) / -8.0f;
+  const float id = d != 0.0f ? 1.0f / d : 0.0f;
+  y->d = fp32_to_fp16(d);
+  for (int j = 0; j < 16; ++j) {
+    const int q0 = trunc_clamped(x[j] * id + 8.5f, 15);
+    const int q1 = trunc_clamped(x[j + 16] * id + 8.5f, 15);
+    y->qs[j] = uint8_t(q0 | (q1 << 4));
+  }
+}
+
+void quant_q4_1(const float* x, BlockQ4_1* y) {
+  float mn = x[0], mx = x[0];
+  for (int j = 1; j < 32; ++j) {
+    mn = std::min(mn, x[j]);
+    mx = std::max(mx, x[j]);
+  }
+  const float d = (mx - mn) / 15.0f;
+  const float id = d != 0.0f ? 1.0f / d : 0.0f;
+  y->d = fp32_to_fp16(d);
+  y->m = fp32_to_fp16(mn);
+  for (int j = 0; j < 16; ++j) {
+    const int q0 = trunc_clamped((x[j] - mn) * id + 0.5f, 15);
+    const int q1 = trunc_clamped((x[j + 16] - mn) * id + 0.5f, 15);
+    y->qs[j] = uint8_t(q0 | (q1 << 4));
+  }
+}
+
+void quant_q5_0(const float* x, BlockQ5_0* y) {
+  const float d = signed_absmax(x, 32) / -16.0f;
+  const float id = d != 0.0f ? 1.0f / d : 0.0f;
+  y->d = fp32_to_fp16(d);
+  uint32_t qh = 0;
+  for (int j = 0; j < 16; ++j) {
+    const int q0 = trunc_clamped(x[j] * id + 16.5f, 31);
+    const int q1 = trunc_clamped(x[j + 16] * id + 16.5f, 31);
+    y->qs[j] = uint8_t((q0 & 15) | ((q1 & 15) << 4));
+    qh |= uint32_t(q0 >> 4) << j;
+    qh |= uint32_t(q1 >> 4) << (j + 16);
+  }
+  std::memcpy(y->qh, &qh, 4);
+}
+
+void quant_q5_1(const float* x, BlockQ5_1* y) {
+  float mn = x[0], mx = x[0];
+  for (int j = 1; j < 32; ++j) {
+    mn = std::min(mn, x[j]);
+    mx = std::max(mx, x[j]);
+  }
+  const float d = (mx - mn) / 31.0f;
+  const float id = d != 0.0f ? 1.0f / d : 0.0f;
+  y->d = fp32_to_fp16(d);
+  y->m = fp32_to_fp16(mn);
+  uint32_t qh = 0;
+  for (int j = 0; j < 16; ++j) {
+    const int q0 = trunc_clamped((x[j] - mn) * id + 0.5f, 31);
+    const int q1 = trunc_clamped((x[j + 16] - mn) * id + 0.5f, 31);
+    y->qs[j] = uint8_t((q0 & 15) | ((q1 & 15) << 4));
+    qh |= uint32_t(q0 >> 4) << j;
+    qh |= uint32_t(q1 >> 4) << (j + 16);
+  }
+  std::memcpy(y->qh, &qh, 4);
+}
+
+template <typename Block, void (*Quant)(const float*, Block*)>
+void quant_blocks(const float* src, void* dst, int64_t n) {
+  Block* b = static_cast<Block*>(dst);
+  for (int64_t i = 0; i < n / 32; ++i) Quant(src + 32 * i, b + i);
+}
+
+}  // namespace
+
+void dequantize_row_ref(DType t, const void* src, float* dst, int64_t n) {
+  check_row(t, n, "dequantize_row_ref");
+  switch (t) {
+    case DType::F32: std::memcpy(dst, src, size_t(n) * 4); return;
+    case DType::F16: return dequant_blocks<F16Elem, 1, deq_f16>(src, dst, n);
+    case DType::BF16: return dequant_blocks<BF16Elem, 1, deq_bf16>(src, dst, n);
+    case DType::Q8_0: return dequant_blocks<BlockQ8_0, 32, deq_q8_0>(src, dst, n);
+    case DType::Q4_0: return dequant_blocks<BlockQ4_0, 32, deq_q4_0>(src, dst, n);
+    case DType::Q4_1: return dequant_blocks<BlockQ4_1, 32, deq_q4_1>(src, dst, n);
+    case DType::Q5_0: return dequant_blocks<BlockQ5_0, 32, deq_q5_0>(src, dst, n);
+    case DType::Q5_1: return dequant_blocks<BlockQ5_1, 32, deq_q5_1>(src, dst, n);
+    case DType::MXFP4: return dequant_blocks<BlockMXFP4, 32, deq_mxfp4>(src, dst, n);
+    case DType::Q2_K: return dequant_blocks<BlockQ2_K, 256, deq_q2_k>(src, dst, n);
+    case DType::Q3_K: return dequant_blocks<BlockQ3_K, 256, deq_q3_k>(src, dst, n);
+    case DType::Q4_K: return dequant_blocks<BlockQ4_K, 256, deq_q4_k>(src, dst, n);
+    case DType::Q5_K: return dequant_blocks<BlockQ5_K, 256, deq_q5_k>(src, dst, n);
+    case DType::Q6_K: return dequant_blocks<BlockQ6_K, 256, deq_q6_k>(src, dst, n);
+  }
+}
+
+float dot_row_ref(DType t, const void* w, const float* x, int64_t n) {
+  check_row(t, n, "dot_row_ref");
+  switch (t) {
+    // The float types are blocks of one element: each product in float, summed in double.
+    // memcpy-based reads keep an unaligned F32 row legal.
+    case DType::F32: {
+      const uint8_t* p = static_cast<const uint8_t*>(w);
+      double sum = 0.0;
+      for (int64_t i = 0; i < n; ++i) {
+        float v;
+        std::memcpy(&v, p + 4 * i, 4);
+        sum += double(v * x[i]);
+      }
+      return float(sum);
+    }
+    case DType::F16: return dot_blocks<F16Elem, 1, deq_f16>(w, x, n);
+    case DType::BF16: return dot_blocks<BF16Elem, 1, deq_bf16>(w, x, n);
+    case DType::Q8_0: return dot_blocks<BlockQ8_0, 32, deq_q8_0>(w, x, n);
+    case DType::Q4_0: return dot_blocks<BlockQ4_0, 32, deq_q4_0>(w, x, n);
+    case DType::Q4_1: return dot_blocks<BlockQ4_1, 32, deq_q4_1>(w, x, n);
+    case DType::Q5_0: return dot_blocks<BlockQ5_0, 32, deq_q5_0>(w, x, n);
+    case DType::Q5_1: return dot_blocks<BlockQ5_1, 32, deq_q5_1>(w, x, n);
+    case DType::MXFP4: return dot_blocks<BlockMXFP4, 32, deq_mxfp4>(w, x, n);
+    case DType::Q2_K: return dot_blocks<BlockQ2_K, 256, deq_q2_k>(w, x, n);
+    case DType::Q3_K: return dot_blocks<BlockQ3_K, 256, deq_q3_k>(w, x, n);
+    case DType::Q4_K: return dot_blocks<BlockQ4_K, 256, deq_q4_k>(w, x, n);
+    case DType::Q5_K: return dot_blocks<BlockQ5_K, 256, deq_q5_k>(w, x, n);
+    case DType::Q6_K: return dot_blocks<BlockQ6_K, 256, deq_q6_k>(w, x, n);
+  }
+  return 0.0f;  // unreachable: check_row rejected unknown types
+}
+
+bool quantize_row_ref(DType t, const float* src, void* dst, int64_t n) {
+  const DTypeInfo* info = dtype_info(uint32_t(t));
+  if (!info || n < 0 || n % info->block_elems != 0) return false;
+  switch (t) {
+    case DType::F32: std::memcpy(dst, src, size_t(n) * 4); return true;
+    case DType::F16: {
+      uint8_t* out = static_cast<uint8_t*>(dst);
+      for (int64_t i = 0; i < n; ++i) {
+        const uint16_t h = fp32_to_fp16(src[i]);
+        std::memcpy(out + 2 * i, &h, 2);
+      }
+      return true;
+    }
+    case DType::BF16: {
+      uint8_t* out = static_cast<uint8_t*>(dst);
+      for (int64_t i = 0; i < n; ++i) {
+        const uint16_t h = fp32_to_bf16(src[i]);
+        std::memcpy(out + 2 * i, &h, 2);
+      }
+      return true;
+    }
+    case DType::Q8_0: quant_blocks<BlockQ8_0, quant_q8_0>(src, dst, n); return true;
+    case DType::Q4_0: quant_blocks<BlockQ4_0, quant_q4_0>(src, dst, n); return true;
+    case DType::Q4_1: quant_blocks<BlockQ4_1, quant_q4_1>(src, dst, n); return true;
+    case DType::Q5_0: quant_blocks<BlockQ5_0, quant_q5_0>(src, dst, n); return true;
+    case DType::Q5_1: quant_blocks<BlockQ5_1, quant_q5_1>(src, dst, n); return true;
+    default: return false;
+  }
+}
+
+}  // namespace step35
