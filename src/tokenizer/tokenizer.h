@@ -66,6 +66,7 @@ class Tokenizer {
   size_t n_merges_ = 0;
   TokenId bos_ = -1, eos_ = -1;
   bool add_bos_ = false;
+  bool add_eos_ = false;
 };
 
 // Incremental UTF-8 assembly for streaming: feed token pieces, get back only complete

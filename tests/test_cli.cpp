@@ -1,0 +1,169 @@
+// The CLI as a user runs it: eval against a golden, run with the built-in model,
+// tokenize, inspect, and clear errors (never a crash) for bad input.
+#include <gtest/gtest.h>
+
+#include <fstream>
+#include <regex>
+
+#include "support.h"
+
+using namespace step35::testing;
+
+namespace {
+
+std::string ids_csv(const nlohmann::json& ids) {
+  std::string s;
+  for (const auto& id : ids) s += (s.empty() ? "" : ",") + std::to_string(id.get<int>());
+  return s;
+}
+
+std::string bin() { return "'" + step35_binary() + "'"; }
+
+// The built-in model goes to a per-build cache folder, not the user's home.
+std::string env() { return "STEP35_CACHE_DIR='" + tmp_dir() + "/cache' "; }
+
+TEST(Cli, EvalMatchesGoldenThroughTheCommandLine) {
+  for (const char* threads : {"1", "2"}) {
+    const auto g = read_json(golden_path("tiny-a-f32.long200.json"));
+    std::string out, err;
+    const int rc = run_command(bin() + " eval -m '" + fixture_model("tiny-a-f32.gguf") + "' -t " + threads +
+                                   " --greedy 32 --tokens " + ids_csv(g["prompt_tokens"]),
+                               &out, &err);
+    ASSERT_EQ(rc, 0) << err;
+    const auto j = nlohmann::json::parse(out);
+    EXPECT_EQ(j["n_vocab"], g["n_vocab"]);
+    EXPECT_EQ(j["n_tokens"], g["prompt_tokens"].size());
+    EXPECT_EQ(j["argmax"], g["argmax"]);
+    EXPECT_EQ(j["greedy"], g["greedy"]);
+    ASSERT_EQ(j["logits"].size(), 1u);
+    const auto& last = j["logits"][0];
+    const auto& ref = g["last_logits"];
+    ASSERT_EQ(last.size(), ref.size());
+    double max_abs = 0;
+    for (size_t i = 0; i < ref.size(); ++i)
+      max_abs = std::max(max_abs, std::fabs(last[i].get<double>() - ref[i].get<double>()));
+    EXPECT_LE(max_abs, 1e-3);
+    EXPECT_NE(err.find("kv cache:"), std::string::npos) << "KV cache size is printed at load";
+  }
+}
+
+TEST(Cli, EvalAllLogits) {
+  std::string out, err;
+  ASSERT_EQ(run_command(bin() + " eval -m '" + fixture_model("tiny-b-f32.gguf") + "' --all-logits --tokens 0,5,9,12",
+                        &out, &err),
+            0)
+      << err;
+  const auto j = nlohmann::json::parse(out);
+  EXPECT_EQ(j["logits"].size(), 4u);
+  EXPECT_EQ(j["argmax"].size(), 4u);
+  EXPECT_FALSE(j.contains("greedy"));
+}
+
+TEST(Cli, RunWithBuiltinTinyModel) {
+  std::string out, err;
+  const int rc = run_command(env() + bin() + " run -p 'Hello there' -n 16 --seed 7 -t 2", &out, &err);
+  ASSERT_EQ(rc, 0) << err;
+  EXPECT_NE(err.find("random"), std::string::npos) << "says plainly that the weights are random";
+  EXPECT_NE(err.find("timings:"), std::string::npos);
+  EXPECT_NE(err.find("tok/s"), std::string::npos);
+  // A fixed seed reproduces the run.
+  std::string out2;
+  ASSERT_EQ(run_command(env() + bin() + " run -p 'Hello there' -n 16 --seed 7 -t 1", &out2, nullptr), 0);
+  EXPECT_EQ(out, out2);
+}
+
+TEST(Cli, RunGreedyAndChat) {
+  std::string out, err;
+  ASSERT_EQ(run_command(bin() + " run -m '" + fixture_model("tiny-a-f32.gguf") +
+                            "' --chat --system 'You are a test.' -p 'Hello, who are you?' -n 8 --temp 0",
+                        &out, &err),
+            0)
+      << err;
+  EXPECT_NE(err.find("prompt"), std::string::npos);
+}
+
+TEST(Cli, TokenizeMatchesGolden) {
+  const auto g = read_json(golden_path("tiny-a.tokenizer.json"));
+  for (const auto& e : g) {
+    const std::string text = e["text"];
+    if (text.find('\'') != std::string::npos) continue;  // keep the shell quoting simple
+    std::string out, err;
+    ASSERT_EQ(run_command(bin() + " tokenize -m '" + fixture_model("tiny-a-f32.gguf") + "' -p '" + text + "'", &out, &err), 0)
+        << err;
+    EXPECT_EQ(nlohmann::json::parse(out), e["ids"]) << text;
+  }
+}
+
+TEST(Cli, InspectDescribesTheModel) {
+  std::string out, err;
+  ASSERT_EQ(run_command(bin() + " inspect '" + fixture_model("tiny-a-q4_k_m.gguf") + "'", &out, &err), 0) << err;
+  EXPECT_NE(out.find("step35"), std::string::npos);
+  EXPECT_NE(out.find("q4_K"), std::string::npos);
+  EXPECT_NE(out.find("q5_0"), std::string::npos);
+  EXPECT_NE(out.find("tokenizer:"), std::string::npos);
+  EXPECT_NE(out.find("kv cache:"), std::string::npos);
+}
+
+TEST(Cli, BadInputGivesClearErrors) {
+  struct BadCase {
+    std::string args;
+    int want_rc;
+    std::string want_in_err;
+  };
+  const std::string m = "-m '" + fixture_model("tiny-a-f32.gguf") + "'";
+  // A corrupt model: a real file cut in half, and a file that is not GGUF at all.
+  const std::string cut = tmp_dir() + "/cut.gguf", junk = tmp_dir() + "/junk.gguf";
+  auto bytes = read_bytes(fixture_model("tiny-a-f32.gguf"));
+  bytes.resize(bytes.size() / 2);
+  write_bytes(cut, bytes);
+  write_bytes(junk, std::vector<uint8_t>{'n', 'o', 't', ' ', 'g', 'g', 'u', 'f'});
+  const std::vector<BadCase> cases = {
+      {"eval " + m + " --tokens 1,x,3", 2, "--tokens"},
+      {"eval " + m + " --tokens 99999", 1, "vocabulary"},
+      {"eval " + m, 2, "--tokens"},
+      {"eval -m '" + cut + "' --tokens 1", 1, "cut.gguf"},
+      {"eval -m '" + junk + "' --tokens 1", 1, "junk.gguf"},
+      {"eval -m /nonexistent.gguf --tokens 1", 1, "nonexistent"},
+      {"run " + m + " -p hi --temp -1", 2, "--temp"},
+      {"run " + m + " -p hi --bogus", 2, "unknown option"},
+      {"run " + m + " -p 'a long prompt that will not fit' -c 4", 2, "context"},
+      {"run " + m + " -p hi -n abc", 2, "--n-predict"},
+      {"frobnicate", 1, "unknown command"},
+  };
+  for (const auto& c : cases) {
+    std::string out, err;
+    const int rc = run_command(env() + bin() + " " + c.args, &out, &err);
+    EXPECT_EQ(rc, c.want_rc) << c.args << "\n" << err;
+    EXPECT_NE(err.find(c.want_in_err), std::string::npos) << c.args << "\n" << err;
+    // One line (plus at most a usage text for unknown commands), never a crash trace.
+    EXPECT_EQ(err.find("terminate called"), std::string::npos) << err;
+    EXPECT_EQ(err.find("Sanitizer"), std::string::npos) << err;
+  }
+}
+
+// The README's CLI reference lists every flag each subcommand's --help prints.
+TEST(Cli, ReadmeListsEveryFlag) {
+  std::string readme_path = std::string(PROJECT_SOURCE_DIR) + "/README.md";
+  auto readme_bytes = read_bytes(readme_path);
+  const std::string readme(readme_bytes.begin(), readme_bytes.end());
+  for (const char* cmd : {"run", "eval", "tokenize", "inspect", "make-tiny"}) {
+    std::string out;
+    ASSERT_EQ(run_command(bin() + " " + cmd + " --help", &out, nullptr), 0) << cmd;
+    std::regex flag_re("(^|\\s)(--[a-z][a-z0-9-]*)");
+    size_t n_flags = 0;
+    for (auto it = std::sregex_iterator(out.begin(), out.end(), flag_re); it != std::sregex_iterator(); ++it) {
+      const std::string flag = (*it)[2];
+      if (flag == "--help") continue;
+      ++n_flags;
+      bool found = false;  // the flag as a whole word (not a prefix of a longer one)
+      for (size_t at = readme.find(flag); at != std::string::npos && !found; at = readme.find(flag, at + 1)) {
+        const char next = at + flag.size() < readme.size() ? readme[at + flag.size()] : ' ';
+        found = !(isalnum(static_cast<unsigned char>(next)) || next == '-');
+      }
+      EXPECT_TRUE(found) << cmd << " " << flag << " missing from README";
+    }
+    EXPECT_GT(n_flags, 0u) << cmd;
+  }
+}
+
+}  // namespace

@@ -1,0 +1,162 @@
+// Fidelity against llama.cpp: every fixture model and golden in ../shared/fixtures, with
+// 1 and 2 threads (tolerances: the fixtures README, "Tolerances").
+//  * exact goldens (F32 models, and *.deqf32.* goldens: quantized weights dequantized,
+//    F32 activations — what this engine computes): max |Δlogit| <= 1e-3 at every
+//    position, identical argmax everywhere, identical 32-token greedy continuation;
+//  * quantized goldens (llama.cpp rounds activations): per prompt rms <= 0.15 and
+//    argmax agreement >= 85 %.
+#include <gtest/gtest.h>
+
+#include <cmath>
+#include <map>
+#include <memory>
+#include <mutex>
+
+#include "model/step35.h"
+#include "runtime/sampler.h"
+#include "runtime/thread_pool.h"
+#include "support.h"
+
+using namespace step35;
+using namespace step35::testing;
+
+namespace {
+
+struct Case {
+  std::string model;   // file name of the model
+  std::string golden;  // golden prefix, e.g. "tiny-a-f32.ids64" or "tiny-a-q8_0.deqf32.text"
+  bool exact;          // exact tolerance (else the quantized-golden criteria)
+  int threads;
+};
+
+std::string case_name(const ::testing::TestParamInfo<Case>& info) {
+  std::string s = info.param.golden + "_t" + std::to_string(info.param.threads);
+  for (char& c : s)
+    if (!isalnum(static_cast<unsigned char>(c))) c = '_';
+  return s;
+}
+
+// Models are loaded once per process (they are mapped, so this is cheap anyway).
+const Model* get_model(const std::string& file, std::string* why) {
+  static std::mutex mu;
+  static std::map<std::string, std::unique_ptr<Model>> models;
+  std::lock_guard<std::mutex> lock(mu);
+  auto it = models.find(file);
+  if (it != models.end()) return it->second.get();
+  std::string path = fixture_model(file);
+  if (!file_exists(path)) path = regenerated_fixture(file, why);
+  if (path.empty()) return nullptr;
+  Model::LoadOptions opts;
+  opts.verbose = false;
+  auto m = Model::load(path, opts);
+  return (models[file] = std::move(m)).get();
+}
+
+struct ModelRun {
+  std::vector<float> logits;  // every position
+  std::vector<int32_t> greedy;
+};
+
+ModelRun run_model(const Model& model, const std::vector<int32_t>& prompt, int n_greedy, int threads) {
+  ThreadPool pool(threads);
+  const int n_vocab = model.hparams().n_vocab;
+  auto cache = model.make_cache(int32_t(prompt.size()) + n_greedy, 512);
+  ModelRun r;
+  model.forward(*cache, prompt.data(), int32_t(prompt.size()), true, r.logits, pool);
+  int32_t next = Sampler::argmax(r.logits.data() + (prompt.size() - 1) * size_t(n_vocab), size_t(n_vocab));
+  std::vector<float> step;
+  for (int i = 0; i < n_greedy; ++i) {
+    r.greedy.push_back(next);
+    if (i + 1 == n_greedy) break;
+    model.forward(*cache, &next, 1, false, step, pool);
+    next = Sampler::argmax(step.data(), size_t(n_vocab));
+  }
+  return r;
+}
+
+class Golden : public ::testing::TestWithParam<Case> {};
+
+TEST_P(Golden, MatchesLlamaCpp) {
+  const Case& c = GetParam();
+  std::string why;
+  const Model* model = get_model(c.model, &why);
+  if (!model) GTEST_SKIP() << "cannot make " << c.model << ": " << why;
+  const auto g = read_json(golden_path(c.golden + ".json"));
+  const auto prompt = g["prompt_tokens"].get<std::vector<int32_t>>();
+  const auto golden_greedy = g["greedy"].get<std::vector<int32_t>>();
+  const auto golden_argmax = g["argmax"].get<std::vector<int32_t>>();
+  const size_t V = g["n_vocab"].get<size_t>(), T = prompt.size();
+  ASSERT_EQ(V, size_t(model->hparams().n_vocab));
+
+  ModelRun r = run_model(*model, prompt, int(golden_greedy.size()), c.threads);
+  ASSERT_EQ(r.logits.size(), T * V);
+
+  // Reference logits: every row where the golden has them, else the last row.
+  std::vector<float> ref;
+  const std::string all_path = golden_path(c.golden + ".logits.f32");
+  const bool have_all = file_exists(all_path);
+  if (have_all) {
+    ref = read_f32(all_path);
+    ASSERT_EQ(ref.size(), T * V);
+  } else {
+    ref = g["last_logits"].get<std::vector<float>>();
+    ASSERT_EQ(ref.size(), V);
+  }
+  const size_t first_row = have_all ? 0 : T - 1;
+
+  double max_abs = 0, sum_sq = 0;
+  size_t n = 0;
+  for (size_t t = first_row; t < T; ++t)
+    for (size_t v = 0; v < V; ++v) {
+      const double d = std::fabs(double(r.logits[t * V + v]) - ref[(t - first_row) * V + v]);
+      max_abs = std::max(max_abs, d);
+      sum_sq += d * d;
+      ++n;
+    }
+  // top5 covers every position even where only the last row of logits is stored.
+  double max_abs_top5 = 0;
+  for (size_t t = 0; t < T; ++t)
+    for (const auto& e : g["top5"][t]) {
+      const size_t id = e[0].get<size_t>();
+      max_abs_top5 = std::max(max_abs_top5, std::fabs(double(r.logits[t * V + id]) - e[1].get<double>()));
+    }
+  size_t argmax_agree = 0;
+  for (size_t t = 0; t < T; ++t)
+    argmax_agree += Sampler::argmax(r.logits.data() + t * V, V) == golden_argmax[t];
+  const double rms = std::sqrt(sum_sq / double(n));
+  RecordProperty("max_abs", std::to_string(max_abs));
+  RecordProperty("rms", std::to_string(rms));
+  std::printf("[golden] %s t%d: max|d| %.3g rms %.3g top5 max|d| %.3g argmax %zu/%zu greedy %s\n",
+              c.golden.c_str(), c.threads, max_abs, rms, max_abs_top5, argmax_agree, T,
+              r.greedy == golden_greedy ? "identical" : "differs");
+
+  if (c.exact) {
+    EXPECT_LE(max_abs, 1e-3);
+    EXPECT_LE(max_abs_top5, 1e-3);
+    EXPECT_EQ(argmax_agree, T);
+    EXPECT_EQ(r.greedy, golden_greedy);
+  } else {
+    EXPECT_LE(rms, 0.15);
+    EXPECT_GE(double(argmax_agree), 0.85 * double(T));
+    if (!have_all) EXPECT_LE(max_abs_top5, 3.0);  // sanity: same scale as the golden
+  }
+}
+
+std::vector<Case> all_cases() {
+  std::vector<Case> cases;
+  const char* prompts[] = {"ids64", "long200", "text"};
+  for (int threads : {1, 2}) {
+    for (const char* m : {"tiny-a-f32", "tiny-b-f32", "tiny-k-f32"})
+      for (const char* p : prompts) cases.push_back({std::string(m) + ".gguf", std::string(m) + "." + p, true, threads});
+    for (const char* m : {"tiny-a-f16", "tiny-a-q8_0", "tiny-a-q4_k_m", "tiny-b-q8_0", "tiny-k-q4_k_m"})
+      for (const char* p : prompts) {
+        cases.push_back({std::string(m) + ".gguf", std::string(m) + ".deqf32." + p, true, threads});
+        cases.push_back({std::string(m) + ".gguf", std::string(m) + "." + p, false, threads});
+      }
+  }
+  return cases;
+}
+
+INSTANTIATE_TEST_SUITE_P(Fixtures, Golden, ::testing::ValuesIn(all_cases()), case_name);
+
+}  // namespace
