@@ -151,6 +151,8 @@ bool num_to_f32(const Value& v, float* out) {
 }
 
 std::string format_float(double d, bool single) {
+  // A hand-made F32 Value may hold a double beyond float's range; narrowing it would be UB.
+  if (single && std::isfinite(d) && std::fabs(d) > double(std::numeric_limits<float>::max())) single = false;
   char buf[64];
   std::to_chars_result r = single ? std::to_chars(buf, buf + sizeof buf, static_cast<float>(d))
                                   : std::to_chars(buf, buf + sizeof buf, d);
