@@ -5,6 +5,7 @@
 
 #include <sys/stat.h>
 
+#include <algorithm>
 #include <cmath>
 #include <cstdlib>
 #include <cstring>
@@ -912,7 +913,10 @@ TEST(GgufCorrupt, MiniFuzz) {
   const size_t header = f->data_offset();
   std::mt19937_64 rng(20240611);
   int parsed = 0, rejected = 0;
-  for (int iter = 0; iter < 2000; iter++) {
+  // STEP35_FUZZ_ITERS raises the count for a longer local run; CI uses the fixed 2000.
+  int iters = 2000;
+  if (const char* env = std::getenv("STEP35_FUZZ_ITERS")) iters = std::max(1, std::atoi(env));
+  for (int iter = 0; iter < iters; iter++) {
     std::vector<uint8_t> b = base;
     int n_mut = 1 + int(rng() % 4);
     for (int m = 0; m < n_mut; m++) {

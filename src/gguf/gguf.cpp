@@ -791,6 +791,10 @@ namespace {
 
 [[noreturn]] void wrong_value(const std::string& file, std::string_view key, const Value& v,
                               const char* expected) {
+  if (v.type == ValueType::ARRAY) {  // the elements say little; the type and count say it all
+    key_error(file, key, "has type " + type_desc(v) + " with " + std::to_string(v.array.size()) +
+                             " elements (expected " + expected + ")");
+  }
   key_error(file, key, "is " + brief(v) + " of type " + type_desc(v) + " (expected " + expected + ")");
 }
 
