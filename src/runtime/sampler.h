@@ -39,6 +39,7 @@ class Sampler {
   std::deque<int32_t> history_;
   std::vector<float> work_;
   std::vector<int32_t> idx_;
+  std::vector<double> probs_;
 };
 
 }  // namespace step35
