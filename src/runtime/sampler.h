@@ -3,7 +3,6 @@
 #pragma once
 
 #include <cstdint>
-#include <deque>
 #include <random>
 #include <vector>
 
@@ -15,12 +14,19 @@ struct SamplingParams {
   float top_p = 0.95f;          // >= 1: off
   float min_p = 0.05f;          // <= 0: off
   float repeat_penalty = 1.0f;  // 1: off (llama.cpp rule: divide positive logits, multiply negative)
-  int32_t repeat_last_n = 64;   // window of recent tokens the penalties look at
+  int32_t repeat_last_n = 64;   // window of recent tokens the penalties look at (<= 0: none)
   float presence_penalty = 0.0f;   // OpenAI: minus this once per token seen
   float frequency_penalty = 0.0f;  // OpenAI: minus this times the count
   uint64_t seed = 0;
 };
 
+// Order of operations (temperature > 0): penalties over the last repeat_last_n accepted
+// tokens, top-k, softmax at the temperature (over the top-k set), top-p (smallest prefix
+// with cumulative probability >= top_p, at least one token), min-p (drop p < min_p * p_max),
+// renormalise, one draw. Greedy (temperature <= 0) applies the penalties, then argmax.
+// NaN logits count as -inf. The RNG is std::mt19937_64 and the uniform variate is built
+// from its raw 64-bit output, so a seed gives the same tokens with every standard library.
+// After the first sample() call neither sample() nor accept() allocates.
 class Sampler {
  public:
   Sampler(const SamplingParams& params, size_t n_vocab);
@@ -30,16 +36,27 @@ class Sampler {
   void accept(int32_t token);
   void reset();  // forget history; RNG re-seeded from params.seed
   const SamplingParams& params() const { return params_; }
+  size_t n_vocab() const { return n_vocab_; }
+  // Index of the largest value; NaN never wins, ties go to the lowest index; 0 when no
+  // value beats -inf (or n == 0).
   static int32_t argmax(const float* logits, size_t n);
 
  private:
+  void apply_penalties();
+  bool penalties_active() const;
+
   SamplingParams params_;
   size_t n_vocab_;
   std::mt19937_64 rng_;
-  std::deque<int32_t> history_;
-  std::vector<float> work_;
-  std::vector<int32_t> idx_;
-  std::vector<double> probs_;
+  // The last repeat_last_n accepted tokens as a ring buffer (a fixed-size vector, so
+  // accept() never allocates the way a deque's node churn would).
+  std::vector<int32_t> history_;
+  size_t history_head_ = 0;   // next slot to write
+  size_t history_size_ = 0;   // valid entries (<= history_.size())
+  std::vector<int32_t> counts_;  // per-token occurrences in the window; all 0 between calls
+  std::vector<float> work_;      // penalised logits
+  std::vector<int32_t> idx_;     // candidate token ids
+  std::vector<double> probs_;    // unnormalised probabilities of the sorted candidates
 };
 
 }  // namespace step35
