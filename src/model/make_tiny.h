@@ -17,7 +17,21 @@ struct TinyModelOptions {
   std::string name;                // general.name; default derived from the output file name
 };
 
-// Writes the model to `path`. Throws std::runtime_error (or gguf::Error) on failure.
-void make_tiny_model(const TinyModelOptions& options, const std::string& path);
+// What was written (for `step35 make-tiny`'s JSON summary).
+struct TinyModelSummary {
+  uint64_t bytes = 0;     // file size
+  uint64_t params = 0;    // elements over all tensors
+  int32_t n_layer = 0;    // trunk layers
+  int32_t n_mtp = 0;      // MTP blocks (block_count = n_layer + n_mtp)
+  int32_t n_vocab = 0;
+  int32_t n_merges = 0;
+  int32_t n_tensors = 0;
+};
+
+// Writes the model to `path`. Throws std::invalid_argument for an unknown preset or an
+// unsupported weight type, std::runtime_error (or gguf::Error) on I/O failure. The same
+// options give a byte-identical file. Fills *summary when given.
+void make_tiny_model(const TinyModelOptions& options, const std::string& path,
+                     TinyModelSummary* summary = nullptr);
 
 }  // namespace step35

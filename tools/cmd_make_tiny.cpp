@@ -1,0 +1,82 @@
+// step35 make-tiny: writes a random-weight step35 GGUF (src/model/make_tiny.h) and prints
+// one JSON line describing it.
+#include <cerrno>
+#include <cstdio>
+#include <cstdlib>
+
+#include <nlohmann/json.hpp>
+
+#include "args.h"
+#include "commands.h"
+#include "common.h"
+#include "model/make_tiny.h"
+#include "tensor/dtype.h"
+
+namespace step35::cli {
+
+// A full-range unsigned 64-bit seed (ArgParser::i64 stops at 2^63 - 1).
+static uint64_t parse_seed(const std::string& v) {
+  char* end = nullptr;
+  errno = 0;
+  const unsigned long long x = std::strtoull(v.c_str(), &end, 10);
+  if (v.empty() || v[0] == '-' || v[0] == '+' || *end != '\0' || errno == ERANGE)
+    throw UsageError("--seed expects an integer in [0, 18446744073709551615], got '" + v + "'");
+  return uint64_t(x);
+}
+
+static int make_tiny_main(const Args& args) {
+  ArgParser p("make-tiny",
+              "Writes a random-weight step35 GGUF with the real model's proportions (deterministic: the\n"
+              "same options give a byte-identical file) and prints a JSON summary line.\n"
+              "Presets: tiny (8 layers + 1 MTP block, ~4 M parameters) and bench (the benchmark shape of\n"
+              "../shared/docs/peer.md: 12 layers + 1 MTP block, 713 M parameters).");
+  p.flag("-o,--out", "FILE", "output .gguf path (required)");
+  p.flag("--preset", "NAME", "tiny | bench", "tiny");
+  p.flag("--seed", "S", "weight seed (unsigned 64-bit)", "1");
+  p.flag("--type", "TYPE", "storage type of the weight matrices: f32 | f16 | bf16 | q8_0 (norms, router, "
+                           "biases and rope_freqs stay f32)", "f32");
+  p.flag("--name", "NAME", "general.name", "the output file name without .gguf");
+  if (!p.parse(args)) return 0;
+
+  TinyModelOptions opts;
+  const std::string out = p.str("out");
+  if (out.empty()) throw UsageError("--out FILE is required (see --help)");
+  opts.preset = p.str("preset", "tiny");
+  if (opts.preset != "tiny" && opts.preset != "bench")
+    throw UsageError("--preset expects tiny or bench, got '" + opts.preset + "'");
+  if (p.has("seed")) opts.seed = parse_seed(p.str("seed"));
+  const std::string type = p.str("type", "f32");
+  const auto t = dtype_from_name(type);
+  if (!t || (*t != DType::F32 && *t != DType::F16 && *t != DType::BF16 && *t != DType::Q8_0))
+    throw UsageError("--type expects f32, f16, bf16 or q8_0, got '" + type + "'");
+  opts.weight_type = *t;
+  if (p.has("name")) {
+    opts.name = p.str("name");
+    if (opts.name.empty()) throw UsageError("--name must not be empty");
+  }
+
+  const double t0 = now_seconds();
+  TinyModelSummary s;
+  make_tiny_model(opts, out, &s);  // I/O errors propagate: exit status 1
+  nlohmann::json j = {
+      {"path", out},
+      {"preset", opts.preset},
+      {"type", dtype_name(opts.weight_type)},
+      {"seed", opts.seed},
+      {"bytes", s.bytes},
+      {"params", s.params},
+      {"tensors", s.n_tensors},
+      {"layers", s.n_layer},
+      {"n_mtp", s.n_mtp},
+      {"block_count", s.n_layer + s.n_mtp},
+      {"n_vocab", s.n_vocab},
+      {"n_merges", s.n_merges},
+      {"seconds", double(int64_t((now_seconds() - t0) * 1000.0)) / 1000.0},
+  };
+  std::printf("%s\n", j.dump().c_str());
+  return 0;
+}
+
+int cmd_make_tiny(const Args& args) { return run_guarded("make-tiny", make_tiny_main, args); }
+
+}  // namespace step35::cli
