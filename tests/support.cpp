@@ -2,6 +2,7 @@
 
 #include <sys/stat.h>
 #include <sys/wait.h>
+#include <unistd.h>
 
 #include <cstdio>
 #include <cstring>
@@ -111,16 +112,23 @@ std::string regenerated_fixture(const std::string& file, std::string* why) {
     return "";
   }
   if (file_exists(out)) return out;
-  // Run from tmp_dir so general.name (derived from the output file name) matches.
+  // ctest runs test processes in parallel: generate in a private folder (same file name,
+  // since general.name derives from it), then rename into place atomically, so no process
+  // ever reads a half-written model.
+  const std::string work = tmp_dir() + "/gen." + std::to_string(::getpid());
+  ::mkdir(work.c_str(), 0755);
   std::string cmd = gen_cmd;
   cmd.replace(0, std::strlen("python3 tools/"), "python3 " + std::string(STEP35_SHARED_TOOLS_DIR) + "/");
   std::string err;
-  int rc = run_command("cd '" + tmp_dir() + "' && " + cmd + " > /dev/null", nullptr, &err);
-  if (rc != 0) {
+  int rc = run_command("cd '" + work + "' && " + cmd + " > /dev/null", nullptr, &err);
+  const std::string made = work + "/" + file;
+  if (rc != 0 || std::rename(made.c_str(), out.c_str()) != 0) {
     if (why) *why = "generator failed (" + std::to_string(rc) + "): " + err;
-    std::remove(out.c_str());
+    std::remove(made.c_str());
+    ::rmdir(work.c_str());
     return "";
   }
+  ::rmdir(work.c_str());
   return out;
 }
 

@@ -13,11 +13,14 @@ namespace {
 
 std::string ids_csv(const nlohmann::json& ids) {
   std::string s;
-  for (const auto& id : ids) s += (s.empty() ? "" : ",") + std::to_string(id.get<int>());
+  for (const auto& id : ids) {
+    if (!s.empty()) s += ',';
+    s += std::to_string(id.get<int>());
+  }
   return s;
 }
 
-std::string bin() { return "'" + step35_binary() + "'"; }
+std::string bin() { return std::string(1, '\'').append(step35_binary()).append(1, '\''); }
 
 // The built-in model goes to a per-build cache folder, not the user's home.
 std::string env() { return "STEP35_CACHE_DIR='" + tmp_dir() + "/cache' "; }

@@ -138,7 +138,9 @@ TEST_P(Golden, MatchesLlamaCpp) {
   } else {
     EXPECT_LE(rms, 0.15);
     EXPECT_GE(double(argmax_agree), 0.85 * double(T));
-    if (!have_all) EXPECT_LE(max_abs_top5, 3.0);  // sanity: same scale as the golden
+    if (!have_all) {
+      EXPECT_LE(max_abs_top5, 3.0);  // sanity: same scale as the golden
+    }
   }
 }
 

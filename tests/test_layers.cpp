@@ -61,7 +61,9 @@ void compare_layers(const std::string& model_file, const std::string& golden_pre
         for (size_t j = 0; j < k; ++j) a.insert(int(ours[t * k + j])), b.insert(int(theirs[t * k + j]));
         mismatched += a != b;
       }
-      if (exact_topk) EXPECT_EQ(mismatched, 0u) << name;
+      if (exact_topk) {
+        EXPECT_EQ(mismatched, 0u) << name;
+      }
       ++n_compared;
       continue;
     }

@@ -28,12 +28,13 @@ TEST(Memory, LoadDoesNotCopyWeights) {
   // A model big enough that metadata and norms are a small fraction: ~80 MB of F32.
   const std::string path = tmp_dir() + "/memory-test-f32.gguf";
   if (!file_exists(path)) {
-    const std::string cmd = "python3 '" + std::string(STEP35_SHARED_TOOLS_DIR) + "/make_tiny_step35.py' --out '" + path +
+    const std::string cmd = "python3 '" + std::string(STEP35_SHARED_TOOLS_DIR) + "/make_tiny_step35.py' --out '" + path + ".part" +
                             "' --seed 5 --layers 4 --embd 512 --heads-full 8 --heads-swa 8 --kv-heads 2 --head-dim 64"
                             " --experts 16 --top-k 2 --dense-layers 1 --ff 1024 --moe-ff 256 --window 32 --mtp-layers 0"
                             " --fast --quiet";
     std::string err;
-    if (run_command(cmd, nullptr, &err) != 0) GTEST_SKIP() << "cannot generate the test model: " << err;
+    if (run_command(cmd, nullptr, &err) != 0 || std::rename((path + ".part").c_str(), path.c_str()) != 0)
+      GTEST_SKIP() << "cannot generate the test model: " << err;
   }
   const size_t file_size = read_bytes(path).size();
   ASSERT_GT(file_size, size_t(50) << 20);

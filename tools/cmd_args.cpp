@@ -55,8 +55,8 @@ bool ArgParser::parse(const std::vector<std::string>& args) {
       const Flag* f = find(arg);
       if (!f) throw UsageError("unknown option '" + arg + "' (see --help)");
       if (f->value_name.empty()) {
-        if (has_inline) throw UsageError("option '" + arg + "' takes no value");
-        values_[f->key] = "1";
+        if (has_inline) throw UsageError(std::string("option '").append(arg).append("' takes no value"));
+        values_[f->key].assign(1, '1');  // (not = "1": GCC 12 -Wrestrict false positive)
       } else if (has_inline) {
         values_[f->key] = inline_value;
       } else {

@@ -77,7 +77,7 @@ static void mkdirs(const std::string& path) {
 
 std::string builtin_tiny_model_path() {
   const std::string dir = cache_dir();
-  const std::string path = dir + "/tiny-random-f32.gguf";
+  const std::string path = dir + "/tiny-random-v2-f32.gguf";
   struct stat st;
   if (::stat(path.c_str(), &st) == 0) return path;
   mkdirs(dir);

@@ -28,9 +28,9 @@ static int make_tiny_main(const Args& args) {
   ArgParser p("make-tiny",
               "Writes a random-weight step35 GGUF with the real model's proportions (deterministic: the\n"
               "same options give a byte-identical file) and prints a JSON summary line.\n"
-              "Presets: tiny (8 layers + 1 MTP block, ~4 M parameters) and bench (the benchmark shape of\n"
+              "Presets: tiny (8 layers + 1 MTP block, ~14 M parameters) and bench (the benchmark shape of\n"
               "../shared/docs/peer.md: 12 layers + 1 MTP block, 713 M parameters).");
-  p.flag("-o,--out", "FILE", "output .gguf path (required)");
+  p.flag("--out", "FILE", "output .gguf path (required)");
   p.flag("--preset", "NAME", "tiny | bench", "tiny");
   p.flag("--seed", "S", "weight seed (unsigned 64-bit)", "1");
   p.flag("--type", "TYPE", "storage type of the weight matrices: f32 | f16 | bf16 | q8_0 (norms, router, "

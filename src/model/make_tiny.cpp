@@ -60,16 +60,16 @@ struct Shape {
   int32_t vocab_pad;       // pad the vocabulary with unused tokens up to this size (0: none)
 };
 
-// "tiny": the real model's proportions at ~4 M parameters (17 MB in F32). The query width
-// is 2x / 3x n_embd on full / SWA layers as in the real model (64·128 / 96·128 vs 4096),
-// the dense MLP is 2.75x n_embd (11264 / 4096), the experts ~0.25x n_embd (1280 / 4096,
-// rounded to a Q8_0 block), and the training context is twice the llama3 original one
-// (262144 vs 131072). The MTP block is an SWA block with a dense MLP, as in the release.
+// "tiny": the real model's proportions at 14M parameters. The query width is 1x / 1.5x
+// n_embd on full / SWA layers (8 / 12 heads of 32), the dense MLP is 2.75x n_embd (11264 /
+// 4096 in the release), the experts 0.25x n_embd, and the llama3 "original" context is a
+// quarter of the training context (the release: 131072 of 262144 x 2). The MTP block is an
+// SWA block with a dense MLP, as in the release.
 constexpr Shape kTiny = {
-    /*n_layer*/ 8, /*n_mtp*/ 1, /*n_embd*/ 128, /*head_dim*/ 32, /*n_head_full*/ 8, /*n_head_swa*/ 12,
-    /*n_head_kv*/ 2, /*swa_window*/ 32, /*swa_period*/ 4, /*n_dense*/ 2, /*n_ff*/ 352,
-    /*n_expert*/ 32, /*n_expert_used*/ 4, /*n_ff_exp*/ 32, /*n_ff_shexp*/ 32, /*n_ctx*/ 4096,
-    /*rope_orig_ctx*/ 2048, /*mtp_swa*/ true, /*mtp_dense*/ true, /*n_merges*/ 737, /*vocab_pad*/ 0};
+    /*n_layer*/ 8, /*n_mtp*/ 1, /*n_embd*/ 256, /*head_dim*/ 32, /*n_head_full*/ 8, /*n_head_swa*/ 12,
+    /*n_head_kv*/ 2, /*swa_window*/ 32, /*swa_period*/ 4, /*n_dense*/ 2, /*n_ff*/ 704,
+    /*n_expert*/ 32, /*n_expert_used*/ 4, /*n_ff_exp*/ 64, /*n_ff_shexp*/ 64, /*n_ctx*/ 4096,
+    /*rope_orig_ctx*/ 1024, /*mtp_swa*/ true, /*mtp_dense*/ true, /*n_merges*/ 737, /*vocab_pad*/ 0};
 
 // "bench": the benchmark model of ../shared/docs/peer.md (713 M parameters). Its MTP block
 // follows the reference generator's layout (trunk pattern, so layer 12 is full attention,

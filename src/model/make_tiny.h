@@ -11,7 +11,7 @@
 namespace step35 {
 
 struct TinyModelOptions {
-  std::string preset = "tiny";  // "tiny" (default, ~ a few MB) | "bench" (../shared/docs/peer.md shape)
+  std::string preset = "tiny";  // "tiny" (default, 14M params, ~57 MB in F32) | "bench" (peer.md shape)
   uint64_t seed = 1;
   DType weight_type = DType::F32;  // f32 | f16 | bf16 | q8_0 for matrices; norms/router stay F32
   std::string name;                // general.name; default derived from the output file name

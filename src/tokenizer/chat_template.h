@@ -40,13 +40,24 @@ class ChatTemplate {
   std::string render(const std::vector<ChatMessage>& messages,
                      const nlohmann::json& tools = nlohmann::json::array(),
                      bool add_generation_prompt = true) const;
+  // The same with tool definitions whose key order is kept: nlohmann::json sorts object
+  // keys, while the template writes each tool's JSON in the client's order.
+  std::string render(const std::vector<ChatMessage>& messages, const nlohmann::ordered_json& tools,
+                     bool add_generation_prompt = true) const;
 
   // Parses OpenAI-style message JSON ({"role":..,"content": string | [parts], ...}).
   static std::vector<ChatMessage> messages_from_json(const nlohmann::json& messages);
 
  private:
+  // Both render() overloads: `tool_lines` are the tools already written as JSON text.
+  std::string render_lines(const std::vector<ChatMessage>& messages, const std::vector<std::string>& tool_lines,
+                           bool add_generation_prompt) const;
+
   ChatFormat format_;
   std::string bos_text_;
+  // STEP35: the call-format paragraph closing the tools section, taken from the template
+  // source when it carries one, else step35's own wording.
+  std::string tool_instructions_;
 };
 
 }  // namespace step35

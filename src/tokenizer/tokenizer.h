@@ -43,10 +43,13 @@ class Tokenizer {
   TokenId find_token(std::string_view text) const;  // by vocab string; -1 if absent
   TokenId bos() const { return bos_; }
   TokenId eos() const { return eos_; }
+  TokenId eot() const { return eot_; }  // -1 when the file names none
+  TokenId pad() const { return pad_; }  // -1 when the file names none
   bool add_bos() const { return add_bos_; }
+  bool add_eos() const { return add_eos_; }
   bool is_eog(TokenId id) const;  // end of generation: eos, eot, <|im_end|>, ...
   const std::vector<TokenId>& eog_ids() const { return eog_; }
-  const std::string& pre_type() const { return pre_; }
+  const std::string& pre_type() const { return pre_; }  // the split rule in use
   size_t n_merges() const { return n_merges_; }
 
   // Pre-tokenizer split of plain text (no special tokens), exposed for tests.
@@ -54,17 +57,30 @@ class Tokenizer {
 
  private:
   Tokenizer() = default;
-  std::vector<TokenId> bpe(std::string_view piece) const;
+  // Appends the ids of one pre-tokenized piece (raw bytes) to `out`.
+  void bpe(std::string_view piece, std::vector<TokenId>& out) const;
+
+  enum class PreKind : uint8_t { DEEPSEEK_V3 = 0, GPT2 = 1, LLAMA3 = 2 };  // split rules
+  // A merge of two adjacent symbols. Symbols are token ids, or ids >= n_vocab for strings
+  // that occur in merges but are not tokens themselves.
+  struct MergeTarget {
+    int32_t rank;
+    int32_t result;
+  };
 
   std::vector<std::string> tokens_;
   std::vector<TokenType> types_;
   std::unordered_map<std::string, TokenId> token_to_id_;
-  std::unordered_map<std::string, int32_t> merge_rank_;  // "left right" -> rank
+  std::unordered_map<uint64_t, MergeTarget> merges_;     // (left << 32 | right) -> merge
+  int32_t byte_symbol_[256] = {};   // symbol of each byte's mapped char (-1: none)
+  TokenId byte_token_[256] = {};    // token of each byte's mapped char (-1: none)
+  std::vector<std::string> pieces_; // token_to_piece(id, true) of every token
   std::vector<TokenId> special_sorted_;                  // carve-out order (longest first)
   std::vector<TokenId> eog_;
   std::string pre_;
+  PreKind pre_kind_ = PreKind::DEEPSEEK_V3;
   size_t n_merges_ = 0;
-  TokenId bos_ = -1, eos_ = -1;
+  TokenId bos_ = -1, eos_ = -1, eot_ = -1, pad_ = -1;
   bool add_bos_ = false;
   bool add_eos_ = false;
 };
