@@ -61,17 +61,18 @@ static int inspect_main(const Args& args) {
               tok.add_bos() ? "yes" : "no", tok.eog_ids().size());
   std::printf("chat template: %s\n", f.has("tokenizer.chat_template") ? "embedded" : "none (Step 3.5 format)");
   const int n_ctx = int(p.i64("ctx-size", hp.n_ctx_train, 1, 1 << 30));
+  // Same layout as the cache `run` would allocate (default batch 512), without allocating it.
+  const int32_t batch = 512, ring = KvCache::slots_for(true, n_ctx, hp.swa_window, batch);
   size_t full = 0, swa = 0;
-  for (int il = 0; il < hp.n_layer; ++il) (hp.layers[size_t(il)].is_swa ? swa : full)++;
-  const double row = double(hp.head_dim_k + hp.head_dim_v) * 4;  // K+V floats per KV head
   double bytes = 0;
   for (int il = 0; il < hp.n_layer; ++il) {
     const LayerHParams& L = hp.layers[size_t(il)];
-    const double slots = L.is_swa ? std::min<double>(n_ctx, hp.swa_window + 512 - 1) : n_ctx;
-    bytes += slots * L.n_head_kv * row;
+    (L.is_swa ? swa : full)++;
+    const double slots = KvCache::slots_for(L.is_swa, n_ctx, hp.swa_window, batch);
+    bytes += slots * L.n_head_kv * double(hp.head_dim_k + hp.head_dim_v) * sizeof(float);
   }
   std::printf("kv cache:      %.1f MiB (F32) at context %d: %zu full layers x %d + %zu SWA layers x %d\n",
-              bytes / (1 << 20), n_ctx, full, n_ctx, swa, std::min(n_ctx, hp.swa_window + 511));
+              bytes / (1 << 20), n_ctx, full, n_ctx, swa, ring);
   if (p.has("metadata")) {
     std::printf("\nmetadata:\n");
     for (const auto& [k, v] : f.metadata()) std::printf("  %s = %s\n", k.c_str(), v.to_string().c_str());

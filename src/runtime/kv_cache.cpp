@@ -14,13 +14,18 @@ KvCache::KvCache(const std::vector<KvLayerShape>& layers, int32_t n_ctx, int32_t
   for (const auto& s : layers) {
     Layer L;
     L.shape = s;
-    // A SWA ring needs window + max_batch - 1 slots (see header); never more than n_ctx.
-    const int64_t ring = int64_t(std::max(swa_window, 1)) + max_batch - 1;
-    L.capacity = s.is_swa ? int32_t(std::min<int64_t>(n_ctx, ring)) : n_ctx;
+    L.capacity = slots_for(s.is_swa, n_ctx, swa_window, max_batch);
     L.k.assign(size_t(L.capacity) * size_t(s.n_head_kv) * size_t(s.head_dim_k), 0.0f);
     L.v.assign(size_t(L.capacity) * size_t(s.n_head_kv) * size_t(s.head_dim_v), 0.0f);
     layers_.push_back(std::move(L));
   }
+}
+
+int32_t KvCache::slots_for(bool is_swa, int32_t n_ctx, int32_t swa_window, int32_t max_batch) {
+  if (!is_swa) return n_ctx;
+  // A SWA ring needs window + max_batch - 1 slots (see header); never more than n_ctx.
+  const int64_t ring = int64_t(std::max(swa_window, 1)) + max_batch - 1;
+  return int32_t(std::min<int64_t>(n_ctx, ring));
 }
 
 size_t KvCache::bytes() const {

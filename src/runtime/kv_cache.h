@@ -27,6 +27,9 @@ class KvCache {
   KvCache(const std::vector<KvLayerShape>& layers, int32_t n_ctx, int32_t swa_window,
           int32_t max_batch);
 
+  // Slots one layer needs: n_ctx for full layers, the SWA ring size otherwise (see above).
+  static int32_t slots_for(bool is_swa, int32_t n_ctx, int32_t swa_window, int32_t max_batch);
+
   int32_t n_ctx() const { return n_ctx_; }
   int32_t max_batch() const { return max_batch_; }
   int32_t swa_window() const { return swa_window_; }
