@@ -1,0 +1,33 @@
+// Grammar-constrained decoding for structured output: JSON schemas (OpenAI
+// response_format json_object / json_schema) and Step 3.5 tool calls compiled into
+// TokenConstraints over a tokenizer's vocabulary.
+#pragma once
+
+#include <memory>
+#include <string>
+
+#include <nlohmann/json.hpp>
+
+#include "runtime/constraint.h"
+
+namespace step35 {
+
+class Tokenizer;
+
+// Output must be one JSON value matching `schema` (a JSON Schema object; {} or
+// {"type":"object"} for json_object mode), optionally surrounded by whitespace, then an
+// end-of-generation token. Throws std::invalid_argument naming the offending part for
+// a malformed schema or one using unsupported keywords.
+std::unique_ptr<TokenConstraint> make_json_constraint(const nlohmann::json& schema, const Tokenizer& tok);
+
+// Leaves the first tokens free until `trigger` (e.g. the `</think>` token) is produced,
+// then applies `inner`. With max_free >= 0, after that many free tokens only `trigger`
+// is allowed (a reasoning budget; 0 = trigger first).
+std::unique_ptr<TokenConstraint> make_after_token_constraint(int32_t trigger, int32_t max_free,
+                                                             std::unique_ptr<TokenConstraint> inner);
+
+// Checks `value` against `schema` (the same keyword subset make_json_constraint
+// supports). Returns "" when valid, else a one-line reason.
+std::string json_schema_validate(const nlohmann::json& schema, const nlohmann::json& value);
+
+}  // namespace step35

@@ -1,0 +1,116 @@
+// Compute kernels of the forward pass: activation conversion, matrix products over weights
+// stored in any supported type, and the vector helpers attention uses. Each kernel has a
+// scalar reference (kernels_ref.cpp) and SIMD versions (AVX2+FMA, AVX-512 with VNNI/BF16
+// where the CPU has them), chosen once at run time from CPUID.
+//
+// Two precisions (the model picks one per run):
+//  * Precision::Native — what llama.cpp's CPU backend computes: the activation row is
+//    first rounded to the format the weight type's dot product consumes (act_type()):
+//    Q8_K blocks for K-quants, Q8_0 blocks for Q4_0/Q5_0/Q8_0/MXFP4, Q8_1 blocks for
+//    Q4_1/Q5_1, F16 for F16 weights, BF16 for BF16 weights, F32 for F32 weights. The
+//    rounding reproduces ggml's bit for bit (same scale, same rounding), so the integer
+//    dot products are exactly ggml's; only float summation order may differ.
+//  * Precision::Exact — activations stay F32 and weights are dequantized on the fly:
+//    the exact stored weights times F32 activations (what the fixtures' deqf32 goldens hold).
+//
+// Invariance contract (relied on by batching, MTP verification and the tests): the value
+// written for one (weight row, token) pair is bitwise the same whatever o_begin/o_end,
+// n_tok, the token index list, the other tokens in the call, the thread count, and the
+// ISA level *within one build and CPU*. (Different ISA levels may differ in float
+// summation order; each is tested against the scalar reference within tolerance.)
+#pragma once
+
+#include <cstddef>
+#include <cstdint>
+#include <string>
+#include <vector>
+
+#include "tensor/dtype.h"
+#include "tensor/tensor.h"
+
+namespace step35 {
+
+enum class Precision : uint8_t { Native, Exact };
+
+namespace kernels {
+
+enum class Isa : uint8_t { Scalar = 0, Avx2 = 1, Avx512 = 2 };
+const char* isa_name(Isa isa);
+// Every ISA level this CPU can run (Scalar always), lowest first.
+std::vector<Isa> available_isas();
+// The level in use: the best available, unless STEP35_ISA=scalar|avx2|avx512 (read once)
+// or force_isa() says otherwise.
+Isa active_isa();
+// For tests and benchmarks: switch every kernel to `isa` (must be available). Not
+// thread-safe against concurrent kernel calls.
+void force_isa(Isa isa);
+// One line for logs: "avx512 (avx512f avx512bw avx512vl vnni bf16)".
+std::string cpu_summary();
+
+// ---------------------------------------------------------------------------------------
+// Activations
+
+// Internal activation formats (not GGUF types; never written to files). Row layouts are
+// private to the kernels; only act_row_bytes() is needed to size buffers.
+enum class ActType : uint8_t { F32, F16, BF16, Q8_0, Q8_1, Q8_K };
+const char* act_type_name(ActType t);
+
+// The activation format matrix products with `weight` consume at precision p
+// (Exact: always F32).
+ActType act_type(DType weight, Precision p);
+// Bytes of one converted row of n elements (n a multiple of the format's block size:
+// 32 for Q8_0/Q8_1, 256 for Q8_K, 1 otherwise). Rows are padded to 64 bytes.
+size_t act_row_bytes(ActType t, int64_t n);
+
+// Converts n_rows rows of n floats (row r at x + r*ld_x) into `t`, row r at
+// dst + r*act_row_bytes(t, n). Bit-identical to ggml's conversion for that format.
+void convert_activations(ActType t, const float* x, int64_t n_rows, int64_t n, int64_t ld_x,
+                         uint8_t* dst);
+
+// Fused producers (save a pass over the activations):
+// RMS(x; w) per row (sum of squares in F32 per ggml's order is not required; the result
+// equals rms_norm_row() followed by convert_activations), written as `t`.
+void rms_norm_convert(ActType t, const float* x, const float* w, float eps, int64_t n_rows,
+                      int64_t n, int64_t ld_x, uint8_t* dst, float* normed /* optional F32 copy */);
+// SwiGLU with the step35 clamp (limit <= 1e-6: none) of gate/up rows, written as `t`
+// (the input of the down projection).
+void swiglu_convert(ActType t, const float* gate, const float* up, int64_t ld, float limit,
+                    int64_t n_rows, int64_t n, uint8_t* dst);
+
+// ---------------------------------------------------------------------------------------
+// Matrix products
+
+// A batch of activation rows in one format, all of length w.n_in.
+struct ActRows {
+  ActType type = ActType::F32;
+  const uint8_t* data = nullptr;
+  size_t stride = 0;            // bytes between rows (>= act_row_bytes(type, n_in))
+  const int32_t* idx = nullptr; // optional: token t uses row idx[t]; else row t
+  int64_t n_tok = 0;
+};
+
+// y[t*ldy + o] = Σ_i W[o][i] · x_t[i] for o in [o_begin, o_end), t < x.n_tok, where W is
+// one 2-D matrix (use WeightMatrix::matrix(e) for an expert). x.type must be
+// act_type(w.type, p) for the precision in use. Small n_tok runs the matrix-vector
+// kernels, larger ones tiled kernels that read each weight row once per call.
+// Throws std::invalid_argument for an unsupported (weight type, activation type) pair.
+void matmul(const WeightMatrix& w, int64_t o_begin, int64_t o_end, const ActRows& x, float* y,
+            int64_t ldy);
+
+// The number of output rows a thread should take at a time so tiles stay whole (the
+// model aligns its row splits to this; any split is still correct).
+int64_t row_granularity(DType weight);
+
+// ---------------------------------------------------------------------------------------
+// Vector helpers (attention, norms)
+
+float dot_f32(const float* a, const float* b, int64_t n);
+// y += a * x
+void axpy_f32(float a, const float* x, float* y, int64_t n);
+// y *= a
+void scale_f32(float a, float* y, int64_t n);
+// Σ x[i]² in F32.
+float sum_squares_f32(const float* x, int64_t n);
+
+}  // namespace kernels
+}  // namespace step35
