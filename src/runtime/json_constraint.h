@@ -20,6 +20,15 @@ class Tokenizer;
 // a malformed schema or one using unsupported keywords.
 std::unique_ptr<TokenConstraint> make_json_constraint(const nlohmann::json& schema, const Tokenizer& tok);
 
+// Output must be one or more Step 3.5 tool calls (spec §6):
+//   <tool_call>\n<function=NAME>\n<parameter=K>\nVALUE\n</parameter>\n...</function>\n</tool_call>
+// for tools in OpenAI's [{"type":"function","function":{"name","parameters"}}] shape, each
+// parameter value matching its JSON schema (strings raw, other types as JSON), required
+// parameters present; then end of generation. `only_name` non-empty restricts the calls to
+// that function. Throws std::invalid_argument for malformed tools.
+std::unique_ptr<TokenConstraint> make_tool_call_constraint(const nlohmann::json& tools, const std::string& only_name,
+                                                           const Tokenizer& tok);
+
 // Leaves the first tokens free until `trigger` (e.g. the `</think>` token) is produced,
 // then applies `inner`. With max_free >= 0, after that many free tokens only `trigger`
 // is allowed (a reasoning budget; 0 = trigger first).
