@@ -12,6 +12,7 @@
 #include <memory>
 #include <mutex>
 
+#include "model/session.h"
 #include "model/step35.h"
 #include "runtime/sampler.h"
 #include "runtime/thread_pool.h"
@@ -57,18 +58,19 @@ struct ModelRun {
   std::vector<int32_t> greedy;
 };
 
-ModelRun run_model(const Model& model, const std::vector<int32_t>& prompt, int n_greedy, int threads) {
+ModelRun run_model(const Model& model, const std::vector<int32_t>& prompt, int n_greedy, int threads,
+                   Precision precision) {
   ThreadPool pool(threads);
   const int n_vocab = model.hparams().n_vocab;
-  auto cache = model.make_cache(int32_t(prompt.size()) + n_greedy, 512);
+  Session session(model, int32_t(prompt.size()) + n_greedy, 512, precision);
   ModelRun r;
-  model.forward(*cache, prompt.data(), int32_t(prompt.size()), true, r.logits, pool);
+  session.forward(prompt.data(), int32_t(prompt.size()), true, r.logits, pool);
   int32_t next = Sampler::argmax(r.logits.data() + (prompt.size() - 1) * size_t(n_vocab), size_t(n_vocab));
   std::vector<float> step;
   for (int i = 0; i < n_greedy; ++i) {
     r.greedy.push_back(next);
     if (i + 1 == n_greedy) break;
-    model.forward(*cache, &next, 1, false, step, pool);
+    session.forward(&next, 1, false, step, pool);
     next = Sampler::argmax(step.data(), size_t(n_vocab));
   }
   return r;
@@ -88,7 +90,10 @@ TEST_P(Golden, MatchesLlamaCpp) {
   const size_t V = g["n_vocab"].get<size_t>(), T = prompt.size();
   ASSERT_EQ(V, size_t(model->hparams().n_vocab));
 
-  ModelRun r = run_model(*model, prompt, int(golden_greedy.size()), c.threads);
+  // Exact goldens (F32 models, deqf32) are what Precision::Exact computes; the quantized
+  // goldens are llama.cpp's own rounding, which Precision::Native reproduces.
+  ModelRun r = run_model(*model, prompt, int(golden_greedy.size()), c.threads,
+                         c.exact ? Precision::Exact : Precision::Native);
   ASSERT_EQ(r.logits.size(), T * V);
 
   // Reference logits: every row where the golden has them, else the last row.

@@ -6,6 +6,7 @@
 #include <map>
 #include <set>
 
+#include "model/session.h"
 #include "model/step35.h"
 #include "runtime/thread_pool.h"
 #include "support.h"
@@ -36,9 +37,9 @@ void compare_layers(const std::string& model_file, const std::string& golden_pre
     d.tensors[layer >= 0 ? name + "-" + std::to_string(layer) : name].assign(data, data + n);
   };
   ThreadPool pool(2);
-  auto cache = model->make_cache(int32_t(prompt.size()), 512);
+  Session session(*model, int32_t(prompt.size()), 512, Precision::Exact);
   std::vector<float> logits;
-  model->forward(*cache, prompt.data(), int32_t(prompt.size()), true, logits, pool, nullptr, dump);
+  session.forward(prompt.data(), int32_t(prompt.size()), true, logits, pool, nullptr, dump);
 
   size_t n_compared = 0;
   for (const auto& e : g["layer_dump"]) {

@@ -15,6 +15,7 @@
 
 #include "gguf/gguf.h"
 #include "model/make_tiny.h"
+#include "model/session.h"
 #include "model/step35.h"
 #include "runtime/sampler.h"
 #include "runtime/thread_pool.h"
@@ -489,9 +490,9 @@ TEST(MakeTiny, EngineLoadsAndRunsEveryType) {
     const std::vector<int32_t> prompt = {0, 45, 300, 12, 999, 7, 260, 3};
     const int n_steps = 40;  // 8 + 40 positions: beyond the 32-token window
     ThreadPool pool(2);
-    auto cache = model->make_cache(int32_t(prompt.size()) + n_steps, 16);
+    Session session(*model, int32_t(prompt.size()) + n_steps, 16);
     std::vector<float> logits;
-    model->forward(*cache, prompt.data(), int32_t(prompt.size()), true, logits, pool);
+    session.forward(prompt.data(), int32_t(prompt.size()), true, logits, pool);
     ASSERT_EQ(logits.size(), prompt.size() * V) << type;
     for (size_t i = 0; i < logits.size(); ++i) ASSERT_TRUE(std::isfinite(logits[i])) << type << " logit " << i;
     // Random weights still give a non-degenerate distribution.
@@ -504,7 +505,7 @@ TEST(MakeTiny, EngineLoadsAndRunsEveryType) {
     for (int i = 0; i < n_steps; ++i) {
       ASSERT_GE(next, 0);
       ASSERT_LT(size_t(next), V);
-      model->forward(*cache, &next, 1, false, step, pool);
+      session.forward(&next, 1, false, step, pool);
       ASSERT_EQ(step.size(), V) << type;
       for (size_t k = 0; k < V; ++k) ASSERT_TRUE(std::isfinite(step[k])) << type << " step " << i;
       next = Sampler::argmax(step.data(), V);

@@ -5,6 +5,7 @@
 
 #include <fstream>
 
+#include "model/session.h"
 #include "model/step35.h"
 #include "runtime/thread_pool.h"
 #include "support.h"
@@ -53,11 +54,11 @@ TEST(Memory, LoadDoesNotCopyWeights) {
   // A forward pass touches the weights it uses; resident memory grows accordingly (this
   // shows the measurement sees mapped pages at all).
   ThreadPool pool(1);
-  auto cache = model->make_cache(64, 64);
+  Session session(*model, 64, 64);
   std::vector<int32_t> tokens(32);
   for (int i = 0; i < 32; ++i) tokens[size_t(i)] = 3 + i * 7;
   std::vector<float> logits;
-  model->forward(*cache, tokens.data(), 32, false, logits, pool);
+  session.forward(tokens.data(), 32, false, logits, pool);
   const double run_delta = double(resident_bytes()) - double(before);
   std::printf("[memory] resident after a 32-token forward pass +%.2f MiB\n", run_delta / (1 << 20));
   EXPECT_GT(run_delta, load_delta + 0.3 * double(file_size));

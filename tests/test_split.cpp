@@ -4,6 +4,7 @@
 
 #include "gguf/gguf.h"
 #include "gguf/gguf_writer.h"
+#include "model/session.h"
 #include "model/step35.h"
 #include "runtime/thread_pool.h"
 #include "support.h"
@@ -52,9 +53,9 @@ TEST(Split, ThreePartsComputeLikeOneFile) {
   ThreadPool pool(2);
   const std::vector<int32_t> tokens = {0, 63, 236, 218, 246, 404, 135, 302, 473, 439};
   std::vector<float> la, lb;
-  auto ca = a->make_cache(16, 16), cb = b->make_cache(16, 16);
-  a->forward(*ca, tokens.data(), int32_t(tokens.size()), true, la, pool);
-  b->forward(*cb, tokens.data(), int32_t(tokens.size()), true, lb, pool);
+  Session sa(*a, 16, 16), sb(*b, 16, 16);
+  sa.forward(tokens.data(), int32_t(tokens.size()), true, la, pool);
+  sb.forward(tokens.data(), int32_t(tokens.size()), true, lb, pool);
   EXPECT_EQ(la, lb);
 
   std::string out_whole, out_split, err;

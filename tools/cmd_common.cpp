@@ -45,23 +45,7 @@ std::unique_ptr<Model> load_model(const std::string& path, bool quiet) {
   return model;
 }
 
-void print_kv_cache(const Model& model, const KvCache& cache) {
-  size_t n_full = 0, n_swa = 0;
-  int32_t ring = 0;
-  for (size_t il = 0; il < cache.n_layers(); ++il) {
-    if (cache.shape(il).is_swa) {
-      ++n_swa;
-      ring = cache.capacity(il);
-    } else {
-      ++n_full;
-    }
-  }
-  std::fprintf(stderr,
-               "kv cache: %.2f MiB (F32) = %zu full-attention layers x %d positions + %zu SWA layers x "
-               "%d-position ring (window %d)\n",
-               double(cache.bytes()) / (1 << 20), n_full, cache.n_ctx(), n_swa, ring,
-               model.hparams().swa_window);
-}
+void print_kv_cache(const KvCache& cache) { std::fprintf(stderr, "kv cache: %s\n", cache.describe().c_str()); }
 
 static std::string cache_dir() {
   if (const char* d = std::getenv("STEP35_CACHE_DIR"); d && *d) return d;

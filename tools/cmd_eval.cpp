@@ -5,6 +5,7 @@
 #include <nlohmann/json.hpp>
 
 #include "args.h"
+#include "model/session.h"
 #include "commands.h"
 #include "common.h"
 #include "runtime/sampler.h"
@@ -25,6 +26,7 @@ static int eval_main(const Args& args) {
   p.flag("-c,--ctx-size", "N", "context size", "prompt + greedy tokens");
   p.flag("-b,--batch-size", "N", "largest batch run at once (longer prompts run in chunks)", "512");
   p.flag("--hidden", "", "also print \"hidden\": the last trunk layer's output (MTP input) per position");
+  p.flag("--exact", "", "F32 activations on the exact stored weights (default: round activations as llama.cpp does)");
   if (!p.parse(args)) return 0;
   if (!p.has("model")) throw UsageError("-m MODEL is required");
   if (!p.has("tokens")) throw UsageError("--tokens is required");
@@ -40,13 +42,12 @@ static int eval_main(const Args& args) {
 
   auto model = load_model(p.str("model"));
   const int n_vocab = model->hparams().n_vocab;
-  auto cache = model->make_cache(n_ctx, std::min<int>(n_batch, n_ctx));
-  print_kv_cache(*model, *cache);
+  Session session(*model, n_ctx, std::min<int>(n_batch, n_ctx), p.has("exact") ? Precision::Exact : Precision::Native);
+  print_kv_cache(session.cache());
   ThreadPool pool(n_threads);
 
   std::vector<float> logits, hidden;
-  model->forward(*cache, tokens.data(), int32_t(tokens.size()), true, logits, pool,
-                 p.has("hidden") ? &hidden : nullptr);
+  session.forward(tokens.data(), int32_t(tokens.size()), true, logits, pool, p.has("hidden") ? &hidden : nullptr);
   nlohmann::json out;
   out["n_vocab"] = n_vocab;
   out["n_tokens"] = tokens.size();
@@ -72,7 +73,7 @@ static int eval_main(const Args& args) {
       greedy.push_back(next);
       if (i + 1 == n_greedy) break;
       std::vector<float> step;
-      model->forward(*cache, &next, 1, false, step, pool);
+      session.forward(&next, 1, false, step, pool);
       next = Sampler::argmax(step.data(), size_t(n_vocab));
     }
     out["greedy"] = greedy;

@@ -62,17 +62,16 @@ static int inspect_main(const Args& args) {
   std::printf("chat template: %s\n", f.has("tokenizer.chat_template") ? "embedded" : "none (Step 3.5 format)");
   const int n_ctx = int(p.i64("ctx-size", hp.n_ctx_train, 1, 1 << 30));
   // Same layout as the cache `run` would allocate (default batch 512), without allocating it.
-  const int32_t batch = 512, ring = KvCache::slots_for(true, n_ctx, hp.swa_window, batch);
+  const int32_t batch = 512;
+  const auto shapes = model->kv_layers();
+  const auto [n_full_blocks, n_swa_blocks] = KvPool::blocks_for_sequence(shapes, n_ctx, hp.swa_window, batch);
+  const auto [full_block_bytes, swa_block_bytes] = KvPool::block_bytes(shapes, KvPool::kDefaultBlockSize);
   size_t full = 0, swa = 0;
-  double bytes = 0;
-  for (int il = 0; il < hp.n_layer; ++il) {
-    const LayerHParams& L = hp.layers[size_t(il)];
-    (L.is_swa ? swa : full)++;
-    const double slots = KvCache::slots_for(L.is_swa, n_ctx, hp.swa_window, batch);
-    bytes += slots * L.n_head_kv * double(hp.head_dim_k + hp.head_dim_v) * sizeof(float);
-  }
-  std::printf("kv cache:      %.1f MiB (F32) at context %d: %zu full layers x %d + %zu SWA layers x %d\n",
-              bytes / (1 << 20), n_ctx, full, n_ctx, swa, ring);
+  for (const auto& s : shapes) (s.is_swa ? swa : full)++;
+  const double bytes = double(n_full_blocks) * double(full_block_bytes) + double(n_swa_blocks) * double(swa_block_bytes);
+  std::printf("kv cache:      %.1f MiB (F32) at context %d: %zu full layers x %d + %zu SWA layers x %lld positions\n",
+              bytes / (1 << 20), n_ctx, full, n_ctx, swa,
+              (long long)std::min<int64_t>(n_ctx, n_swa_blocks * KvPool::kDefaultBlockSize));
   if (p.has("metadata")) {
     std::printf("\nmetadata:\n");
     for (const auto& [k, v] : f.metadata()) std::printf("  %s = %s\n", k.c_str(), v.to_string().c_str());

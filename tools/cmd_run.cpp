@@ -4,6 +4,7 @@
 #include <random>
 
 #include "args.h"
+#include "model/session.h"
 #include "commands.h"
 #include "common.h"
 #include "runtime/sampler.h"
@@ -36,6 +37,7 @@ static int run_main(const Args& args) {
   p.flag("-b,--batch-size", "N", "prompt tokens processed per forward pass", "512");
   p.flag("--ignore-eos", "", "keep generating past end-of-generation tokens");
   p.flag("--special", "", "print control tokens (e.g. <|im_end|>) in the output");
+  p.flag("--exact", "", "F32 activations on the exact stored weights (default: round activations as llama.cpp does)");
   if (!p.parse(args)) return 0;
 
   std::string prompt = p.str("prompt");
@@ -95,15 +97,15 @@ static int run_main(const Args& args) {
   if (int64_t(tokens.size()) >= n_ctx)
     throw UsageError("the prompt is " + std::to_string(tokens.size()) + " tokens, which does not fit the " +
                      "context of " + std::to_string(n_ctx) + " tokens (raise -c)");
-  auto cache = model->make_cache(n_ctx, std::min(n_batch, n_ctx));
-  print_kv_cache(*model, *cache);
+  Session session(*model, n_ctx, std::min(n_batch, n_ctx), p.has("exact") ? Precision::Exact : Precision::Native);
+  print_kv_cache(session.cache());
   ThreadPool pool(n_threads);
   Sampler sampler(sp, size_t(model->hparams().n_vocab));
   for (int32_t t : tokens) sampler.accept(t);
 
   std::vector<float> logits;
   const double t0 = now_seconds();
-  model->forward(*cache, tokens.data(), int32_t(tokens.size()), false, logits, pool);
+  session.forward(tokens.data(), int32_t(tokens.size()), false, logits, pool);
   const double t_prompt = now_seconds() - t0;
 
   Utf8Stream utf8;
@@ -119,11 +121,11 @@ static int run_main(const Args& args) {
     std::fwrite(text.data(), 1, text.size(), stdout);
     std::fflush(stdout);
     if (n_gen == n_predict) break;
-    if (cache->n_pos() >= cache->n_ctx()) {
-      std::fprintf(stderr, "\n[context full after %d tokens]\n", cache->n_pos());
+    if (session.n_pos() >= session.n_ctx()) {
+      std::fprintf(stderr, "\n[context full after %d tokens]\n", session.n_pos());
       break;
     }
-    model->forward(*cache, &next, 1, false, logits, pool);
+    session.forward(&next, 1, false, logits, pool);
   }
   const std::string rest = utf8.flush();
   std::fwrite(rest.data(), 1, rest.size(), stdout);

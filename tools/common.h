@@ -14,7 +14,7 @@ int default_threads();
 // Loads a model with a summary on stderr (and a progress bar when stderr is a terminal).
 std::unique_ptr<Model> load_model(const std::string& path, bool quiet = false);
 // Prints the KV cache size and layout to stderr.
-void print_kv_cache(const Model& model, const KvCache& cache);
+void print_kv_cache(const KvCache& cache);
 // The built-in tiny random model: created on first use in the cache folder
 // ($STEP35_CACHE_DIR, else $XDG_CACHE_HOME/step35, else ~/.cache/step35).
 std::string builtin_tiny_model_path();

@@ -12,7 +12,9 @@
 #include <vector>
 
 #include "gguf/gguf.h"
+#include "runtime/batch.h"
 #include "runtime/kv_cache.h"
+#include "tensor/kernels.h"
 #include "tensor/tensor.h"
 #include "tokenizer/tokenizer.h"
 
@@ -77,6 +79,13 @@ struct LayerWeights {
 using DumpFn = std::function<void(const std::string& name, int layer, const float* data,
                                   int64_t n_floats)>;
 
+struct Workspace;  // model/workspace.h: scratch buffers of forward passes
+
+struct ForwardOptions {
+  Precision precision = Precision::Native;
+  DumpFn dump;  // optional
+};
+
 class Model {
  public:
   struct LoadOptions {
@@ -95,32 +104,24 @@ class Model {
   int32_t n_mtp_loaded() const { return n_mtp_loaded_; }
   // Bytes of all weight tensors (file size minus metadata).
   uint64_t weight_bytes() const { return weight_bytes_; }
+  // Weight bytes one decode token reads: everything but the embedding table and the
+  // experts, plus n_expert_used of the routed experts per MoE layer (the roofline input).
+  uint64_t active_weight_bytes_per_token() const;
 
-  // A KV cache for the trunk layers (and, with `with_mtp`, the MTP blocks after them).
-  std::unique_ptr<KvCache> make_cache(int32_t n_ctx, int32_t max_batch, bool with_mtp = false) const;
+  // KV layer shapes of the trunk (and, with `with_mtp`, the MTP blocks after it).
+  std::vector<KvLayerShape> kv_layers(bool with_mtp = false) const;
 
-  // Runs n_tokens tokens at positions cache.n_pos() ... through the trunk, appending their
-  // K/V to the cache. Writes logits for every position (n_tokens × n_vocab) when
-  // all_logits, else only for the last one (n_vocab). `hidden` (optional) receives the
-  // last trunk layer's output before output_norm, n_tokens × n_embd (the MTP input).
-  // Batches longer than the cache's max_batch are processed in chunks.
-  void forward(KvCache& cache, const int32_t* tokens, int32_t n_tokens, bool all_logits,
-               std::vector<float>& logits, ThreadPool& pool, std::vector<float>* hidden = nullptr,
-               const DumpFn& dump = nullptr) const;
+  // One forward pass over `chunks` (each continues its own sequence in `kv`, whose layers
+  // are kv_layers()). Writes the chunks' K/V, advances each seq->n_pos, and fills `out`.
+  // Throws std::length_error / std::out_of_range for chunks that do not fit or bad token
+  // ids (before touching any cache), std::runtime_error when the pool lacks blocks.
+  void forward(KvPool& kv, const std::vector<SeqChunk>& chunks, BatchOutput& out, Workspace& ws,
+               ThreadPool& pool, const ForwardOptions& opts = {}) const;
 
  private:
   Model() = default;
   void load_hparams();
   void load_tensors(const LoadOptions& opts);
-  void forward_chunk(KvCache& cache, const int32_t* tokens, int32_t n_tokens, bool all_logits,
-                     float* logits, ThreadPool& pool, float* hidden, const DumpFn& dump) const;
-  void attention(const LayerHParams& L, const LayerWeights& W, size_t cache_layer, KvCache& cache,
-                 int32_t pos0, int32_t n_tokens, const float* a, float* out, ThreadPool& pool,
-                 int il, const DumpFn& dump) const;
-  void dense_ffn(const LayerHParams& L, const LayerWeights& W, const float* f, int32_t n_tokens,
-                 float* out, ThreadPool& pool) const;
-  void moe_ffn(const LayerHParams& L, const LayerWeights& W, const float* f, int32_t n_tokens,
-               float* out, ThreadPool& pool, int il, const DumpFn& dump) const;
 
   std::unique_ptr<gguf::File> file_;
   std::unique_ptr<Tokenizer> tokenizer_;
@@ -131,6 +132,8 @@ class Model {
   std::vector<float> rope_freqs_;  // empty if absent
   int32_t n_mtp_loaded_ = 0;
   uint64_t weight_bytes_ = 0;
+
+  friend class ForwardPass;
 };
 
 }  // namespace step35

@@ -11,6 +11,7 @@
 #include <mutex>
 #include <thread>
 
+#include "model/session.h"
 #include "model/step35.h"
 #include "runtime/engine.h"
 #include "runtime/thread_pool.h"
@@ -41,7 +42,7 @@ struct Sequence {
   GenerateRequest req;
   EventSink sink;
   double t_submit = 0, deadline = 0;
-  std::unique_ptr<KvCache> cache;
+  std::unique_ptr<Session> session;
   std::unique_ptr<Sampler> sampler;
   std::vector<float> logits;
   int32_t n_generated = 0;
@@ -140,10 +141,10 @@ class SerialEngine final : public Engine {
     const Tokenizer& tok = model_.tokenizer();
     const size_t V = size_t(model_.hparams().n_vocab);
     if (!s.prefilled) {
-      s.cache = model_.make_cache(s.req.n_ctx, std::min(opts_.n_batch, s.req.n_ctx));
+      s.session = std::make_unique<Session>(model_, s.req.n_ctx, std::min(opts_.n_batch, s.req.n_ctx), opts_.precision);
       s.sampler = std::make_unique<Sampler>(s.req.sampling, V);
       for (int32_t t : s.req.prompt) s.sampler->accept(t);
-      model_.forward(*s.cache, s.req.prompt.data(), int32_t(s.req.prompt.size()), false, s.logits, pool_);
+      s.session->forward(s.req.prompt.data(), int32_t(s.req.prompt.size()), false, s.logits, pool_);
       s.prefilled = true;
       std::lock_guard<std::mutex> lock(mu_);
       stats_.prompt_tokens += s.req.prompt.size();
@@ -194,11 +195,11 @@ class SerialEngine final : public Engine {
       finish(s, FinishReason::Length);
       return false;
     }
-    if (s.cache->n_pos() >= s.cache->n_ctx()) {
+    if (s.session->n_pos() >= s.session->n_ctx()) {
       finish(s, FinishReason::Context);
       return false;
     }
-    model_.forward(*s.cache, &next, 1, false, s.logits, pool_);
+    s.session->forward(&next, 1, false, s.logits, pool_);
     std::lock_guard<std::mutex> lock(mu_);
     ++stats_.steps;
     return true;

@@ -36,17 +36,4 @@ struct WeightMatrix {
 // Dequantizes row r of w into dst[n_in].
 void dequantize_row(const WeightMatrix& w, int64_t r, float* dst);
 
-// Σ a[i]·b[i] in F32 with a fixed summation order (independent of the thread count).
-float dot_f32(const float* a, const float* b, int64_t n);
-
-// y[t][o] = Σ_i W[o][i] · x[t][i] for t < n_tok, o < n_out (x: n_tok rows of n_in, y: n_tok
-// rows of n_out). Work is split over output rows, so each weight row is read once per
-// call whatever n_tok is, and results are identical for any thread count.
-void matmul(const WeightMatrix& w, const float* x, int64_t n_tok, float* y, ThreadPool& pool);
-
-// Same, for a list of token rows: y[j] = W · x[rows[j]] for j < n_rows (used by MoE
-// experts, which see only the tokens routed to them).
-void matmul_rows(const WeightMatrix& w, const float* x, const int32_t* rows, int64_t n_rows,
-                 float* y, ThreadPool& pool);
-
 }  // namespace step35

@@ -1,0 +1,603 @@
+// The step35 forward pass (§2 of ../shared/docs/step35-model.md) over a batch of
+// sequence chunks. Every matrix product goes through kernels::matmul; independent products
+// of one step are fused into one parallel section (run_matmuls). Each token's result is
+// independent of the other tokens in the batch (see kernels.h's invariance contract and
+// the fixed key-block order in attention), so batching never changes outputs.
+#include <algorithm>
+#include <cmath>
+#include <cstring>
+#include <numeric>
+#include <stdexcept>
+
+#include "model/step35.h"
+#include "model/workspace.h"
+#include "runtime/thread_pool.h"
+
+namespace step35 {
+
+namespace {
+
+float sigmoid(float z) { return 1.0f / (1.0f + std::exp(-z)); }
+
+// RMS(x; w) of one row (§2 conventions).
+void rms_norm_row(const float* x, const float* w, float* y, int64_t n, float eps) {
+  const float scale = 1.0f / std::sqrt(kernels::sum_squares_f32(x, n) / float(n) + eps);
+  for (int64_t i = 0; i < n; ++i) y[i] = x[i] * scale * w[i];
+}
+
+// NeoX ("rotate-half") RoPE on the first 2*half dims of one head with precomputed
+// cos/sin of the half angles (§2.4 step 3).
+void rope_apply(float* x, int32_t half, const float* cs, const float* sn) {
+  for (int32_t i = 0; i < half; ++i) {
+    const float x0 = x[i], x1 = x[i + half];
+    x[i] = x0 * cs[i] - x1 * sn[i];
+    x[i + half] = x0 * sn[i] + x1 * cs[i];
+  }
+}
+
+// Runs fn(t) for t < n, on the pool only when there is enough work to share.
+template <typename Fn>
+void for_each_row(int64_t n, ThreadPool& pool, int64_t min_parallel, Fn&& fn) {
+  if (n < min_parallel || pool.n_threads() == 1) {
+    for (int64_t t = 0; t < n; ++t) fn(t);
+    return;
+  }
+  pool.parallel_for(n, [&](int64_t b, int64_t e, int) {
+    for (int64_t t = b; t < e; ++t) fn(t);
+  });
+}
+
+}  // namespace
+
+class ForwardPass {
+ public:
+  ForwardPass(const Model& m, KvPool& kv, const std::vector<SeqChunk>& chunks, BatchOutput& out, Workspace& ws,
+              ThreadPool& pool, const ForwardOptions& opts)
+      : m_(m), hp_(m.hp_), kv_(kv), chunks_(chunks), out_(out), ws_(ws), pool_(pool), opts_(opts) {}
+
+  void run();
+
+ private:
+  void validate_and_reserve();
+  void embed();
+  void attention(int il);
+  void attention_core(int il, int64_t t, int64_t g, float* o_row);
+  void dense_ffn(int il);
+  void moe_ffn(int il);
+  void outputs();
+  void dump(const char* name, int layer, const float* data, int64_t n) {
+    if (opts_.dump) opts_.dump(name, layer, data, n);
+  }
+  // Normalises ws.x rows into ws.a with `w` and makes ws.acts serve them.
+  void norm_input(const std::vector<float>& w) {
+    const int64_t E = hp_.n_embd;
+    float* x = ws_.x.get(size_t(T_ * E));
+    float* a = ws_.a.get(size_t(T_ * E));
+    for_each_row(T_, pool_, 16, [&](int64_t t) { rms_norm_row(x + t * E, w.data(), a + t * E, E, hp_.rms_eps); });
+    ws_.acts.reset(a, T_, E, E);
+  }
+  kernels::ActRows acts_for(const WeightMatrix& w) { return ws_.acts.get(kernels::act_type(w.type, prec_), pool_); }
+  void add_job(const WeightMatrix& w, const kernels::ActRows& x, float* y, int64_t ldy) {
+    MatJob j;
+    j.w = w;
+    j.x = x;
+    j.y = y;
+    j.ldy = ldy;
+    ws_.jobs.push_back(j);
+  }
+
+  const Model& m_;
+  const HParams& hp_;
+  KvPool& kv_;
+  const std::vector<SeqChunk>& chunks_;
+  BatchOutput& out_;
+  Workspace& ws_;
+  ThreadPool& pool_;
+  const ForwardOptions& opts_;
+  Precision prec_ = Precision::Native;
+  int64_t T_ = 0;
+  int32_t* pos_ = nullptr;     // per token
+  int32_t* chunk_of_ = nullptr;
+  int32_t moe_index_ = 0;      // MoE layers seen so far (for routing stats)
+};
+
+void Model::forward(KvPool& kv, const std::vector<SeqChunk>& chunks, BatchOutput& out, Workspace& ws,
+                    ThreadPool& pool, const ForwardOptions& opts) const {
+  ForwardPass(*this, kv, chunks, out, ws, pool, opts).run();
+}
+
+void ForwardPass::validate_and_reserve() {
+  if (chunks_.empty()) throw std::invalid_argument("forward: empty batch");
+  if (kv_.n_layers() < size_t(hp_.n_layer))
+    throw std::invalid_argument("forward: the KV pool has fewer layers than the model");
+  T_ = 0;
+  for (size_t c = 0; c < chunks_.size(); ++c) {
+    const SeqChunk& ch = chunks_[c];
+    if (!ch.seq || ch.n_tokens <= 0 || !ch.tokens) throw std::invalid_argument("forward: empty chunk");
+    for (size_t d = 0; d < c; ++d)
+      if (chunks_[d].seq == ch.seq) throw std::invalid_argument("forward: one sequence appears twice in a batch");
+    for (int32_t i = 0; i < ch.n_tokens; ++i)
+      if (ch.tokens[i] < 0 || ch.tokens[i] >= hp_.n_vocab)
+        throw std::out_of_range("token id " + std::to_string(ch.tokens[i]) + " is outside the vocabulary (0.." +
+                                std::to_string(hp_.n_vocab - 1) + ")");
+    if (int64_t(ch.seq->n_pos) + ch.n_tokens > (int64_t(1) << 30))
+      throw std::length_error("forward: position out of range");
+    T_ += ch.n_tokens;
+  }
+  // Reserve KV blocks for every chunk, or for none.
+  for (size_t c = 0; c < chunks_.size(); ++c) {
+    KvSeq& s = *chunks_[c].seq;
+    if (!kv_.reserve(s, s.n_pos + chunks_[c].n_tokens)) {
+      for (size_t d = 0; d < c; ++d) kv_.truncate(*chunks_[d].seq, chunks_[d].seq->n_pos);
+      throw std::runtime_error("KV cache is full: no free blocks for " + std::to_string(chunks_[c].n_tokens) +
+                               " more positions");
+    }
+  }
+}
+
+void ForwardPass::run() {
+  prec_ = opts_.precision;
+  validate_and_reserve();
+  pos_ = ws_.pos.get(size_t(T_));
+  chunk_of_ = ws_.seq_of.get(size_t(T_));
+  {
+    int64_t t = 0;
+    for (size_t c = 0; c < chunks_.size(); ++c)
+      for (int32_t i = 0; i < chunks_[c].n_tokens; ++i, ++t) {
+        pos_[t] = chunks_[c].seq->n_pos + i;
+        chunk_of_[t] = int32_t(c);
+      }
+  }
+  out_.routing.clear();
+  out_.routing.n_expert = hp_.n_expert;
+  moe_index_ = 0;
+
+  embed();
+  const int64_t E = hp_.n_embd;
+  float* x = ws_.x.get(size_t(T_ * E));
+  for (int il = 0; il < hp_.n_layer; ++il) {
+    const LayerHParams& L = hp_.layers[size_t(il)];
+    const LayerWeights& W = m_.layers_[size_t(il)];
+    dump("attn_norm_in", il, x, T_ * E);
+    // §2.3 pre-norm residual block: h1 = h + Attention(RMS(h)); out = h1 + FFN(RMS(h1)).
+    norm_input(W.attn_norm);
+    dump("attn_norm", il, ws_.a.get(0), T_ * E);
+    attention(il);
+    float* tmp = ws_.tmp.get(size_t(T_ * E));
+    for (int64_t i = 0; i < T_ * E; ++i) x[i] += tmp[i];
+    dump("ffn_inp", il, x, T_ * E);
+    norm_input(W.ffn_norm);
+    dump("ffn_norm", il, ws_.a.get(0), T_ * E);
+    if (L.is_moe)
+      moe_ffn(il);
+    else
+      dense_ffn(il);
+    dump("ffn_out", il, tmp, T_ * E);
+    for (int64_t i = 0; i < T_ * E; ++i) x[i] += tmp[i];
+  }
+  for (const SeqChunk& ch : chunks_) {
+    ch.seq->n_pos += ch.n_tokens;
+    kv_.trim_swa(*ch.seq);
+  }
+  dump("h_nextn", -1, x, T_ * E);
+  outputs();
+}
+
+// §2.2: row lookup, no scaling.
+void ForwardPass::embed() {
+  const int64_t E = hp_.n_embd;
+  float* x = ws_.x.get(size_t(T_ * E));
+  int64_t t = 0;
+  for (const SeqChunk& ch : chunks_)
+    for (int32_t i = 0; i < ch.n_tokens; ++i, ++t) dequantize_row(m_.token_embd_, ch.tokens[i], x + t * E);
+}
+
+// §2.4 attention: projections, per-head Q/K RMSNorm, partial NeoX RoPE, K/V into the
+// cache, causal (+ sliding window) softmax(QK)V over the cache, head-wise gate, W_o.
+void ForwardPass::attention(int il) {
+  const LayerHParams& L = hp_.layers[size_t(il)];
+  const LayerWeights& W = m_.layers_[size_t(il)];
+  const int64_t E = hp_.n_embd, H = L.n_head, G = L.n_head_kv, D = hp_.head_dim_k, Dv = hp_.head_dim_v;
+  const int64_t T = T_;
+  float* q = ws_.q.get(size_t(T * H * D));
+  float* k = ws_.k.get(size_t(T * G * D));
+  float* v = ws_.v.get(size_t(T * G * Dv));
+  float* gate = ws_.gate.get(size_t(T * H));
+  ws_.jobs.clear();
+  add_job(W.attn_q, acts_for(W.attn_q), q, H * D);
+  add_job(W.attn_k, acts_for(W.attn_k), k, G * D);
+  add_job(W.attn_v, acts_for(W.attn_v), v, G * Dv);
+  if (W.attn_gate.present()) add_job(W.attn_gate, acts_for(W.attn_gate), gate, H);
+  run_matmuls(ws_.jobs, pool_);
+
+  // Q/K norm + RoPE per token; then K and V go into the cache.
+  const int32_t half = L.n_rot / 2;
+  const float* freqs = L.use_rope_freqs ? m_.rope_freqs_.data() : nullptr;
+  for_each_row(T, pool_, 8, [&](int64_t t) {
+    thread_local std::vector<float> cs, sn;
+    cs.resize(size_t(half));
+    sn.resize(size_t(half));
+    for (int32_t i = 0; i < half; ++i) {
+      double theta = double(pos_[t]) * std::pow(double(L.rope_base), -2.0 * i / double(L.n_rot));
+      if (freqs) theta /= double(freqs[i]);
+      cs[size_t(i)] = float(std::cos(theta));
+      sn[size_t(i)] = float(std::sin(theta));
+    }
+    for (int64_t h = 0; h < H; ++h) {
+      float* qh = q + (t * H + h) * D;
+      if (!W.attn_q_norm.empty()) rms_norm_row(qh, W.attn_q_norm.data(), qh, D, hp_.rms_eps);
+      rope_apply(qh, half, cs.data(), sn.data());
+    }
+    for (int64_t g = 0; g < G; ++g) {
+      float* kh = k + (t * G + g) * D;
+      if (!W.attn_k_norm.empty()) rms_norm_row(kh, W.attn_k_norm.data(), kh, D, hp_.rms_eps);
+      rope_apply(kh, half, cs.data(), sn.data());
+    }
+    const KvSeq& seq = *chunks_[size_t(chunk_of_[t])].seq;
+    std::memcpy(kv_.k(seq, size_t(il), pos_[t]), k + t * G * D, size_t(G * D) * sizeof(float));
+    std::memcpy(kv_.v(seq, size_t(il), pos_[t]), v + t * G * Dv, size_t(G * Dv) * sizeof(float));
+  });
+  dump("Qcur_pos", il, q, T * H * D);
+  dump("Kcur_pos", il, k, T * G * D);
+  dump("Vcur", il, v, T * G * Dv);
+
+  // One job per (token, KV head): the query heads sharing a KV head read its keys once.
+  float* o = ws_.o.get(size_t(T * H * Dv));
+  for_each_row(T * G, pool_, 2, [&](int64_t job) { attention_core(il, job / G, job % G, o); });
+  dump("attn_out", il, o, T * H * Dv);
+
+  // §2.4 step 7 (G7): the gate reads the attention input, one scalar per query head.
+  if (W.attn_gate.present()) {
+    for (int64_t i = 0; i < T * H; ++i) gate[i] = sigmoid(gate[i]);
+    dump("attn_gate_sigmoid", il, gate, T * H);
+    for (int64_t th = 0; th < T * H; ++th) kernels::scale_f32(gate[th], o + th * Dv, Dv);
+    dump("attn_gated", il, o, T * H * Dv);
+  }
+  ws_.o_acts.reset(o, T, H * Dv, H * Dv);
+  ws_.jobs.clear();
+  add_job(W.attn_output, ws_.o_acts.get(kernels::act_type(W.attn_output.type, prec_), pool_),
+          ws_.tmp.get(size_t(T * E)), E);
+  run_matmuls(ws_.jobs, pool_);
+}
+
+// softmax(q·K / sqrt(D)) V for the query heads of KV head g of token t, over the keys the
+// mask allows (§2.4 step 5), one key block at a time with a running max and sum, so a
+// long context never materialises a full row of scores. Blocks are visited in position
+// order whatever the batch, which keeps results batch-independent.
+void ForwardPass::attention_core(int il, int64_t t, int64_t g, float* o) {
+  const LayerHParams& L = hp_.layers[size_t(il)];
+  const int64_t H = L.n_head, G = L.n_head_kv, D = hp_.head_dim_k, Dv = hp_.head_dim_v;
+  const int64_t R = H / G;  // query heads per KV head (consecutive grouping)
+  const int32_t bs = kv_.block_size();
+  const KvSeq& seq = *chunks_[size_t(chunk_of_[t])].seq;
+  const int32_t p = pos_[t];
+  const int32_t lo = L.is_swa ? std::max(0, p - hp_.swa_window + 1) : 0;
+  const float scale = 1.0f / std::sqrt(float(D));
+  const float* q = ws_.q.v.data() + (t * H + g * R) * D;
+
+  thread_local std::vector<float> scores, run_max, run_sum;
+  scores.resize(size_t(R * bs));
+  run_max.assign(size_t(R), -INFINITY);
+  run_sum.assign(size_t(R), 0.0f);
+  float* out = o + (t * H + g * R) * Dv;
+  std::fill(out, out + R * Dv, 0.0f);
+
+  const int64_t k_stride = G * D, v_stride = G * Dv;
+  for (int32_t b = lo / bs; b <= p / bs; ++b) {
+    const int32_t block = kv_.block_of(seq, size_t(il), b * bs);
+    const int32_t u0 = std::max(lo, b * bs), u1 = std::min(p, b * bs + bs - 1);
+    const int32_t n = u1 - u0 + 1;
+    const float* kb = kv_.k_block(size_t(il), block) + int64_t(u0 - b * bs) * k_stride + g * D;
+    const float* vb = kv_.v_block(size_t(il), block) + int64_t(u0 - b * bs) * v_stride + g * Dv;
+    for (int64_t r = 0; r < R; ++r) {
+      float* s = scores.data() + r * bs;
+      float mx = -INFINITY;
+      for (int32_t j = 0; j < n; ++j) {
+        s[j] = kernels::dot_f32(q + r * D, kb + j * k_stride, D) * scale;
+        mx = std::max(mx, s[j]);
+      }
+      const float m_new = std::max(run_max[size_t(r)], mx);
+      float* acc = out + r * Dv;
+      if (m_new > run_max[size_t(r)] && run_sum[size_t(r)] > 0) {
+        const float c = std::exp(run_max[size_t(r)] - m_new);
+        run_sum[size_t(r)] *= c;
+        kernels::scale_f32(c, acc, Dv);
+      }
+      run_max[size_t(r)] = m_new;
+      float sum = 0;
+      for (int32_t j = 0; j < n; ++j) {
+        const float e = std::exp(s[j] - m_new);
+        sum += e;
+        kernels::axpy_f32(e, vb + j * v_stride, acc, Dv);
+      }
+      run_sum[size_t(r)] += sum;
+    }
+  }
+  for (int64_t r = 0; r < R; ++r) kernels::scale_f32(1.0f / run_sum[size_t(r)], out + r * Dv, Dv);
+}
+
+// §2.5 dense SwiGLU MLP; the shared clamp list governs dense layers (G9).
+void ForwardPass::dense_ffn(int il) {
+  const LayerHParams& L = hp_.layers[size_t(il)];
+  const LayerWeights& W = m_.layers_[size_t(il)];
+  const int64_t E = hp_.n_embd, F = W.ffn_gate.n_out, T = T_;
+  float* gu = ws_.gu.get(size_t(2 * T * F));
+  ws_.jobs.clear();
+  add_job(W.ffn_gate, acts_for(W.ffn_gate), gu, F);
+  add_job(W.ffn_up, acts_for(W.ffn_up), gu + T * F, F);
+  run_matmuls(ws_.jobs, pool_);
+  const kernels::ActType at = kernels::act_type(W.ffn_down.type, prec_);
+  const size_t stride = kernels::act_row_bytes(at, F);
+  uint8_t* act = ws_.down_act.get(stride * size_t(T));
+  for_each_row(T, pool_, 16, [&](int64_t t) {
+    kernels::swiglu_convert(at, gu + t * F, gu + (T + t) * F, F, L.clamp_shexp, 1, F, act + size_t(t) * stride);
+  });
+  kernels::ActRows x;
+  x.type = at;
+  x.data = act;
+  x.stride = stride;
+  x.n_tok = T;
+  ws_.jobs.clear();
+  add_job(W.ffn_down, x, ws_.tmp.get(size_t(T * E)), E);
+  run_matmuls(ws_.jobs, pool_);
+}
+
+// §2.6 MoE: sigmoid router in F32, top-k by score + selection bias (G8), unbiased weights
+// renormalised and scaled, each routed expert's SwiGLU (routed clamp), plus the shared
+// expert. Tokens are grouped by expert so each selected expert's weights are read once
+// per batch; all experts' gate/up products form one parallel section, all down products
+// another.
+void ForwardPass::moe_ffn(int il) {
+  const LayerHParams& L = hp_.layers[size_t(il)];
+  const LayerWeights& W = m_.layers_[size_t(il)];
+  const int64_t E = hp_.n_embd, X = hp_.n_expert, K = L.n_expert_used, F = L.n_ff_exp, T = T_;
+
+  float* logits = ws_.router.get(size_t(T * X));
+  ws_.jobs.clear();
+  add_job(W.ffn_gate_inp, acts_for(W.ffn_gate_inp), logits, X);
+  run_matmuls(ws_.jobs, pool_);
+
+  int32_t* topk = ws_.moe_topk.get(size_t(T * K));
+  int32_t* n_kept = ws_.moe_topk_n.get(size_t(T));
+  float* w_raw = ws_.moe_weights_raw.get(size_t(T * K));
+  float* w = ws_.moe_weights.get(size_t(T * K));
+  for_each_row(T, pool_, 32, [&](int64_t t) {
+    float* p = logits + t * X;
+    if (hp_.gating_sigmoid) {
+      for (int64_t e = 0; e < X; ++e) p[e] = sigmoid(p[e]);
+    } else {
+      const float mx = *std::max_element(p, p + X);
+      float sum = 0;
+      for (int64_t e = 0; e < X; ++e) sum += (p[e] = std::exp(p[e] - mx));
+      for (int64_t e = 0; e < X; ++e) p[e] /= sum;
+    }
+    // Top-k by selection score, kept sorted by insertion (k is small; no full sort).
+    // Ties go to the lower expert id.
+    int32_t* ids = topk + t * K;
+    float sel_top[64];
+    float* sel = K <= 64 ? sel_top : nullptr;
+    thread_local std::vector<float> sel_big;
+    if (!sel) {
+      sel_big.resize(size_t(K));
+      sel = sel_big.data();
+    }
+    int64_t n = 0;
+    for (int64_t e = 0; e < X; ++e) {
+      const float s = p[e] + (W.exp_probs_b.empty() ? 0.0f : W.exp_probs_b[size_t(e)]);
+      if (n == K && !(s > sel[K - 1])) continue;
+      int64_t j = n < K ? n++ : K - 1;
+      while (j > 0 && s > sel[j - 1]) {
+        sel[j] = sel[j - 1];
+        ids[j] = ids[j - 1];
+        --j;
+      }
+      sel[j] = s;
+      ids[j] = int32_t(e);
+    }
+    float sum = 0;
+    for (int64_t k = 0; k < K; ++k) sum += (w_raw[t * K + k] = p[ids[k]]);
+    int64_t keep = K;
+    const RoutingPolicy& rp = chunks_[size_t(chunk_of_[t])].routing;
+    if (rp.adaptive_mass > 0) {
+      // Smallest top-ranked prefix whose normalised weight reaches the mass (lossy).
+      const int64_t min_k = std::clamp<int64_t>(rp.adaptive_min_k, 1, K);
+      float acc = 0;
+      keep = 0;
+      while (keep < K && (keep < min_k || acc < rp.adaptive_mass * sum)) acc += w_raw[t * K + keep++];
+      if (keep < K) sum = acc;
+    }
+    n_kept[t] = int32_t(keep);
+    const float norm = hp_.expert_weights_norm ? 1.0f / std::max(sum, 6.103515625e-5f) : 1.0f;
+    for (int64_t k = 0; k < K; ++k) w[t * K + k] = k < keep ? w_raw[t * K + k] * norm * hp_.expert_weights_scale : 0.0f;
+  });
+  if (opts_.dump) {
+    std::vector<float> ids(topk, topk + T * K);
+    dump("ffn_moe_topk", il, ids.data(), T * K);
+    dump("ffn_moe_weights", il, w_raw, T * K);
+    dump("ffn_moe_weights_scaled", il, w, T * K);
+  }
+
+  // Group (token, slot) pairs by expert; rows of each expert are contiguous in gu/down.
+  if (ws_.expert_tokens.size() < size_t(X)) {
+    ws_.expert_tokens.resize(size_t(X));
+    ws_.expert_slots.resize(size_t(X));
+  }
+  for (int64_t e = 0; e < X; ++e) ws_.expert_tokens[size_t(e)].clear(), ws_.expert_slots[size_t(e)].clear();
+  RoutingStats& rs = out_.routing;
+  for (int64_t t = 0; t < T; ++t) {
+    const int64_t keep = n_kept[t];
+    for (int64_t k = 0; k < keep; ++k) {
+      const int32_t e = topk[t * K + k];
+      ws_.expert_tokens[size_t(e)].push_back(int32_t(t));
+      ws_.expert_slots[size_t(e)].push_back(int32_t(t * K + k));
+    }
+    // Statistics: entropy of the normalised weights of the kept experts.
+    float s = 0;
+    for (int64_t k = 0; k < keep; ++k) s += w_raw[t * K + k];
+    double h = 0;
+    for (int64_t k = 0; k < keep && s > 0; ++k) {
+      const double pk = double(w_raw[t * K + k]) / s;
+      if (pk > 0) h -= pk * std::log(pk);
+    }
+    rs.entropy_sum += h;
+    if (chunks_[size_t(chunk_of_[t])].routing.adaptive_mass > 0) {
+      ++rs.adaptive_tokens;
+      rs.adaptive_experts += keep;
+    }
+  }
+  rs.token_layer_pairs += T;
+  ++rs.n_moe_layers;
+  rs.expert_counts.resize(size_t((moe_index_ + 1) * X), 0);
+  int32_t* counts = rs.expert_counts.data() + moe_index_ * X;
+  int64_t distinct = 0, max_count = 0, total = 0;
+  for (int64_t e = 0; e < X; ++e) {
+    const int64_t c = int64_t(ws_.expert_tokens[size_t(e)].size());
+    counts[e] = int32_t(c);
+    distinct += c > 0;
+    max_count = std::max(max_count, c);
+    total += c;
+  }
+  rs.distinct_experts_sum += distinct;
+  if (distinct > 0) rs.skew_sum += double(max_count) / (double(total) / double(distinct));
+  ++moe_index_;
+
+  int32_t* slot_row = ws_.slot_row.get(size_t(T * K));
+  int64_t n_rows = 0;
+  for (int64_t e = 0; e < X; ++e)
+    for (int32_t slot : ws_.expert_slots[size_t(e)]) slot_row[slot] = int32_t(n_rows++);
+
+  float* gu = ws_.gu.get(size_t(2 * std::max<int64_t>(n_rows, 1) * F));
+  const bool has_shared = W.ffn_up_shexp.present();
+  const int64_t FS = has_shared ? W.ffn_up_shexp.n_out : 0;
+  float* sgu = ws_.shared_gu.get(size_t(std::max<int64_t>(2 * T * FS, 1)));
+  ws_.jobs.clear();
+  {
+    const kernels::ActRows all = acts_for(W.ffn_gate_exps);
+    int64_t row = 0;
+    for (int64_t e = 0; e < X; ++e) {
+      const auto& toks = ws_.expert_tokens[size_t(e)];
+      if (toks.empty()) continue;
+      kernels::ActRows x = all;
+      x.idx = toks.data();
+      x.n_tok = int64_t(toks.size());
+      add_job(W.ffn_gate_exps.matrix(e), x, gu + row * F, F);
+      add_job(W.ffn_up_exps.matrix(e), x, gu + (n_rows + row) * F, F);
+      row += x.n_tok;
+    }
+  }
+  if (has_shared) {
+    add_job(W.ffn_gate_shexp, acts_for(W.ffn_gate_shexp), sgu, FS);
+    add_job(W.ffn_up_shexp, acts_for(W.ffn_up_shexp), sgu + T * FS, FS);
+  }
+  run_matmuls(ws_.jobs, pool_);
+
+  // SwiGLU of every routed row straight into the down projections' input format.
+  const kernels::ActType at = kernels::act_type(W.ffn_down_exps.type, prec_);
+  const size_t stride = kernels::act_row_bytes(at, F);
+  uint8_t* act = ws_.down_act.get(stride * size_t(std::max<int64_t>(n_rows, 1)));
+  for_each_row(n_rows, pool_, 32, [&](int64_t r) {
+    kernels::swiglu_convert(at, gu + r * F, gu + (n_rows + r) * F, F, L.clamp_exp, 1, F, act + size_t(r) * stride);
+  });
+  kernels::ActType sat = kernels::ActType::F32;
+  size_t sstride = 0;
+  uint8_t* sact = nullptr;
+  if (has_shared) {
+    sat = kernels::act_type(W.ffn_down_shexp.type, prec_);
+    sstride = kernels::act_row_bytes(sat, FS);
+    sact = ws_.shared_act.get(sstride * size_t(T));
+    for_each_row(T, pool_, 16, [&](int64_t t) {
+      kernels::swiglu_convert(sat, sgu + t * FS, sgu + (T + t) * FS, FS, L.clamp_shexp, 1, FS, sact + size_t(t) * sstride);
+    });
+  }
+
+  float* down = ws_.down.get(size_t(std::max<int64_t>(n_rows, 1) * E));
+  float* shared_out = ws_.shared_out.get(size_t(T * E));
+  ws_.jobs.clear();
+  {
+    int64_t row = 0;
+    for (int64_t e = 0; e < X; ++e) {
+      const int64_t n = int64_t(ws_.expert_tokens[size_t(e)].size());
+      if (n == 0) continue;
+      kernels::ActRows x;
+      x.type = at;
+      x.data = act + size_t(row) * stride;
+      x.stride = stride;
+      x.n_tok = n;
+      add_job(W.ffn_down_exps.matrix(e), x, down + row * E, E);
+      row += n;
+    }
+  }
+  if (has_shared) {
+    kernels::ActRows x;
+    x.type = sat;
+    x.data = sact;
+    x.stride = sstride;
+    x.n_tok = T;
+    add_job(W.ffn_down_shexp, x, shared_out, E);
+  }
+  run_matmuls(ws_.jobs, pool_);
+
+  // Weighted sum in top-k order (the order llama.cpp adds them in), then the shared expert.
+  float* out = ws_.tmp.get(size_t(T * E));
+  for_each_row(T, pool_, 16, [&](int64_t t) {
+    float* o = out + t * E;
+    std::fill(o, o + E, 0.0f);
+    for (int64_t k = 0; k < n_kept[t]; ++k)
+      kernels::axpy_f32(w[t * K + k], down + int64_t(slot_row[t * K + k]) * E, o, E);
+  });
+  dump("ffn_moe_out", il, out, T * E);
+  if (has_shared) {
+    dump("ffn_shared_out", il, shared_out, T * E);
+    for (int64_t i = 0; i < T * E; ++i) out[i] += shared_out[i];
+  }
+}
+
+// §2.7: logits = W_out · RMS(h; output_norm) for the rows the chunks asked for; the
+// pre-norm hidden rows for chunks that want them (the MTP input).
+void ForwardPass::outputs() {
+  const int64_t E = hp_.n_embd, V = hp_.n_vocab;
+  const float* x = ws_.x.v.data();
+  out_.logits_offset.assign(chunks_.size(), -1);
+  out_.hidden_offset.assign(chunks_.size(), -1);
+  thread_local std::vector<int32_t> row_storage;  // the lambdas below must see this thread's
+  std::vector<int32_t>& rows = row_storage;
+  rows.clear();
+  int64_t t0 = 0, n_hidden = 0;
+  for (size_t c = 0; c < chunks_.size(); ++c) {
+    const SeqChunk& ch = chunks_[c];
+    if (ch.logits != LogitRows::None) {
+      out_.logits_offset[c] = int32_t(rows.size());
+      if (ch.logits == LogitRows::All)
+        for (int32_t i = 0; i < ch.n_tokens; ++i) rows.push_back(int32_t(t0 + i));
+      else
+        rows.push_back(int32_t(t0 + ch.n_tokens - 1));
+    }
+    if (ch.want_hidden) {
+      out_.hidden_offset[c] = int32_t(n_hidden);
+      n_hidden += ch.n_tokens;
+    }
+    t0 += ch.n_tokens;
+  }
+  out_.hidden.resize(size_t(n_hidden * E));
+  t0 = 0;
+  for (const SeqChunk& ch : chunks_) {
+    if (ch.want_hidden) {
+      const int64_t off = out_.hidden_offset[size_t(&ch - chunks_.data())];
+      std::memcpy(out_.hidden.data() + off * E, x + t0 * E, size_t(ch.n_tokens * E) * sizeof(float));
+    }
+    t0 += ch.n_tokens;
+  }
+  const int64_t n_out = int64_t(rows.size());
+  out_.logits.resize(size_t(n_out * V));
+  if (n_out == 0) return;
+  float* normed = ws_.logits_in.get(size_t(n_out * E));
+  for_each_row(n_out, pool_, 16,
+               [&](int64_t r) { rms_norm_row(x + int64_t(rows[size_t(r)]) * E, m_.output_norm_.data(), normed + r * E, E, hp_.rms_eps); });
+  dump("result_norm", -1, normed, n_out * E);
+  ws_.final_acts.reset(normed, n_out, E, E);
+  ws_.jobs.clear();
+  add_job(m_.output_, ws_.final_acts.get(kernels::act_type(m_.output_.type, prec_), pool_), out_.logits.data(), V);
+  run_matmuls(ws_.jobs, pool_);
+}
+
+}  // namespace step35
