@@ -4,6 +4,7 @@
 
 #include <fstream>
 #include <regex>
+#include <sstream>
 
 #include "support.h"
 
@@ -149,7 +150,16 @@ TEST(Cli, ReadmeListsEveryFlag) {
   std::string readme_path = std::string(PROJECT_SOURCE_DIR) + "/README.md";
   auto readme_bytes = read_bytes(readme_path);
   const std::string readme(readme_bytes.begin(), readme_bytes.end());
-  for (const char* cmd : {"run", "eval", "tokenize", "inspect", "make-tiny"}) {
+  // Every command `step35 --help` lists.
+  std::string usage;
+  ASSERT_EQ(run_command(bin() + " --help", nullptr, &usage), 0);
+  std::vector<std::string> commands;
+  std::regex cmd_re("\\n  ([a-z][a-z0-9-]*)  ");
+  for (auto it = std::sregex_iterator(usage.begin(), usage.end(), cmd_re); it != std::sregex_iterator(); ++it)
+    commands.push_back((*it)[1]);
+  ASSERT_GE(commands.size(), 6u) << usage;
+  for (const std::string& cmd : commands) {
+    EXPECT_NE(readme.find("### `step35 " + cmd), std::string::npos) << cmd << " has no README section";
     std::string out;
     ASSERT_EQ(run_command(bin() + " " + cmd + " --help", &out, nullptr), 0) << cmd;
     std::regex flag_re("(^|\\s)(--[a-z][a-z0-9-]*)");
@@ -167,6 +177,41 @@ TEST(Cli, ReadmeListsEveryFlag) {
     }
     EXPECT_GT(n_flags, 0u) << cmd;
   }
+}
+
+TEST(Cli, BenchReportsSpeedAndRoofline) {
+  std::string out, err;
+  ASSERT_EQ(run_command(bin() + " bench -m '" + fixture_model("tiny-a-q8_0.gguf") +
+                            "' -p 16 -n 4 -r 2 -t 1,2 --json --membw --membw-mib 64",
+                        &out, &err),
+            0)
+      << err;
+  std::istringstream lines(out);
+  std::string line;
+  int n = 0;
+  while (std::getline(lines, line)) {
+    const auto j = nlohmann::json::parse(line);
+    ++n;
+    EXPECT_EQ(j["threads"].get<int>(), n);
+    EXPECT_EQ(j["pp"]["tokens"].get<int>(), 16);
+    EXPECT_EQ(j["tg"]["tokens"].get<int>(), 4);
+    EXPECT_GT(j["pp"]["tok_per_s"].get<double>(), 0);
+    EXPECT_GT(j["tg"]["tok_per_s"].get<double>(), 0);
+    EXPECT_EQ(j["tg"]["samples"].size(), 2u);
+    EXPECT_GT(j["peak_rss_bytes"].get<double>(), 1e6);
+    EXPECT_GT(j["membw_bytes_per_s"].get<double>(), 1e8);
+    EXPECT_GT(j["active_bytes_per_token"].get<double>(), 1e5);
+    EXPECT_GT(j["tg_share_of_roofline"].get<double>(), 0);
+  }
+  EXPECT_EQ(n, 2);
+  // The table form.
+  ASSERT_EQ(run_command(bin() + " bench -m '" + fixture_model("tiny-a-q8_0.gguf") + "' -p 8 -n 2 -r 1 -t 1", &out, &err),
+            0)
+      << err;
+  EXPECT_NE(out.find("| pp8 |"), std::string::npos) << out;
+  EXPECT_NE(out.find("| tg2 |"), std::string::npos) << out;
+  EXPECT_EQ(run_command(bin() + " bench -t 0", &out, &err), 2);
+  EXPECT_NE(err.find("-t"), std::string::npos);
 }
 
 }  // namespace
