@@ -36,6 +36,7 @@ void Session::forward(const int32_t* tokens, int32_t n, bool all_logits, std::ve
     ch.logits = all_logits ? LogitRows::All : (last ? LogitRows::Last : LogitRows::None);
     ch.want_hidden = hidden != nullptr;
     model_.forward(cache_.pool(), chunks_, out_, ws_, pool, opts);
+    cache_.pool().trim_swa(cache_.seq());
     if (ch.logits != LogitRows::None) {
       float* dst = logits.data() + (all_logits ? size_t(done) * size_t(V) : 0);
       std::copy(out_.logits.begin(), out_.logits.end(), dst);

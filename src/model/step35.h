@@ -113,6 +113,8 @@ class Model {
 
   // One forward pass over `chunks` (each continues its own sequence in `kv`, whose layers
   // are kv_layers()). Writes the chunks' K/V, advances each seq->n_pos, and fills `out`.
+  // Sliding-window blocks that fell out of the window stay until the caller releases them
+  // (KvPool::trim_swa), so it can first hand them to a prefix cache.
   // Throws std::length_error / std::out_of_range for chunks that do not fit or bad token
   // ids (before touching any cache), std::runtime_error when the pool lacks blocks.
   void forward(KvPool& kv, const std::vector<SeqChunk>& chunks, BatchOutput& out, Workspace& ws,

@@ -175,10 +175,7 @@ void ForwardPass::run() {
     dump("ffn_out", il, tmp, T_ * E);
     for (int64_t i = 0; i < T_ * E; ++i) x[i] += tmp[i];
   }
-  for (const SeqChunk& ch : chunks_) {
-    ch.seq->n_pos += ch.n_tokens;
-    kv_.trim_swa(*ch.seq);
-  }
+  for (const SeqChunk& ch : chunks_) ch.seq->n_pos += ch.n_tokens;
   dump("h_nextn", -1, x, T_ * E);
   outputs();
 }

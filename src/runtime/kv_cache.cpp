@@ -97,6 +97,14 @@ bool KvPool::reserve(KvSeq& seq, int32_t n_pos) {
   return true;
 }
 
+bool KvPool::reserve_full(KvSeq& seq, int32_t n_pos) {
+  if (!kinds_[0].block_floats) return true;
+  const int64_t need = std::max<int64_t>(0, ceil_div(n_pos, block_size_) - int64_t(seq.full_blocks.size()));
+  if (need > n_free(KvKind::Full)) return false;
+  for (int64_t i = 0; i < need; ++i) seq.full_blocks.push_back(alloc(KvKind::Full));
+  return true;
+}
+
 void KvPool::trim_swa(KvSeq& seq) {
   if (!kinds_[1].block_floats) return;
   const int32_t oldest = oldest_needed(seq.n_pos, swa_window_, keep_back_);

@@ -72,6 +72,10 @@ class KvPool {
   // Grows `seq` to hold n_pos positions. Returns false, leaving seq as it was, when the
   // pool lacks blocks.
   bool reserve(KvSeq& seq, int32_t n_pos);
+  // Takes the full-attention blocks for n_pos positions now (the scheduler reserves a
+  // request's worst case at admission so it can never run out mid-generation). False,
+  // leaving seq as it was, when the pool lacks blocks.
+  bool reserve_full(KvSeq& seq, int32_t n_pos);
   // Blocks reserve(seq, n_pos) would take from the pool.
   std::pair<int64_t, int64_t> blocks_needed(const KvSeq& seq, int32_t n_pos) const;
   // Releases SWA blocks that no query at position >= seq.n_pos - keep_back can see.
