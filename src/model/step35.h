@@ -120,6 +120,18 @@ class Model {
   void forward(KvPool& kv, const std::vector<SeqChunk>& chunks, BatchOutput& out, Workspace& ws,
                ThreadPool& pool, const ForwardOptions& opts = {}) const;
 
+  // §3: MTP block k (0-based) over `chunks`: token x_p paired with the hidden state in
+  // row p of h_in (all chunks' tokens in order, n_embd floats each: the trunk's output at
+  // p-1 for block 0, or the previous block's output). `kv` holds only this block's layer
+  // (mtp_kv_layer(k)). Logit rows come from the block's own head (or the trunk's); hidden
+  // rows are the block's output before the head's norm (the next block's input).
+  void forward_mtp(int k, KvPool& kv, const std::vector<SeqChunk>& chunks, const float* h_in, BatchOutput& out,
+                   Workspace& ws, ThreadPool& pool, const ForwardOptions& opts = {}) const;
+  KvLayerShape mtp_kv_layer(int k) const {
+    const LayerHParams& L = hp_.layers[size_t(hp_.n_layer + k)];
+    return {L.is_swa, L.n_head_kv, hp_.head_dim_k, hp_.head_dim_v};
+  }
+
  private:
   Model() = default;
   void load_hparams();

@@ -56,15 +56,23 @@ class ForwardPass {
       : m_(m), hp_(m.hp_), kv_(kv), chunks_(chunks), out_(out), ws_(ws), pool_(pool), opts_(opts) {}
 
   void run();
+  // §3: MTP block k over the chunks, `h_in` = the hidden state paired with each token.
+  void run_mtp(int k, const float* h_in);
 
  private:
   void validate_and_reserve();
+  void prepare_batch();
+  void decoder_block(int il);
+  void head(const WeightMatrix& w_out, const std::vector<float>& norm);
+  // The KV pool layer of model layer il: the trunk pool holds layers 0..n_layer-1; an
+  // MTP block's pool holds only that block.
+  size_t kv_layer(int il) const { return size_t(il - kv_layer_base_); }
   void embed();
   void attention(int il);
   void attention_core(int il, int64_t t, int64_t g, float* o_row);
   void dense_ffn(int il);
   void moe_ffn(int il);
-  void outputs();
+
   void dump(const char* name, int layer, const float* data, int64_t n) {
     if (opts_.dump) opts_.dump(name, layer, data, n);
   }
@@ -99,6 +107,8 @@ class ForwardPass {
   int32_t* pos_ = nullptr;     // per token
   int32_t* chunk_of_ = nullptr;
   int32_t moe_index_ = 0;      // MoE layers seen so far (for routing stats)
+  int kv_layer_base_ = 0;
+  bool collect_routing_ = true;
 };
 
 void Model::forward(KvPool& kv, const std::vector<SeqChunk>& chunks, BatchOutput& out, Workspace& ws,
@@ -106,9 +116,16 @@ void Model::forward(KvPool& kv, const std::vector<SeqChunk>& chunks, BatchOutput
   ForwardPass(*this, kv, chunks, out, ws, pool, opts).run();
 }
 
+void Model::forward_mtp(int k, KvPool& kv, const std::vector<SeqChunk>& chunks, const float* h_in, BatchOutput& out,
+                        Workspace& ws, ThreadPool& pool, const ForwardOptions& opts) const {
+  if (k < 0 || k >= n_mtp_loaded_) throw std::invalid_argument("forward_mtp: the model has no MTP block " + std::to_string(k));
+  if (kv.n_layers() != 1) throw std::invalid_argument("forward_mtp: the KV pool must hold exactly the MTP block");
+  ForwardPass(*this, kv, chunks, out, ws, pool, opts).run_mtp(k, h_in);
+}
+
 void ForwardPass::validate_and_reserve() {
   if (chunks_.empty()) throw std::invalid_argument("forward: empty batch");
-  if (kv_.n_layers() < size_t(hp_.n_layer))
+  if (kv_.n_layers() + size_t(kv_layer_base_) < size_t(hp_.n_layer) && kv_layer_base_ == 0)
     throw std::invalid_argument("forward: the KV pool has fewer layers than the model");
   T_ = 0;
   for (size_t c = 0; c < chunks_.size(); ++c) {
@@ -135,49 +152,81 @@ void ForwardPass::validate_and_reserve() {
   }
 }
 
-void ForwardPass::run() {
+void ForwardPass::prepare_batch() {
   prec_ = opts_.precision;
   validate_and_reserve();
   pos_ = ws_.pos.get(size_t(T_));
   chunk_of_ = ws_.seq_of.get(size_t(T_));
-  {
-    int64_t t = 0;
-    for (size_t c = 0; c < chunks_.size(); ++c)
-      for (int32_t i = 0; i < chunks_[c].n_tokens; ++i, ++t) {
-        pos_[t] = chunks_[c].seq->n_pos + i;
-        chunk_of_[t] = int32_t(c);
-      }
-  }
+  int64_t t = 0;
+  for (size_t c = 0; c < chunks_.size(); ++c)
+    for (int32_t i = 0; i < chunks_[c].n_tokens; ++i, ++t) {
+      pos_[t] = chunks_[c].seq->n_pos + i;
+      chunk_of_[t] = int32_t(c);
+    }
   out_.routing.clear();
   out_.routing.n_expert = hp_.n_expert;
   moe_index_ = 0;
+}
 
-  embed();
+// §2.3 pre-norm residual block on ws.x: h1 = h + Attention(RMS(h)); out = h1 + FFN(RMS(h1)).
+void ForwardPass::decoder_block(int il) {
+  const LayerHParams& L = hp_.layers[size_t(il)];
+  const LayerWeights& W = m_.layers_[size_t(il)];
   const int64_t E = hp_.n_embd;
   float* x = ws_.x.get(size_t(T_ * E));
-  for (int il = 0; il < hp_.n_layer; ++il) {
-    const LayerHParams& L = hp_.layers[size_t(il)];
-    const LayerWeights& W = m_.layers_[size_t(il)];
-    dump("attn_norm_in", il, x, T_ * E);
-    // §2.3 pre-norm residual block: h1 = h + Attention(RMS(h)); out = h1 + FFN(RMS(h1)).
-    norm_input(W.attn_norm);
-    dump("attn_norm", il, ws_.a.get(0), T_ * E);
-    attention(il);
-    float* tmp = ws_.tmp.get(size_t(T_ * E));
-    for (int64_t i = 0; i < T_ * E; ++i) x[i] += tmp[i];
-    dump("ffn_inp", il, x, T_ * E);
-    norm_input(W.ffn_norm);
-    dump("ffn_norm", il, ws_.a.get(0), T_ * E);
-    if (L.is_moe)
-      moe_ffn(il);
-    else
-      dense_ffn(il);
-    dump("ffn_out", il, tmp, T_ * E);
-    for (int64_t i = 0; i < T_ * E; ++i) x[i] += tmp[i];
-  }
+  dump("attn_norm_in", il, x, T_ * E);
+  norm_input(W.attn_norm);
+  dump("attn_norm", il, ws_.a.get(0), T_ * E);
+  attention(il);
+  float* tmp = ws_.tmp.get(size_t(T_ * E));
+  for (int64_t i = 0; i < T_ * E; ++i) x[i] += tmp[i];
+  dump("ffn_inp", il, x, T_ * E);
+  norm_input(W.ffn_norm);
+  dump("ffn_norm", il, ws_.a.get(0), T_ * E);
+  if (L.is_moe)
+    moe_ffn(il);
+  else
+    dense_ffn(il);
+  dump("ffn_out", il, tmp, T_ * E);
+  for (int64_t i = 0; i < T_ * E; ++i) x[i] += tmp[i];
+}
+
+void ForwardPass::run() {
+  prepare_batch();
+  embed();
+  for (int il = 0; il < hp_.n_layer; ++il) decoder_block(il);
   for (const SeqChunk& ch : chunks_) ch.seq->n_pos += ch.n_tokens;
-  dump("h_nextn", -1, x, T_ * E);
-  outputs();
+  dump("h_nextn", -1, ws_.x.get(0), T_ * hp_.n_embd);
+  head(m_.output_, m_.output_norm_);
+}
+
+void ForwardPass::run_mtp(int k, const float* h_in) {
+  const int il = hp_.n_layer + k;
+  const LayerWeights& W = m_.layers_[size_t(il)];
+  kv_layer_base_ = il;
+  collect_routing_ = false;
+  prepare_batch();
+  // §3.1: z = W_eh · [RMS(Emb(x); enorm) ; RMS(h_in; hnorm)] (the embedding half first).
+  const int64_t E = hp_.n_embd;
+  const WeightMatrix& emb = W.nextn_embed_tokens.present() ? W.nextn_embed_tokens : m_.token_embd_;
+  float* cat = ws_.a.get(size_t(T_ * 2 * E));
+  float* e = ws_.tmp.get(size_t(T_ * E));
+  int64_t t = 0;
+  for (const SeqChunk& ch : chunks_)
+    for (int32_t i = 0; i < ch.n_tokens; ++i, ++t) dequantize_row(emb, ch.tokens[i], e + t * E);
+  for_each_row(T_, pool_, 16, [&](int64_t r) {
+    rms_norm_row(e + r * E, W.nextn_enorm.data(), cat + r * 2 * E, E, hp_.rms_eps);
+    rms_norm_row(h_in + r * E, W.nextn_hnorm.data(), cat + r * 2 * E + E, E, hp_.rms_eps);
+  });
+  ws_.acts.reset(cat, T_, 2 * E, 2 * E);
+  ws_.jobs.clear();
+  add_job(W.nextn_eh_proj, acts_for(W.nextn_eh_proj), ws_.x.get(size_t(T_ * E)), E);
+  run_matmuls(ws_.jobs, pool_);
+  decoder_block(il);
+  for (const SeqChunk& ch : chunks_) ch.seq->n_pos += ch.n_tokens;
+  // The block's own head when it has one, else the trunk's (§3.1).
+  head(W.nextn_shared_head_head.present() ? W.nextn_shared_head_head : m_.output_,
+       W.nextn_shared_head_norm.empty() ? m_.output_norm_ : W.nextn_shared_head_norm);
 }
 
 // §2.2: row lookup, no scaling.
@@ -231,8 +280,8 @@ void ForwardPass::attention(int il) {
       rope_apply(kh, half, cs.data(), sn.data());
     }
     const KvSeq& seq = *chunks_[size_t(chunk_of_[t])].seq;
-    std::memcpy(kv_.k(seq, size_t(il), pos_[t]), k + t * G * D, size_t(G * D) * sizeof(float));
-    std::memcpy(kv_.v(seq, size_t(il), pos_[t]), v + t * G * Dv, size_t(G * Dv) * sizeof(float));
+    std::memcpy(kv_.k(seq, kv_layer(il), pos_[t]), k + t * G * D, size_t(G * D) * sizeof(float));
+    std::memcpy(kv_.v(seq, kv_layer(il), pos_[t]), v + t * G * Dv, size_t(G * Dv) * sizeof(float));
   });
   dump("Qcur_pos", il, q, T * H * D);
   dump("Kcur_pos", il, k, T * G * D);
@@ -281,11 +330,11 @@ void ForwardPass::attention_core(int il, int64_t t, int64_t g, float* o) {
 
   const int64_t k_stride = G * D, v_stride = G * Dv;
   for (int32_t b = lo / bs; b <= p / bs; ++b) {
-    const int32_t block = kv_.block_of(seq, size_t(il), b * bs);
+    const int32_t block = kv_.block_of(seq, kv_layer(il), b * bs);
     const int32_t u0 = std::max(lo, b * bs), u1 = std::min(p, b * bs + bs - 1);
     const int32_t n = u1 - u0 + 1;
-    const float* kb = kv_.k_block(size_t(il), block) + int64_t(u0 - b * bs) * k_stride + g * D;
-    const float* vb = kv_.v_block(size_t(il), block) + int64_t(u0 - b * bs) * v_stride + g * Dv;
+    const float* kb = kv_.k_block(kv_layer(il), block) + int64_t(u0 - b * bs) * k_stride + g * D;
+    const float* vb = kv_.v_block(kv_layer(il), block) + int64_t(u0 - b * bs) * v_stride + g * Dv;
     for (int64_t r = 0; r < R; ++r) {
       float* s = scores.data() + r * bs;
       float mx = -INFINITY;
@@ -420,7 +469,8 @@ void ForwardPass::moe_ffn(int il) {
     ws_.expert_slots.resize(size_t(X));
   }
   for (int64_t e = 0; e < X; ++e) ws_.expert_tokens[size_t(e)].clear(), ws_.expert_slots[size_t(e)].clear();
-  RoutingStats& rs = out_.routing;
+  RoutingStats scratch_stats;
+  RoutingStats& rs = collect_routing_ ? out_.routing : scratch_stats;
   for (int64_t t = 0; t < T; ++t) {
     const int64_t keep = n_kept[t];
     for (int64_t k = 0; k < keep; ++k) {
@@ -444,6 +494,7 @@ void ForwardPass::moe_ffn(int il) {
   }
   rs.token_layer_pairs += T;
   ++rs.n_moe_layers;
+  if (!collect_routing_) moe_index_ = 0;
   rs.expert_counts.resize(size_t((moe_index_ + 1) * X), 0);
   int32_t* counts = rs.expert_counts.data() + moe_index_ * X;
   int64_t distinct = 0, max_count = 0, total = 0;
@@ -551,7 +602,7 @@ void ForwardPass::moe_ffn(int il) {
 
 // §2.7: logits = W_out · RMS(h; output_norm) for the rows the chunks asked for; the
 // pre-norm hidden rows for chunks that want them (the MTP input).
-void ForwardPass::outputs() {
+void ForwardPass::head(const WeightMatrix& w_out, const std::vector<float>& out_norm) {
   const int64_t E = hp_.n_embd, V = hp_.n_vocab;
   const float* x = ws_.x.v.data();
   out_.logits_offset.assign(chunks_.size(), -1);
@@ -589,11 +640,11 @@ void ForwardPass::outputs() {
   if (n_out == 0) return;
   float* normed = ws_.logits_in.get(size_t(n_out * E));
   for_each_row(n_out, pool_, 16,
-               [&](int64_t r) { rms_norm_row(x + int64_t(rows[size_t(r)]) * E, m_.output_norm_.data(), normed + r * E, E, hp_.rms_eps); });
+               [&](int64_t r) { rms_norm_row(x + int64_t(rows[size_t(r)]) * E, out_norm.data(), normed + r * E, E, hp_.rms_eps); });
   dump("result_norm", -1, normed, n_out * E);
   ws_.final_acts.reset(normed, n_out, E, E);
   ws_.jobs.clear();
-  add_job(m_.output_, ws_.final_acts.get(kernels::act_type(m_.output_.type, prec_), pool_), out_.logits.data(), V);
+  add_job(w_out, ws_.final_acts.get(kernels::act_type(w_out.type, prec_), pool_), out_.logits.data(), V);
   run_matmuls(ws_.jobs, pool_);
 }
 
