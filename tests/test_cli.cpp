@@ -133,6 +133,9 @@ TEST(Cli, BadInputGivesClearErrors) {
       {"run " + m + " -p 'a long prompt that will not fit' -c 4", 2, "context"},
       {"run " + m + " -p hi -n abc", 2, "--n-predict"},
       {"frobnicate", 1, "unknown command"},
+      {"run " + m + " -p hi --mtp 5", 2, "--mtp"},
+      {"run -m '" + fixture_model("tiny-k-q4_k_m.gguf") + "' -p hi --mtp 2", 2, "no MTP"},
+      {"bench " + m + " -p 0 -n 4 --mtp-synthetic-accept 0.5", 2, "--mtp"},
   };
   for (const auto& c : cases) {
     std::string out, err;
@@ -210,6 +213,16 @@ TEST(Cli, BenchReportsSpeedAndRoofline) {
       << err;
   EXPECT_NE(out.find("| pp8 |"), std::string::npos) << out;
   EXPECT_NE(out.find("| tg2 |"), std::string::npos) << out;
+  // Speculative tg with simulated acceptance reports the MTP statistics.
+  ASSERT_EQ(run_command(bin() + " bench -m '" + fixture_model("tiny-b-f32.gguf") +
+                            "' -p 0 -n 16 -r 1 -t 1 --mtp 2 --mtp-synthetic-accept 0.8 --verify-cost --json",
+                        &out, &err),
+            0)
+      << err;
+  const auto j = nlohmann::json::parse(out);
+  EXPECT_GT(j["mtp"]["mean_tokens_per_step"].get<double>(), 1.3);
+  EXPECT_EQ(j["verify_cost"].size(), 4u);
+  EXPECT_GT(j["verify_cost"][3]["distinct_experts"].get<double>(), j["verify_cost"][0]["distinct_experts"].get<double>());
   EXPECT_EQ(run_command(bin() + " bench -t 0", &out, &err), 2);
   EXPECT_NE(err.find("-t"), std::string::npos);
 }

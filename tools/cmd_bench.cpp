@@ -16,6 +16,8 @@
 #include "commands.h"
 #include "common.h"
 #include "model/session.h"
+#include "runtime/sampler.h"
+#include "runtime/speculative.h"
 #include "runtime/thread_pool.h"
 #include "tensor/kernels.h"
 
@@ -143,6 +145,11 @@ static int bench_main(const Args& args) {
   p.flag("--membw", "", "measure memory read bandwidth and report the decode roofline");
   p.flag("--membw-mib", "N", "buffer size for --membw in MiB", "1024");
   p.flag("--exact", "", "F32 activations on the exact stored weights (default: llama.cpp's activation rounding)");
+  p.flag("--mtp", "K", "tg with MTP speculative decoding: 0..3 drafts per step, or auto", "0");
+  p.flag("--mtp-synthetic-accept", "P", "benchmark only: accept each draft with probability P (output discarded), "
+                                        "to measure speed at a realistic acceptance with random-weight heads");
+  p.flag("--verify-cost", "", "measure one trunk pass over K+1 tokens (K = 0..3) at a decode position, relative "
+                               "to a single-token step, with the distinct experts the tokens touch");
   if (!p.parse(args)) return 0;
 
   const auto n_prompt_list = parse_list(p.str("n-prompt", "512"), "-p", 0, 1 << 20);
@@ -152,6 +159,7 @@ static int bench_main(const Args& args) {
   const int n_batch = int(p.i64("batch-size", 512, 1, 1 << 16));
   const bool json = p.has("json");
   const Precision prec = p.has("exact") ? Precision::Exact : Precision::Native;
+  const double synthetic = p.has("mtp-synthetic-accept") ? p.f64("mtp-synthetic-accept", 0.0, 0.0, 1.0) : -1.0;
 
   std::string path = p.str("model");
   if (path.empty()) path = builtin_tiny_model_path();
@@ -159,7 +167,7 @@ static int bench_main(const Args& args) {
   const HParams& hp = model->hparams();
   const int64_t max_prompt = *std::max_element(n_prompt_list.begin(), n_prompt_list.end());
   const int64_t max_gen = *std::max_element(n_gen_list.begin(), n_gen_list.end());
-  const int32_t n_ctx = int32_t(std::max<int64_t>(std::max(max_prompt, max_gen), 1));
+  const int32_t n_ctx = int32_t(std::max<int64_t>({max_prompt, max_gen + 4, p.has("verify-cost") ? 68 : 1}));
   if (n_ctx > hp.n_ctx_train)
     throw UsageError("the test needs " + std::to_string(n_ctx) + " positions but the model's context is " +
                      std::to_string(hp.n_ctx_train));
@@ -168,6 +176,8 @@ static int bench_main(const Args& args) {
   for (const auto& t : model->file().tensors()) n_params += uint64_t(t.n_elements());
   const std::string label = model->file().opt_str("general.name").value_or("step35") + " " + model_type_label(*model);
   const uint64_t active_bytes = model->active_weight_bytes_per_token();
+  const MtpSetting mtp = parse_mtp(p.str("mtp", "0"), *model);
+  if (synthetic >= 0 && mtp.max_k == 0) throw UsageError("--mtp-synthetic-accept needs --mtp K or auto");
   std::mt19937 rng(1234);
   std::uniform_int_distribution<int32_t> tok_dist(0, hp.n_vocab - 1);
 
@@ -214,19 +224,93 @@ static int bench_main(const Args& args) {
     for (int64_t n_gen : n_gen_list) {
       if (n_gen <= 0) continue;
       std::vector<double> tps;
+      SpeculationStats spec_total;
+      uint64_t plain_steps = 0;
       for (int r = 0; r <= reps; ++r) {
-        session.cache().clear();
-        int32_t tok = tok_dist(rng);
+        if (mtp.max_k == 0) {
+          session.cache().clear();
+          int32_t tok = tok_dist(rng);
+          const double t0 = now_seconds();
+          for (int64_t i = 0; i < n_gen; ++i) {
+            session.forward(&tok, 1, false, logits, pool);
+            tok = tok_dist(rng);  // as llama-bench: the decode cost does not depend on which token
+          }
+          const double dt = now_seconds() - t0;
+          if (r > 0) tps.push_back(double(n_gen) / dt);
+          continue;
+        }
+        // Speculative: greedy decoding from one random token, n_gen tokens produced.
+        SpeculativeDecoder dec(*model, n_ctx + 4, std::min<int32_t>(n_batch, n_ctx), prec, mtp.max_k, mtp.adaptive);
+        SamplingParams sp;
+        sp.temperature = 0;
+        sp.seed = uint64_t(r);
+        Sampler sampler(sp, size_t(hp.n_vocab));
+        const int32_t first = tok_dist(rng);
+        std::vector<int32_t> produced = {first};
+        int64_t n_done = 0;
         const double t0 = now_seconds();
-        for (int64_t i = 0; i < n_gen; ++i) {
-          session.forward(&tok, 1, false, logits, pool);
-          tok = tok_dist(rng);  // as llama-bench: the decode cost does not depend on which token
+        while (n_done < n_gen && dec.n_pos() + 4 < dec.n_ctx()) {
+          const int32_t pending = produced.back();
+          produced.clear();
+          dec.step(pending, sampler, produced, pool, synthetic);
+          n_done += int64_t(produced.size());
         }
         const double dt = now_seconds() - t0;
-        if (r > 0) tps.push_back(double(n_gen) / dt);
+        if (r > 0) {
+          tps.push_back(double(n_done) / dt);
+          spec_total.add(dec.stats());
+          plain_steps += dec.plain_steps();
+        }
       }
       report("tg" + std::to_string(n_gen), n_gen, tps, "tg");
       tg_mean = stats_of(tps).mean;
+      if (mtp.max_k > 0) {
+        nlohmann::json m = {{"k", mtp.adaptive ? std::string("auto") : std::to_string(mtp.max_k)},
+                            {"synthetic_accept", synthetic},
+                            {"speculative_steps", spec_total.steps},
+                            {"plain_steps", plain_steps},
+                            {"mean_tokens_per_step", spec_total.mean_tokens_per_step()},
+                            {"acceptance", {spec_total.acceptance(1), spec_total.acceptance(2), spec_total.acceptance(3)}}};
+        if (json)
+          result["mtp"] = m;
+        else
+          std::printf("\nmtp %s: %s\n\n", mtp.adaptive ? "auto" : std::to_string(mtp.max_k).c_str(), m.dump().c_str());
+      }
+    }
+    if (p.has("verify-cost")) {
+      // One trunk pass over K+1 tokens after a 64-token context, repeated; time and the
+      // distinct experts per MoE layer the pass reads.
+      nlohmann::json vc = nlohmann::json::array();
+      double base = 0;
+      for (int32_t k = 0; k <= 3; ++k) {
+        std::vector<double> secs;
+        double distinct = 0;
+        for (int r = 0; r <= reps * 4; ++r) {
+          session.cache().clear();
+          std::vector<int32_t> ctx(64);
+          for (auto& t : ctx) t = tok_dist(rng);
+          session.forward(ctx.data(), 64, false, logits, pool);
+          std::vector<int32_t> toks(static_cast<size_t>(k + 1));
+          for (auto& t : toks) t = tok_dist(rng);
+          const double t0 = now_seconds();
+          session.forward(toks.data(), k + 1, true, logits, pool);
+          if (r > 0) secs.push_back(now_seconds() - t0);
+          const RoutingStats& rs = session.routing();
+          if (rs.n_moe_layers > 0) distinct += double(rs.distinct_experts_sum) / double(rs.n_moe_layers);
+        }
+        std::sort(secs.begin(), secs.end());
+        const double med = secs[secs.size() / 2];
+        if (k == 0) base = med;
+        vc.push_back({{"k", k}, {"tokens", k + 1}, {"ms", med * 1e3}, {"relative", med / base},
+                      {"distinct_experts", distinct / double(reps * 4 + 1)}});
+      }
+      if (json)
+        result["verify_cost"] = vc;
+      else
+        for (const auto& v : vc)
+          std::printf("verify K=%d (%d tokens): %.3f ms = %.2f x one decode step, %.1f distinct experts per MoE layer\n",
+                      v["k"].get<int>(), v["tokens"].get<int>(), v["ms"].get<double>(), v["relative"].get<double>(),
+                      v["distinct_experts"].get<double>());
     }
     if (p.has("membw")) {
       const size_t mib = size_t(p.i64("membw-mib", 1024, 64, 1 << 16));

@@ -79,6 +79,24 @@ std::string builtin_tiny_model_path() {
   return path;
 }
 
+MtpSetting parse_mtp(const std::string& value, const Model& model) {
+  MtpSetting m;
+  if (value == "auto") {
+    m.max_k = 3;
+    m.adaptive = true;
+  } else if (value.size() == 1 && value[0] >= '0' && value[0] <= '3') {
+    m.max_k = value[0] - '0';
+  } else {
+    throw UsageError("--mtp expects 0, 1, 2, 3 or auto, got '" + value + "'");
+  }
+  if (m.max_k > 0 && !model.has_mtp()) {
+    if (!m.adaptive) throw UsageError("--mtp " + value + ": this model has no MTP blocks (nextn tensors)");
+    m.max_k = 0;
+    m.adaptive = false;
+  }
+  return m;
+}
+
 std::vector<int32_t> parse_token_list(const std::string& s) {
   std::vector<int32_t> ids;
   size_t i = 0;

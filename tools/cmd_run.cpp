@@ -8,6 +8,7 @@
 #include "commands.h"
 #include "common.h"
 #include "runtime/sampler.h"
+#include "runtime/speculative.h"
 #include "runtime/thread_pool.h"
 #include "tokenizer/chat_template.h"
 
@@ -38,6 +39,8 @@ static int run_main(const Args& args) {
   p.flag("--ignore-eos", "", "keep generating past end-of-generation tokens");
   p.flag("--special", "", "print control tokens (e.g. <|im_end|>) in the output");
   p.flag("--exact", "", "F32 activations on the exact stored weights (default: round activations as llama.cpp does)");
+  p.flag("--mtp", "K", "MTP speculative decoding: drafts per step 0..3, or auto (chosen per step from acceptance "
+                       "and measured cost; never slower than plain decoding)", "auto when the model has MTP blocks (0 with --seed and sampling)");
   if (!p.parse(args)) return 0;
 
   std::string prompt = p.str("prompt");
@@ -97,35 +100,56 @@ static int run_main(const Args& args) {
   if (int64_t(tokens.size()) >= n_ctx)
     throw UsageError("the prompt is " + std::to_string(tokens.size()) + " tokens, which does not fit the " +
                      "context of " + std::to_string(n_ctx) + " tokens (raise -c)");
-  Session session(*model, n_ctx, std::min(n_batch, n_ctx), p.has("exact") ? Precision::Exact : Precision::Native);
-  print_kv_cache(session.cache());
+  // Adaptive K follows measured speed, so with sampling it would make a seeded run depend
+  // on timing: a fixed --seed then defaults to plain decoding (a fixed --mtp K stays
+  // reproducible).
+  const bool seeded_sampling = sp.temperature > 0 && p.has("seed");
+  const MtpSetting mtp = parse_mtp(p.str("mtp", model->has_mtp() && !seeded_sampling ? "auto" : "0"), *model);
+  SpeculativeDecoder decoder(*model, n_ctx, std::min(n_batch, n_ctx), p.has("exact") ? Precision::Exact : Precision::Native,
+                             mtp.max_k, mtp.adaptive);
+  print_kv_cache(decoder.cache());
   ThreadPool pool(n_threads);
   Sampler sampler(sp, size_t(model->hparams().n_vocab));
   for (int32_t t : tokens) sampler.accept(t);
 
   std::vector<float> logits;
   const double t0 = now_seconds();
-  session.forward(tokens.data(), int32_t(tokens.size()), false, logits, pool);
+  decoder.prefill(tokens.data(), int32_t(tokens.size()), logits, pool);
   const double t_prompt = now_seconds() - t0;
 
   Utf8Stream utf8;
   const bool special = p.has("special");
   int n_gen = 0;
   const double t1 = now_seconds();
-  while (n_gen < n_predict) {
-    const int32_t next = sampler.sample(logits.data());
-    sampler.accept(next);
-    ++n_gen;
-    if (tok.is_eog(next) && !p.has("ignore-eos")) break;
-    const std::string text = utf8.push(tok.token_to_piece(next, special));
-    std::fwrite(text.data(), 1, text.size(), stdout);
+  std::vector<int32_t> produced;
+  int32_t pending = sampler.sample(logits.data());
+  sampler.accept(pending);
+  produced.push_back(pending);
+  bool stop = false;
+  while (!stop) {
+    // Emit what the last step produced (the first token, or accepted drafts + the next).
+    for (int32_t t : produced) {
+      ++n_gen;
+      if (tok.is_eog(t) && !p.has("ignore-eos")) {
+        stop = true;
+        break;
+      }
+      const std::string text = utf8.push(tok.token_to_piece(t, special));
+      std::fwrite(text.data(), 1, text.size(), stdout);
+      if (n_gen >= n_predict) {
+        stop = true;
+        break;
+      }
+    }
     std::fflush(stdout);
-    if (n_gen == n_predict) break;
-    if (session.n_pos() >= session.n_ctx()) {
-      std::fprintf(stderr, "\n[context full after %d tokens]\n", session.n_pos());
+    if (stop) break;
+    pending = produced.back();
+    if (decoder.n_pos() + 1 >= decoder.n_ctx()) {
+      std::fprintf(stderr, "\n[context full after %d tokens]\n", decoder.n_pos() + 1);
       break;
     }
-    session.forward(&next, 1, false, logits, pool);
+    produced.clear();
+    decoder.step(pending, sampler, produced, pool);
   }
   const std::string rest = utf8.flush();
   std::fwrite(rest.data(), 1, rest.size(), stdout);
@@ -136,6 +160,14 @@ static int run_main(const Args& args) {
                "%.1f ms (%.1f tok/s) | %d threads, seed %llu\n",
                t_load * 1e3, tokens.size(), t_prompt * 1e3, double(tokens.size()) / std::max(t_prompt, 1e-9),
                n_gen, t_gen * 1e3, n_gen / std::max(t_gen, 1e-9), n_threads, (unsigned long long)sp.seed);
+  if (decoder.max_k() > 0) {
+    const SpeculationStats& st = decoder.stats();
+    std::fprintf(stderr,
+                 "mtp: %s (max %d drafts) | %llu speculative steps, %.2f tokens/step | acceptance by draft position "
+                 "%.2f %.2f %.2f | %llu plain steps\n",
+                 mtp.adaptive ? "auto" : "fixed", decoder.max_k(), (unsigned long long)st.steps, st.mean_tokens_per_step(),
+                 st.acceptance(1), st.acceptance(2), st.acceptance(3), (unsigned long long)decoder.plain_steps());
+  }
   return 0;
 }
 

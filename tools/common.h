@@ -21,5 +21,11 @@ std::string builtin_tiny_model_path();
 // Parses "1,2,3" into token ids (UsageError on anything else).
 std::vector<int32_t> parse_token_list(const std::string& s);
 double now_seconds();
+// --mtp K|auto: drafts per step at most and whether K adapts per step.
+struct MtpSetting {
+  int32_t max_k = 0;
+  bool adaptive = false;
+};
+MtpSetting parse_mtp(const std::string& value, const Model& model);
 
 }  // namespace step35::cli

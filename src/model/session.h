@@ -34,6 +34,7 @@ class Session {
   void set_precision(Precision p) { ws_.precision = p; }
   // MoE statistics of the last forward call.
   const RoutingStats& routing() const { return out_.routing; }
+  Workspace* workspace() { return &ws_; }
 
  private:
   const Model& model_;

@@ -104,7 +104,8 @@ class ForwardPass {
   const ForwardOptions& opts_;
   Precision prec_ = Precision::Native;
   int64_t T_ = 0;
-  int32_t* pos_ = nullptr;     // per token
+  int32_t* pos_ = nullptr;     // per token: position (RoPE)
+  int32_t* slot_ = nullptr;    // per token: KV slot in its sequence (position - pos_offset)
   int32_t* chunk_of_ = nullptr;
   int32_t moe_index_ = 0;      // MoE layers seen so far (for routing stats)
   int kv_layer_base_ = 0;
@@ -156,11 +157,13 @@ void ForwardPass::prepare_batch() {
   prec_ = opts_.precision;
   validate_and_reserve();
   pos_ = ws_.pos.get(size_t(T_));
+  slot_ = ws_.slot.get(size_t(T_));
   chunk_of_ = ws_.seq_of.get(size_t(T_));
   int64_t t = 0;
   for (size_t c = 0; c < chunks_.size(); ++c)
     for (int32_t i = 0; i < chunks_[c].n_tokens; ++i, ++t) {
-      pos_[t] = chunks_[c].seq->n_pos + i;
+      slot_[t] = chunks_[c].seq->n_pos + i;
+      pos_[t] = slot_[t] + chunks_[c].pos_offset;
       chunk_of_[t] = int32_t(c);
     }
   out_.routing.clear();
@@ -280,8 +283,8 @@ void ForwardPass::attention(int il) {
       rope_apply(kh, half, cs.data(), sn.data());
     }
     const KvSeq& seq = *chunks_[size_t(chunk_of_[t])].seq;
-    std::memcpy(kv_.k(seq, kv_layer(il), pos_[t]), k + t * G * D, size_t(G * D) * sizeof(float));
-    std::memcpy(kv_.v(seq, kv_layer(il), pos_[t]), v + t * G * Dv, size_t(G * Dv) * sizeof(float));
+    std::memcpy(kv_.k(seq, kv_layer(il), slot_[t]), k + t * G * D, size_t(G * D) * sizeof(float));
+    std::memcpy(kv_.v(seq, kv_layer(il), slot_[t]), v + t * G * Dv, size_t(G * Dv) * sizeof(float));
   });
   dump("Qcur_pos", il, q, T * H * D);
   dump("Kcur_pos", il, k, T * G * D);
@@ -316,7 +319,7 @@ void ForwardPass::attention_core(int il, int64_t t, int64_t g, float* o) {
   const int64_t R = H / G;  // query heads per KV head (consecutive grouping)
   const int32_t bs = kv_.block_size();
   const KvSeq& seq = *chunks_[size_t(chunk_of_[t])].seq;
-  const int32_t p = pos_[t];
+  const int32_t p = slot_[t];  // KV slots are positions shifted by the chunk's pos_offset
   const int32_t lo = L.is_swa ? std::max(0, p - hp_.swa_window + 1) : 0;
   const float scale = 1.0f / std::sqrt(float(D));
   const float* q = ws_.q.v.data() + (t * H + g * R) * D;

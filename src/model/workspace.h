@@ -54,7 +54,7 @@ struct Workspace {
   Scratch<float> x, a, tmp, q, k, v, gate, o, router, gu, down, shared_gu, shared_out, logits_in;
   Scratch<float> moe_weights, moe_weights_raw;
   Scratch<int32_t> moe_topk, moe_topk_n;  // selected experts per token (and how many kept)
-  Scratch<int32_t> pos, seq_of;           // per token: position, chunk index
+  Scratch<int32_t> pos, slot, seq_of;     // per token: position, KV slot, chunk index
   std::vector<std::vector<int32_t>> expert_tokens;  // per expert: batch token indices
   std::vector<std::vector<int32_t>> expert_slots;   // per expert: (token*K + slot)
   Scratch<int32_t> slot_row;              // (token*K + slot) -> row in gu/down

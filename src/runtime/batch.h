@@ -29,6 +29,9 @@ struct SeqChunk {
   LogitRows logits = LogitRows::Last;
   bool want_hidden = false;       // the last trunk layer's output of every token (MTP input)
   RoutingPolicy routing;
+  // Position of KV slot 0 of `seq` (an MTP block's cache may start mid-sequence): token i
+  // sits at position seq->n_pos + pos_offset + i, which is what RoPE sees.
+  int32_t pos_offset = 0;
 };
 
 // MoE statistics of one forward pass (summed over MoE layers; the engine averages).

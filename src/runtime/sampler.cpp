@@ -98,15 +98,51 @@ int32_t Sampler::sample(const float* logits) {
   // Exactly one RNG step per sampled token, whatever the truncation keeps, so the stream
   // position depends only on how many tokens were sampled.
   const double u01 = uniform01(rng_());
+  const size_t keep = candidates();
+  if (keep == 0) return argmax(work_.data(), n);
+  double mass = 0.0;
+  for (size_t i = 0; i < keep; ++i) mass += probs_[i];
+  const double u = u01 * mass;
+  double cum = 0.0;
+  for (size_t i = 0; i < keep; ++i) {
+    cum += probs_[i];
+    if (u < cum) return idx_[i];
+  }
+  return idx_[keep - 1];  // u rounded up to the total: the last candidate
+}
 
+void Sampler::distribution(const float* logits, std::vector<TokenProb>& out) {
+  out.clear();
+  const size_t n = n_vocab_;
+  if (n == 0) return;
+  for (size_t i = 0; i < n; ++i) {
+    const float v = logits[i];
+    work_[i] = std::isnan(v) ? kNegInf : v;
+  }
+  if (penalties_active()) apply_penalties();
+  const double temp = double(params_.temperature);
+  const size_t keep = temp > 0.0 ? candidates() : 0;
+  if (keep == 0) {
+    out.push_back({argmax(work_.data(), n), 1.0});
+    return;
+  }
+  double mass = 0.0;
+  for (size_t i = 0; i < keep; ++i) mass += probs_[i];
+  for (size_t i = 0; i < keep; ++i) out.push_back({idx_[i], probs_[i] / mass});
+}
+
+double Sampler::uniform() { return uniform01(rng_()); }
+
+size_t Sampler::candidates() {
+  const size_t n = n_vocab_;
+  const double temp = double(params_.temperature);
   float max_logit = kNegInf;
   for (size_t i = 0; i < n; ++i) max_logit = std::max(max_logit, work_[i]);
   if (std::isinf(max_logit)) {
     // All -inf: nothing to sample, token 0. Some +inf: the softmax is a point mass on the
     // +inf tokens; take the lowest id among them.
-    return argmax(work_.data(), n);
+    return 0;
   }
-
   // Candidates: every finite-logit token, in id order.
   size_t c = 0;
   for (size_t i = 0; i < n; ++i)
@@ -176,16 +212,8 @@ int32_t Sampler::sample(const float* logits) {
     std::sort(idx_.begin(), idx_.begin() + std::ptrdiff_t(c));
   }
 
-  // Renormalise over what is left and draw.
-  double mass = 0.0;
-  for (size_t i = 0; i < keep; ++i) mass += (probs_[i] = weight(idx_[i]));
-  const double u = u01 * mass;
-  double cum = 0.0;
-  for (size_t i = 0; i < keep; ++i) {
-    cum += probs_[i];
-    if (u < cum) return idx_[i];
-  }
-  return idx_[keep - 1];  // u rounded up to the total: the last candidate
+  for (size_t i = 0; i < keep; ++i) probs_[i] = weight(idx_[i]);
+  return keep;
 }
 
 }  // namespace step35

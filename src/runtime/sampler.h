@@ -34,6 +34,29 @@ class Sampler {
   // tokens passed to accept() (prompt and generated) within repeat_last_n.
   int32_t sample(const float* logits);
   void accept(int32_t token);
+
+  // The distribution sample() draws from for these logits (penalties, temperature and
+  // truncation applied) as (token, probability) pairs summing to 1; greedy: the argmax
+  // with probability 1. Uses no randomness. (Speculative decoding compares target and
+  // draft distributions.)
+  struct TokenProb {
+    int32_t token;
+    double p;
+  };
+  void distribution(const float* logits, std::vector<TokenProb>& out);
+  // One uniform draw in [0, 1) from the sampler's RNG.
+  double uniform();
+  // The penalty history, saved and restored around speculative drafts.
+  struct History {
+    std::vector<int32_t> tokens;
+    size_t head = 0, size = 0;
+  };
+  History save_history() const { return {history_, history_head_, history_size_}; }
+  void restore_history(const History& h) {
+    history_ = h.tokens;
+    history_head_ = h.head;
+    history_size_ = h.size;
+  }
   void reset();  // forget history; RNG re-seeded from params.seed
   const SamplingParams& params() const { return params_; }
   size_t n_vocab() const { return n_vocab_; }
@@ -43,6 +66,9 @@ class Sampler {
 
  private:
   void apply_penalties();
+  // Fills idx_[0, keep) / probs_[0, keep) (unnormalised) with the candidates of
+  // work_ (penalised logits) at temperature > 0; returns keep (0: take argmax(work_)).
+  size_t candidates();
   bool penalties_active() const;
 
   SamplingParams params_;

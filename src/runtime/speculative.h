@@ -1,0 +1,199 @@
+// MTP speculative decoding (§3 of ../shared/docs/step35-model.md): the model's own
+// multi-token-prediction blocks draft up to K tokens after each verified token; the trunk
+// scores the pending token plus the drafts in one batched pass; the longest agreeing
+// prefix is kept plus one corrected/bonus token; rejected drafts are rolled back from
+// every KV cache.
+//
+// Chain (§3.2): with the trunk holding positions < N and the pending (sampled, not yet
+// run) token x_N, chain step 0 runs MTP block 0 at position N on (x_N, H_{N-1}) and
+// drafts d_{N+1}; step k runs at N+k on (d_{N+k}, m_{k-1,N+k-1}), the previous step's
+// output, and drafts d_{N+k+1}. Each block keeps its own KV cache of "canonical" entries
+// (verified tokens, inputs from verified states), so the blocks catch up on every
+// position the trunk verified. A model with one MTP block reuses it for every step
+// (entries written by steps >= 1 are dropped after verification); otherwise K is at most
+// the number of blocks.
+//
+// Greedy verification reproduces non-speculative greedy decoding exactly (the trunk's
+// batched pass is batch-invariant); with sampling, standard speculative rejection
+// sampling keeps the output distribution equal to the target model's.
+#pragma once
+
+#include <cstdint>
+#include <functional>
+#include <memory>
+#include <vector>
+
+#include "runtime/batch.h"
+#include "runtime/kv_cache.h"
+#include "runtime/sampler.h"
+#include "tensor/kernels.h"
+
+namespace step35 {
+
+class Model;
+class ThreadPool;
+struct Workspace;
+
+// Hidden rows (n_embd floats each) of a contiguous range of positions.
+class HiddenRows {
+ public:
+  void init(int32_t n_embd, int32_t capacity);
+  // Stores rows of positions [first, first + n); a range that does not continue or overlap
+  // the stored one replaces it. Keeps the newest `capacity` positions.
+  void put(int32_t first, const float* rows, int32_t n);
+  // Whether positions [p0, p1) are all available (negative positions are zero rows).
+  bool has(int32_t p0, int32_t p1) const;
+  // Copies positions [p0, p1) into dst.
+  void get(int32_t p0, int32_t p1, float* dst) const;
+  void clear() { first_ = end_ = 0, rows_.clear(); }
+  int32_t first() const { return first_; }
+  int32_t end() const { return end_; }
+
+ private:
+  int32_t n_embd_ = 0, capacity_ = 0;
+  int32_t first_ = 0, end_ = 0;  // [first_, end_) stored
+  std::vector<float> rows_;
+};
+
+// Acceptance and cost statistics of one speculating sequence (or a whole run).
+struct SpeculationStats {
+  uint64_t steps = 0;                  // verification passes with >= 1 draft
+  uint64_t drafted[4] = {};            // drafts proposed at chain position 1..3 (index 0 unused)
+  uint64_t accepted[4] = {};           // ... of which accepted
+  uint64_t tokens = 0;                 // tokens produced by those steps (accepted + bonus)
+  double acceptance(int k) const { return drafted[k] ? double(accepted[k]) / double(drafted[k]) : 0.0; }
+  double mean_tokens_per_step() const { return steps ? double(tokens) / double(steps) : 0.0; }
+  void add(const SpeculationStats& o);
+};
+
+// Per-sequence MTP state.
+struct MtpState {
+  std::vector<KvSeq> kv;        // per MTP block
+  std::vector<int32_t> base;    // per block: position of its KV slot 0
+  HiddenRows trunk;             // trunk outputs H_p
+  std::vector<HiddenRows> out;  // per chain step: block outputs m_{k,p}
+  bool synced = false;          // the blocks' caches are consistent with the trunk
+  std::vector<int32_t> drafts;  // the current drafts d_{N+1} ...
+  std::vector<std::vector<Sampler::TokenProb>> q;  // their draft distributions
+  SpeculationStats stats;
+};
+
+class MtpDrafter {
+ public:
+  // max_k: most drafts per step (clamped to 3, and to the number of MTP blocks unless
+  // there is exactly one). Caches are sized for max_seqs sequences of n_ctx positions.
+  MtpDrafter(const Model& model, int32_t max_k, int32_t max_seqs, int32_t n_ctx);
+  ~MtpDrafter();
+  int32_t max_k() const { return max_k_; }
+  int32_t n_blocks() const { return n_blocks_; }
+
+  void init(MtpState& st) const;
+  void release(MtpState& st);  // frees the sequence's MTP caches
+
+  struct Job {
+    MtpState* st = nullptr;
+    const int32_t* tokens = nullptr;  // tokens by position; tokens[n_pos] is the pending token
+    int32_t n_pos = 0;                // N: positions the trunk holds
+    int32_t k = 0;                    // drafts wanted (<= max_k)
+    Sampler* sampler = nullptr;       // draws drafts from its distribution (greedy: argmax)
+    RoutingPolicy routing;
+  };
+  // Fills st->drafts / st->q for every job (fewer drafts than asked if a block cannot run).
+  void draft(std::vector<Job>& jobs, ThreadPool& pool, Workspace& ws, Precision precision);
+
+  // After verification: the trunk went from n_pos_old to n_pos_new positions, having run
+  // k_used drafts; rolls every block back to its canonical entries.
+  void commit(MtpState& st, int32_t n_pos_old, int32_t n_pos_new, int32_t k_used);
+
+  // Test instrumentation: replaces the draft of chain step k (drafting after n_pos
+  // positions) before later steps see it; its draft distribution becomes a point mass.
+  // Random-weight MTP blocks never agree with the trunk, so tests use this to drive the
+  // accept-and-roll-back paths with drafts that are partly right.
+  std::function<int32_t(int32_t n_pos, int32_t k, int32_t draft)> draft_override;
+
+ private:
+  int32_t block_of_step(int32_t k) const { return n_blocks_ == 1 ? 0 : k; }
+  void sync(MtpState& st, int32_t n_pos);
+
+  const Model& model_;
+  int32_t max_k_ = 0, n_blocks_ = 0;
+  std::vector<std::unique_ptr<KvPool>> pools_;  // one per MTP block
+  BatchOutput out_;
+  std::vector<SeqChunk> chunks_;
+  std::vector<float> h_in_;
+  std::vector<std::vector<int32_t>> chunk_tokens_;
+};
+
+// Decides how many drafts survive verification. rows: the trunk's logits for
+// [pending, d_1 .. d_K] (K + 1 rows). Greedy: a draft survives while it equals the argmax;
+// sampling: accepted with probability min(1, p(d)/q(d)), else the replacement is drawn
+// from max(0, p - q). synthetic_accept in [0, 1] (benchmarks only) accepts each draft with
+// that probability instead. Appends the accepted drafts and the bonus/corrected token to
+// `out`, and feeds them to the sampler's history. Returns the number of drafts accepted.
+int32_t verify_drafts(Sampler& sampler, const float* rows, size_t n_vocab, const std::vector<int32_t>& drafts,
+                      const std::vector<std::vector<Sampler::TokenProb>>& q, double synthetic_accept,
+                      std::vector<int32_t>& out);
+
+// Chooses K per step from the running acceptance rates and measured pass costs, so that
+// speculation is used only when it pays: expected tokens per second of K drafts =
+// E[tokens | K] / (cost of a (K+1)-token trunk pass + K draft passes).
+class AdaptiveK {
+ public:
+  explicit AdaptiveK(int32_t max_k);
+  int32_t choose();  // K for the next step (explores occasionally)
+  // Records one step: k drafts were run, `accepted` of them accepted; seconds spent in the
+  // trunk pass and in drafting.
+  void record(int32_t k, int32_t accepted, double trunk_s, double draft_s);
+  double acceptance(int32_t pos) const { return accept_[size_t(pos)]; }
+  double trunk_cost(int32_t k) const { return trunk_[size_t(k)]; }
+  double draft_cost() const { return draft_; }
+  int32_t last_choice() const { return last_; }
+
+ private:
+  int32_t max_k_;
+  double accept_[4] = {0, 0.5, 0.5, 0.5};   // P(draft k accepted | drafts < k accepted)
+  double trunk_[4] = {0, 0, 0, 0};          // seconds per trunk pass of k+1 tokens (0 = unmeasured)
+  double draft_ = 0;                        // seconds per draft step
+  uint64_t step_ = 0, next_explore_ = 32, explore_gap_ = 32;
+  int32_t last_ = 0;
+};
+
+// Decoding of one sequence with optional MTP speculation (`step35 run`, `step35 bench`).
+class Session;
+class SpeculativeDecoder {
+ public:
+  // max_k: drafts per step at most (0: plain decoding); adaptive: choose K per step with
+  // AdaptiveK, else always max_k.
+  SpeculativeDecoder(const Model& model, int32_t n_ctx, int32_t max_batch, Precision precision, int32_t max_k,
+                     bool adaptive);
+  ~SpeculativeDecoder();
+
+  // Runs the prompt and returns the logits of its last position.
+  void prefill(const int32_t* tokens, int32_t n, std::vector<float>& logits, ThreadPool& pool);
+  // One step from the pending (sampled, not yet run) token: appends the tokens it produced
+  // (accepted drafts, then the next pending token; at least one) to `out`.
+  void step(int32_t pending, Sampler& sampler, std::vector<int32_t>& out, ThreadPool& pool,
+            double synthetic_accept = -1);
+  int32_t n_pos() const;
+  int32_t n_ctx() const;
+  int32_t max_k() const { return drafter_.max_k(); }
+  const SpeculationStats& stats() const { return state_.stats; }
+  const AdaptiveK& adaptive() const { return adaptive_k_; }
+  uint64_t plain_steps() const { return plain_steps_; }
+  MtpDrafter& drafter() { return drafter_; }
+  const KvCache& cache() const;
+
+ private:
+  const Model& model_;
+  std::unique_ptr<Session> session_;
+  MtpDrafter drafter_;
+  MtpState state_;
+  AdaptiveK adaptive_k_;
+  bool adaptive_;
+  std::vector<int32_t> tokens_;  // by position
+  std::vector<float> rows_, hidden_;
+  std::vector<MtpDrafter::Job> jobs_;
+  uint64_t plain_steps_ = 0;
+};
+
+}  // namespace step35
