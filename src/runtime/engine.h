@@ -103,6 +103,8 @@ struct EngineOptions {
   int32_t batch_wait_ms = 20;     // how long HighThroughput requests may wait for company
   Precision precision = Precision::Native;
   bool prefix_cache = true;
+  int32_t mtp = 0;                // MTP drafts per step at most (0: off; needs MTP blocks)
+  bool mtp_adaptive = true;       // choose K per step from acceptance and measured cost
 };
 
 struct EngineStats {
@@ -125,6 +127,11 @@ struct EngineStats {
   double mean_distinct_experts = 0;    // distinct experts per MoE layer per step
   uint64_t adaptive_tokens = 0;        // tokens routed with the adaptive policy
   double adaptive_mean_k = 0;          // their mean number of experts
+  // MTP speculation (requests that finished):
+  uint64_t mtp_steps = 0;              // verification steps with drafts
+  uint64_t mtp_drafted[4] = {};        // by draft position 1..3
+  uint64_t mtp_accepted[4] = {};
+  uint64_t mtp_tokens = 0;             // tokens those steps produced
 };
 
 class Engine {

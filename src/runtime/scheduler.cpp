@@ -17,6 +17,7 @@
 #include "model/workspace.h"
 #include "runtime/engine.h"
 #include "runtime/prefix_cache.h"
+#include "runtime/speculative.h"
 #include "runtime/thread_pool.h"
 
 namespace step35 {
@@ -43,6 +44,12 @@ struct Request {
   bool cancel = false;
   bool sink_closed = false;     // the sink returned false
   bool prompt_published = false;
+  // MTP speculation: drafts for the next step and the tokens run this step.
+  MtpState mtp;
+  bool mtp_ready = false;        // mtp initialised (engine has MTP on, request allows it)
+  std::vector<int32_t> step_tokens;
+  int32_t step_drafts = 0;       // drafts in this step's chunk
+  std::vector<int32_t> produced;
 
   bool prefilling() const { return kv.n_pos < n_prompt; }
   int priority_rank() const {
@@ -78,7 +85,14 @@ class BatchEngine final : public Engine {
       n_full = std::max<int64_t>(per_seq.first, int64_t(seqs * double(per_seq.first)));
       n_swa = std::max<int64_t>(per_seq.second, int64_t(seqs * double(per_seq.second)));
     }
-    kv_ = std::make_unique<KvPool>(layers, swa_window, KvPool::kDefaultBlockSize, n_full, n_swa);
+    // Speculation rolls back up to 3 rejected drafts.
+    const int32_t keep_back = opts_.mtp > 0 && model.has_mtp() ? 3 : 0;
+    kv_ = std::make_unique<KvPool>(layers, swa_window, KvPool::kDefaultBlockSize, n_full, n_swa, keep_back);
+    if (keep_back > 0) {
+      drafter_ = std::make_unique<MtpDrafter>(model, opts_.mtp, opts_.n_parallel + kLowLatencyExtraSlots, opts_.n_ctx);
+      adaptive_k_ = std::make_unique<AdaptiveK>(drafter_->max_k());
+      if (!opts_.mtp_adaptive) fixed_k_ = drafter_->max_k();
+    }
     prefix_ = std::make_unique<PrefixCache>(*kv_);
     pool_ = std::make_unique<ThreadPool>(opts_.n_threads);
     ws_.precision = opts_.precision;
@@ -168,6 +182,7 @@ class BatchEngine final : public Engine {
   void release(Request& r) {
     if (opts_.prefix_cache && r.kv.n_pos > 0) prefix_->publish(r.tokens.data(), r.kv.n_pos, r.kv);
     kv_->free_seq(r.kv);
+    if (r.mtp_ready) drafter_->release(r.mtp);
   }
 
   void finish_running(size_t i, FinishReason reason, const std::string& error = "") {
@@ -198,6 +213,9 @@ class BatchEngine final : public Engine {
       return false;
     }
     r.tokens = r.req.prompt;
+    // Constrained requests do not speculate (each draft would need the grammar's state).
+    r.mtp_ready = drafter_ && drafter_->max_k() > 0 && !r.req.constraint;
+    if (r.mtp_ready) drafter_->init(r.mtp);
     r.sampler = std::make_unique<Sampler>(r.req.sampling, size_t(model_.hparams().n_vocab));
     for (int32_t t : r.req.prompt) r.sampler->accept(t);
     std::lock_guard<std::mutex> lock(mu_);
@@ -205,35 +223,102 @@ class BatchEngine final : public Engine {
     return true;
   }
 
-  // Samples the next token of r from its logits row, emits it, and says whether r goes on.
-  bool sample_and_emit(Request& r, float* logits) {
+  // Turns r's logit rows of this step into tokens: one row (plain decoding, or the end of
+  // the prompt) is sampled; with drafts, rows for [pending, d_1 .. d_K] are verified and the
+  // accepted drafts plus a bonus token come out (rejected drafts leave every KV cache).
+  // Emits the tokens and says whether r goes on.
+  bool process_rows(Request& r, float* rows, const float* hidden, double* accept_out) {
     const Tokenizer& tok = model_.tokenizer();
     const size_t V = size_t(model_.hparams().n_vocab);
-    if (r.req.constraint) r.req.constraint->mask(logits, V);
+    const int32_t k_used = r.step_drafts;
+    if (r.req.constraint) r.req.constraint->mask(rows, V);  // (constrained requests never draft)
     if (r.req.ignore_eos)
-      for (int32_t e : tok.eog_ids()) logits[size_t(e)] = -INFINITY;
-    const int32_t next = r.sampler->sample(logits);
-    r.sampler->accept(next);
-    if (r.n_generated == 0) r.ttft = now_s() - r.t_submit;
-    ++r.n_generated;
-    {
-      std::lock_guard<std::mutex> lock(mu_);
-      ++stats_.generated_tokens;
+      for (int32_t i = 0; i <= k_used; ++i)
+        for (int32_t e : tok.eog_ids()) rows[size_t(i) * V + size_t(e)] = -INFINITY;
+    r.produced.clear();
+    const int32_t accepted = verify_drafts(*r.sampler, rows, V, r.mtp.drafts, r.mtp.q, -1, r.produced);
+    if (r.mtp_ready) {
+      // The chunk ran positions N .. N + k_used; N + accepted is the last one kept.
+      const int32_t N = r.kv.n_pos - 1 - k_used, n_new = N + 1 + accepted;
+      if (n_new < r.kv.n_pos) kv_->truncate(r.kv, n_new);
+      if (hidden) r.mtp.trunk.put(N, hidden, accepted + 1);
+      drafter_->commit(r.mtp, N, n_new, k_used);
+      if (k_used > 0) {
+        ++r.mtp.stats.steps;
+        r.mtp.stats.tokens += uint64_t(r.produced.size());
+        for (int32_t i = 1; i <= k_used; ++i) {
+          ++r.mtp.stats.drafted[i];
+          if (i <= accepted) ++r.mtp.stats.accepted[i];
+        }
+        adaptive_k_->record_acceptance(k_used, accepted);
+        *accept_out += accepted;
+      }
     }
-    if (tok.is_eog(next) && !r.req.ignore_eos) return finish_reason_ = FinishReason::Stop, false;
-    GenerateEvent ev;
-    ev.token = next;
-    if (r.req.want_logprobs || r.req.n_top_logprobs > 0) fill_logprobs(r, logits, next, ev);
-    if (r.req.constraint) r.req.constraint->accept(next);
-    if (!r.sink(ev)) {
-      r.sink_closed = true;
-      return finish_reason_ = FinishReason::Cancelled, false;
+    r.mtp.drafts.clear();
+    r.mtp.q.clear();
+    r.step_drafts = 0;
+    for (size_t i = 0; i < r.produced.size(); ++i) {
+      const int32_t next = r.produced[i];
+      const float* row = rows + i * V;
+      if (r.n_generated == 0) r.ttft = now_s() - r.t_submit;
+      ++r.n_generated;
+      {
+        std::lock_guard<std::mutex> lock(mu_);
+        ++stats_.generated_tokens;
+      }
+      if (tok.is_eog(next) && !r.req.ignore_eos) return finish_reason_ = FinishReason::Stop, false;
+      GenerateEvent ev;
+      ev.token = next;
+      if (r.req.want_logprobs || r.req.n_top_logprobs > 0) fill_logprobs(r, row, next, ev);
+      if (r.req.constraint) r.req.constraint->accept(next);
+      if (!r.sink(ev)) {
+        r.sink_closed = true;
+        return finish_reason_ = FinishReason::Cancelled, false;
+      }
+      r.tokens.push_back(next);
+      if (r.req.max_tokens >= 0 && r.n_generated >= r.req.max_tokens)
+        return finish_reason_ = FinishReason::Length, false;
+      // Prompt + completion fit the context (the last sampled token needs no KV slot).
+      if (r.n_prompt + r.n_generated >= r.req.n_ctx) return finish_reason_ = FinishReason::Context, false;
     }
-    r.tokens.push_back(next);
-    if (r.req.max_tokens >= 0 && r.n_generated >= r.req.max_tokens) return finish_reason_ = FinishReason::Length, false;
-    // Prompt + completion fit the context (the last sampled token needs no KV slot).
-    if (r.n_prompt + r.n_generated >= r.req.n_ctx) return finish_reason_ = FinishReason::Context, false;
     return true;
+  }
+
+  // Drafts the next step's tokens for every decoding request that speculates.
+  void draft_next(double* draft_s) {
+    if (!drafter_ || drafter_->max_k() == 0) return;
+    int32_t n_decoding = 0;
+    for (auto& r : running_) n_decoding += !r->prefilling();
+    if (n_decoding == 0) return;
+    const int32_t k = fixed_k_ >= 0 ? fixed_k_ : adaptive_k_->choose();
+    last_k_ = k;
+    mtp_jobs_.clear();
+    for (auto& rp : running_) {
+      Request& r = *rp;
+      if (!r.mtp_ready || r.prefilling()) continue;
+      // Drafts must fit the context and the request's remaining tokens.
+      int32_t kk = std::min(k, r.req.n_ctx - r.kv.n_pos - 2);
+      if (r.req.max_tokens >= 0) kk = std::min(kk, r.req.max_tokens - r.n_generated - 1);
+      if (kk <= 0) continue;
+      MtpDrafter::Job job;
+      job.st = &r.mtp;
+      job.tokens = r.tokens.data();
+      job.n_pos = r.kv.n_pos;
+      job.k = kk;
+      job.sampler = r.sampler.get();
+      if (r.req.expert_policy == ExpertPolicy::Adaptive)
+        job.routing = RoutingPolicy{r.req.adaptive_mass, r.req.adaptive_min_k};
+      mtp_jobs_.push_back(job);
+    }
+    if (mtp_jobs_.empty()) return;
+    const double t0 = now_s();
+    try {
+      drafter_->draft(mtp_jobs_, *pool_, ws_, opts_.precision);
+    } catch (const std::exception&) {
+      // Drafting is an optimisation: on any failure (e.g. MTP cache memory) run plainly.
+      for (auto& j : mtp_jobs_) j.st->drafts.clear(), j.st->q.clear(), j.st->synced = false;
+    }
+    *draft_s = now_s() - t0;
   }
 
   void fill_logprobs(const Request& r, const float* lg, int32_t next, GenerateEvent& ev) {
@@ -345,11 +430,23 @@ class BatchEngine final : public Engine {
     int32_t budget = max_chunk_;
     for (Request* r : order) {
       if (r->prefilling() || budget == 0) continue;
+      // The pending token, plus this step's drafts when the request speculates.
+      r->step_tokens.assign(1, r->tokens.back());
+      r->step_drafts = 0;
+      if (r->mtp_ready && !r->mtp.drafts.empty() && budget > int32_t(r->mtp.drafts.size())) {
+        r->step_tokens.insert(r->step_tokens.end(), r->mtp.drafts.begin(), r->mtp.drafts.end());
+        r->step_drafts = int32_t(r->mtp.drafts.size());
+      } else {
+        r->mtp.drafts.clear();
+        r->mtp.q.clear();
+      }
       SeqChunk c;
       c.seq = &r->kv;
-      c.tokens = r->tokens.data() + r->kv.n_pos;
-      c.n_tokens = 1;
-      c.logits = LogitRows::Last;
+      c.tokens = r->step_tokens.data();
+      c.n_tokens = int32_t(r->step_tokens.size());
+      c.logits = LogitRows::All;
+      c.want_hidden = r->mtp_ready;
+      budget -= c.n_tokens - 1;
       if (r->req.expert_policy == ExpertPolicy::Adaptive)
         c.routing = RoutingPolicy{r->req.adaptive_mass, r->req.adaptive_min_k};
       chunks_.push_back(c);
@@ -369,6 +466,7 @@ class BatchEngine final : public Engine {
       c.tokens = r->tokens.data() + r->kv.n_pos;
       c.n_tokens = n;
       c.logits = r->kv.n_pos + n == r->n_prompt ? LogitRows::Last : LogitRows::None;
+      c.want_hidden = r->mtp_ready;  // MTP blocks catch up on the prompt's last positions
       if (r->req.expert_policy == ExpertPolicy::Adaptive)
         c.routing = RoutingPolicy{r->req.adaptive_mass, r->req.adaptive_min_k};
       chunks_.push_back(c);
@@ -386,6 +484,7 @@ class BatchEngine final : public Engine {
     uint64_t prefill_tokens = 0;
     for (size_t c = 0; c < chunks_.size(); ++c)
       if (batch_reqs_[c]->kv.n_pos < batch_reqs_[c]->n_prompt) prefill_tokens += uint64_t(chunks_[c].n_tokens);
+    const double t_fwd = now_s();
     try {
       model_.forward(*kv_, chunks_, out_, ws_, *pool_, ForwardOptions{opts_.precision, nullptr});
     } catch (const std::exception& e) {
@@ -400,17 +499,28 @@ class BatchEngine final : public Engine {
       }
       return;
     }
+    const double trunk_s = now_s() - t_fwd;
     record_routing(out_.routing);
     {
       std::lock_guard<std::mutex> lock(mu_);
       ++stats_.steps;
       stats_.prompt_tokens += prefill_tokens;
     }
-    const size_t V = size_t(model_.hparams().n_vocab);
+    const size_t V = size_t(model_.hparams().n_vocab), E = size_t(model_.hparams().n_embd);
     std::vector<Request*> done;
     std::vector<FinishReason> reasons;
+    double accepted_sum = 0;
+    int32_t step_k = 0;
     for (size_t c = 0; c < chunks_.size(); ++c) {
       Request& r = *batch_reqs_[c];
+      const float* hidden =
+          out_.hidden_offset[c] >= 0 ? out_.hidden.data() + size_t(out_.hidden_offset[c]) * E : nullptr;
+      if (r.mtp_ready && hidden && chunks_[c].logits != LogitRows::All) {
+        // A prompt chunk: keep its hidden rows for the MTP blocks' catch-up.
+        r.mtp.trunk.put(r.kv.n_pos - chunks_[c].n_tokens, hidden, chunks_[c].n_tokens);
+        hidden = nullptr;
+      }
+      step_k = std::max(step_k, r.step_drafts);
       if (opts_.prefix_cache && !r.prompt_published) {
         // Whole prompt blocks are final once computed: share them with requests arriving
         // meanwhile, and before the window moves on, so the cache keeps their
@@ -421,17 +531,22 @@ class BatchEngine final : public Engine {
       kv_->trim_swa(r.kv);
       if (out_.logits_offset[c] < 0) continue;
       float* row = out_.logits.data() + size_t(out_.logits_offset[c]) * V;
-      if (!sample_and_emit(r, row)) {
+      if (!process_rows(r, row, hidden, &accepted_sum)) {
         done.push_back(&r);
         reasons.push_back(finish_reason_);
       }
     }
+    (void)accepted_sum;
     for (size_t d = 0; d < done.size(); ++d)
       for (size_t i = 0; i < running_.size(); ++i)
         if (running_[i].get() == done[d]) {
           finish_running(i, reasons[d]);
           break;
         }
+    double draft_s = 0;
+    draft_next(&draft_s);
+    if (drafter_ && drafter_->max_k() > 0) adaptive_k_->record_cost(step_k, trunk_s, draft_s_last_);
+    draft_s_last_ = draft_s;
   }
 
   void record_routing(const RoutingStats& rs) {
@@ -526,6 +641,12 @@ class BatchEngine final : public Engine {
   std::vector<SeqChunk> chunks_;
   std::vector<Request*> batch_reqs_;
   FinishReason finish_reason_ = FinishReason::Stop;
+  std::unique_ptr<MtpDrafter> drafter_;
+  std::unique_ptr<AdaptiveK> adaptive_k_;
+  std::vector<MtpDrafter::Job> mtp_jobs_;
+  int32_t last_k_ = 0;
+  int32_t fixed_k_ = -1;  // --mtp K (not auto)
+  double draft_s_last_ = 0;
   std::deque<RoutingStats> routing_window_;
   uint64_t adaptive_experts_total_ = 0;
 

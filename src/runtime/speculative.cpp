@@ -340,17 +340,19 @@ int32_t AdaptiveK::choose() {
   return last_ = 0;
 }
 
-void AdaptiveK::record(int32_t k, int32_t accepted, double trunk_s, double draft_s) {
+void AdaptiveK::record_acceptance(int32_t k, int32_t accepted) {
+  k = std::clamp(k, 0, max_k_);
+  for (int32_t i = 1; i <= k && i <= accepted + 1; ++i) {
+    const double hit = i <= accepted ? 1.0 : 0.0;
+    accept_[i] = 0.9 * accept_[i] + 0.1 * hit;
+  }
+}
+
+void AdaptiveK::record_cost(int32_t k, double trunk_s, double draft_s) {
   k = std::clamp(k, 0, max_k_);
   auto ema = [](double& v, double x, double a) { v = v <= 0 ? x : (1 - a) * v + a * x; };
   ema(trunk_[k], trunk_s, 0.1);
-  if (k > 0) {
-    ema(draft_, draft_s / double(k), 0.1);
-    for (int32_t i = 1; i <= k && i <= accepted + 1; ++i) {
-      const double hit = i <= accepted ? 1.0 : 0.0;
-      accept_[i] = 0.9 * accept_[i] + 0.1 * hit;
-    }
-  }
+  if (k > 0) ema(draft_, draft_s / double(k), 0.1);
 }
 
 // ---------------------------------------------------------------------------------------

@@ -143,7 +143,14 @@ class AdaptiveK {
   int32_t choose();  // K for the next step (explores occasionally)
   // Records one step: k drafts were run, `accepted` of them accepted; seconds spent in the
   // trunk pass and in drafting.
-  void record(int32_t k, int32_t accepted, double trunk_s, double draft_s);
+  void record(int32_t k, int32_t accepted, double trunk_s, double draft_s) {
+    record_acceptance(k, accepted);
+    record_cost(k, trunk_s, draft_s);
+  }
+  // The same in two parts, for a batch of sequences sharing one pass: the acceptance of
+  // each sequence, and the pass costs once.
+  void record_acceptance(int32_t k, int32_t accepted);
+  void record_cost(int32_t k, double trunk_s, double draft_s);
   double acceptance(int32_t pos) const { return accept_[size_t(pos)]; }
   double trunk_cost(int32_t k) const { return trunk_[size_t(k)]; }
   double draft_cost() const { return draft_; }
