@@ -18,6 +18,7 @@ static void print_usage() {
                "  tokenize   print the token ids of a text as JSON\n"
                "  inspect    describe a GGUF model (hyperparameters, tensors, tokenizer)\n"
                "  make-tiny  write a small random-weight step35 GGUF\n"
+               "  quantize   convert a GGUF to Q4_K_M, Q8_0, ... like llama-quantize\n"
                "\n"
                "run 'step35 <command> --help' for a command's options.\n");
 }
@@ -35,6 +36,7 @@ int main(int argc, char** argv) {
     if (cmd == "tokenize") return cmd_tokenize(args);
     if (cmd == "inspect") return cmd_inspect(args);
     if (cmd == "make-tiny") return cmd_make_tiny(args);
+    if (cmd == "quantize") return cmd_quantize(args);
   } catch (const std::exception& e) {
     std::fprintf(stderr, "step35 %s: error: %s\n", cmd.c_str(), e.what());
     return 1;
