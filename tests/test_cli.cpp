@@ -149,7 +149,7 @@ TEST(Cli, ReadmeListsEveryFlag) {
   std::string readme_path = std::string(PROJECT_SOURCE_DIR) + "/README.md";
   auto readme_bytes = read_bytes(readme_path);
   const std::string readme(readme_bytes.begin(), readme_bytes.end());
-  for (const char* cmd : {"run", "eval", "tokenize", "inspect", "make-tiny"}) {
+  for (const char* cmd : {"run", "eval", "tokenize", "inspect", "make-tiny", "quantize"}) {
     std::string out;
     ASSERT_EQ(run_command(bin() + " " + cmd + " --help", &out, nullptr), 0) << cmd;
     std::regex flag_re("(^|\\s)(--[a-z][a-z0-9-]*)");

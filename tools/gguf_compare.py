@@ -6,7 +6,13 @@ must hold the same tensors with the same types and bytes; tensor order, metadata
 padding may differ. Standard library only.
 
 usage: gguf_compare.py A.gguf B.gguf [--metadata] [--quiet]
+       gguf_compare.py --digest A.gguf
 exit status: 0 when every tensor matches, 1 when something differs, 2 on bad input.
+
+--digest prints one order-independent fingerprint of a file's tensors, the one
+tests/test_quantize.cpp checks llama-quantize's outputs against: sha256 over the tensors
+sorted by name, each contributing its name, a zero byte, its ggml type id (u32 little-endian)
+and its data bytes; then the tensor count per type.
 """
 import argparse
 import hashlib
@@ -90,20 +96,38 @@ def load(path):
         start = data_start + offset
         if start + nbytes > len(buf):
             raise ValueError(f"{path}: tensor {name} data runs past the end of the file")
-        tensors[name] = {"type": tname, "ne": ne, "nbytes": nbytes, "order": order,
-                         "sha256": hashlib.sha256(buf[start:start + nbytes]).hexdigest()}
+        tensors[name] = {"type": tname, "type_id": ttype, "ne": ne, "nbytes": nbytes, "order": order,
+                         "sha256": hashlib.sha256(buf[start:start + nbytes]).hexdigest(),
+                         "data": buf[start:start + nbytes]}
     return meta, tensors
+
+
+def digest(tensors):
+    h = hashlib.sha256()
+    counts = {}
+    for name in sorted(tensors, key=lambda n: n.encode()):
+        t = tensors[name]
+        h.update(name.encode() + b"\0" + struct.pack("<I", t["type_id"]))
+        h.update(t["data"])
+        counts[t["type"]] = counts.get(t["type"], 0) + 1
+    return h.hexdigest(), " ".join(f"{k}:{v}" for k, v in sorted(counts.items()))
 
 
 def main():
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     ap.add_argument("a")
-    ap.add_argument("b")
+    ap.add_argument("b", nargs="?")
+    ap.add_argument("--digest", action="store_true", help="print the tensor fingerprint of A")
     ap.add_argument("--metadata", action="store_true", help="also list metadata keys that differ")
     ap.add_argument("--quiet", action="store_true", help="print only the summary line")
     args = ap.parse_args()
+    if args.digest != (args.b is None):
+        ap.error("give two files to compare, or --digest and one file")
     try:
         meta_a, ta = load(args.a)
+        if args.digest:
+            print(*digest(ta))
+            return 0
         meta_b, tb = load(args.b)
     except (OSError, ValueError) as e:
         print(f"gguf_compare: {e}", file=sys.stderr)
