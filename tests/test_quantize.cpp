@@ -20,6 +20,7 @@
 #include "support.h"
 #include "tensor/dtype.h"
 #include "tensor/quants.h"
+#include "tensor/quants_kquant_encode.h"
 
 using namespace step35;
 using namespace step35::testing;
@@ -175,6 +176,46 @@ TEST(KQuantEncode, NonFiniteInputDoesNotCrash) {
     std::vector<uint8_t> q(*row_bytes(t, 256));
     EXPECT_TRUE(quantize_row_ref(t, x.data(), q.data(), 256)) << dtype_name(t);
   }
+}
+
+// quantize_row_fast (what `step35 quantize` runs) against the scalar reference, on rows that
+// reach every branch of the searches: several magnitudes, sparse, one-signed, constant,
+// all-zero and denormal sub-blocks, outliers, ties, and non-finite values.
+TEST(KQuantEncode, FastPathIsBitIdenticalToReference) {
+  std::mt19937 rng(21);
+  const int n = 256 * 8;
+  std::vector<float> x(n);
+  size_t rows = 0;
+  for (int rep = 0; rep < 120; ++rep) {
+    const int mode = rep % 10;
+    std::normal_distribution<float> nd(0.0f, mode == 1 ? 1e-3f : mode == 2 ? 30.0f : 0.02f);
+    std::uniform_real_distribution<float> ud(-1.0f, 1.0f);
+    for (int i = 0; i < n; ++i) {
+      float v = nd(rng);
+      switch (mode) {
+        case 3: v = ud(rng) > 0.7f ? v : 0.0f; break;                                // sparse
+        case 4: v = std::fabs(v) + 0.01f; break;                                     // positive
+        case 5: v = (i / 16) % 5 == 0 ? 0.0f : (i % 7 == 0 ? v * 50 : v); break;     // zero groups, outliers
+        case 6: v = -std::fabs(v); break;                                            // negative
+        case 7: v = (i / 32) % 3 == 0 ? 0.75f : v * 1e-30f; break;                   // constant, denormal
+        case 8: v = std::ldexp(v, (i / 16) % 60 - 30); break;                        // every magnitude
+        case 9: v = float(int(v * 100)) / 25.0f; break;                              // few distinct values (ties)
+        default: break;
+      }
+      if (mode == 0 && rep % 20 == 0 && i % 97 == 5)
+        v = i % 3 == 0 ? NAN : (i % 3 == 1 ? INFINITY : -INFINITY);
+      x[size_t(i)] = v;
+    }
+    for (DType t : {DType::Q2_K, DType::Q3_K, DType::Q4_K, DType::Q5_K, DType::Q6_K, DType::Q8_0, DType::Q4_0}) {
+      std::vector<uint8_t> ref(*row_bytes(t, n)), fast(ref.size());
+      ASSERT_TRUE(quantize_row_ref(t, x.data(), ref.data(), n));
+      ASSERT_TRUE(quantize_row_fast(t, x.data(), fast.data(), n));
+      ASSERT_TRUE(ref == fast) << dtype_name(t) << " rep " << rep << " mode " << mode;
+      ++rows;
+    }
+  }
+  EXPECT_EQ(rows, 120u * 7);
+  EXPECT_FALSE(quantize_row_fast(DType::Q4_K, x.data(), x.data(), 100));  // not a multiple of 256
 }
 
 // ---- the recipe on hand-built tensor lists ---------------------------------------------

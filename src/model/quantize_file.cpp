@@ -24,6 +24,7 @@
 #include "model/quantize.h"
 #include "runtime/thread_pool.h"
 #include "tensor/quants.h"
+#include "tensor/quants_kquant_encode.h"
 
 namespace step35 {
 
@@ -155,7 +156,7 @@ void convert_tensor(const gguf::TensorInfo& t, DType from, DType to, ThreadPool&
           }
           continue;
         }
-        if (!quantize_row_ref(to, x, slab.data() + size_t(r) * dst_row, n_per_row)) unsupported = true;
+        if (!quantize_row_fast(to, x, slab.data() + size_t(r) * dst_row, n_per_row)) unsupported = true;
       }
     });
     if (unsupported) throw std::logic_error(std::string("quantize: no encoder for ") + dtype_name(to));

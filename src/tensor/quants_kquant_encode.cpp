@@ -13,9 +13,13 @@
 // precision, so the expressions below keep the reference's evaluation order (left to
 // right, one float rounding per operation, no fused multiply-add: this file is compiled
 // with -ffp-contract=off, see CMakeLists.txt) and its rounding helper (ties to even).
+// The scalar searches are the reference (quantize_row_*_ref); the same searches run four
+// sub-blocks per vector instruction for quantize_row_fast, lane by lane identical.
 // Block layouts: ../shared/docs/step35-model.md §7 (the decoders are in quants.cpp).
 #include "tensor/quants_kquant_encode.h"
 
+#include <algorithm>
+#include <bit>
 #include <cmath>
 #include <cstring>
 
@@ -34,14 +38,9 @@ constexpr float kZeroGroupMax = 1e-15f;
 // the low mantissa bits. Outside that range (only reachable with degenerate data) the
 // result is still the deterministic bit pattern the reference produces, and there is no
 // float->int conversion that could be undefined.
-int round_nearest(float v) {
-  const float shifted = v + 12582912.0f;
-  int32_t bits;
-  std::memcpy(&bits, &shifted, 4);
-  return (bits & 0x007fffff) - 0x00400000;
-}
+inline int round_nearest(float v) { return (std::bit_cast<int32_t>(v + 12582912.0f) & 0x007fffff) - 0x00400000; }
 
-int clamp_int(int v, int lo, int hi) { return v < lo ? lo : (v > hi ? hi : v); }
+inline int clamp_int(int v, int lo, int hi) { return std::min(std::max(v, lo), hi); }
 
 // ---- sub-block scale searches ------------------------------------------------------------
 
@@ -233,6 +232,232 @@ float fit_symmetric_q3(int n, const float* x, int8_t* q) {
   return sum_l2 > 0.0f ? sum_lx / sum_l2 : 0.0f;
 }
 
+// ---- the same searches, several sub-blocks at a time ----------------------------------------
+// Lane j of a vector works on sub-block j: x[i][j] is element i of sub-block j. Every lane
+// performs exactly the float operations of the scalar search above, in the same order
+// (lanes never mix; selects replace branches), so the results are identical, while one
+// vector instruction advances four sub-blocks (GCC/Clang vector extensions, 16-byte
+// vectors: SSE2 on a baseline x86-64 build, NEON on ARM). Lanes the scalar code
+// leaves early (all-equal or all-zero sub-blocks) compute throwaway values (possibly
+// inf/NaN, never undefined behaviour) that are replaced at the end. quantize_row_fast uses
+// these; the tests check it against quantize_row_ref.
+
+// Four float / int32 lanes.
+typedef float F4 __attribute__((vector_size(16)));
+typedef int32_t I4 __attribute__((vector_size(16)));
+
+template <typename F, typename I>
+inline I round_nearest_lanes(F v) {
+  return (std::bit_cast<I>(v + 12582912.0f) & 0x007fffff) - 0x00400000;
+}
+
+template <typename I>
+inline I clamp_lanes(I v, int lo, int hi) {
+  const I vlo = I{} + lo, vhi = I{} + hi;
+  v = v < vlo ? vlo : v;
+  return v > vhi ? vhi : v;
+}
+
+template <bool kAbsError>
+void fit_affine_lanes(const F4* x, const F4* w, int len, const AffineSearch& s, I4* q,
+                      float* scale_out, float* neg_min_out) {
+  using F = F4;
+  using I = I4;
+  constexpr int N = 4;
+  auto error_of = [](F diff) {
+    if constexpr (kAbsError)
+      return std::bit_cast<F>(std::bit_cast<I>(diff) & 0x7fffffff);  // fabs, lane by lane
+    else
+      return diff * diff;
+  };
+  F lo = x[0], hi = x[0];
+  const F sum_w0 = w[0];
+  F sum_w = sum_w0, sum_x = sum_w0 * x[0];
+  for (int i = 1; i < len; ++i) {
+    lo = x[i] < lo ? x[i] : lo;
+    hi = x[i] > hi ? x[i] : hi;
+    sum_w += w[i];
+    sum_x += w[i] * x[i];
+  }
+  const F zero = F{};
+  lo = lo > zero ? zero : lo;
+  const I flat = hi == lo;
+  const F flat_min = lo;
+
+  F inv_scale = float(s.nmax) / (hi - lo);
+  F scale = 1 / inv_scale;
+  F best_error = zero;
+  for (int i = 0; i < len; ++i) {
+    q[i] = clamp_lanes(round_nearest_lanes<F, I>(inv_scale * (x[i] - lo)), 0, s.nmax);
+    const F diff = scale * __builtin_convertvector(q[i], F) + lo - x[i];
+    best_error += w[i] * error_of(diff);
+  }
+  I trial[32];
+  for (int step = 0; step <= s.nstep; ++step) {
+    inv_scale = (s.rmin + s.rdelta * float(step) + float(s.nmax)) / (hi - lo);
+    F sum_l = zero, sum_l2 = zero, sum_xl = zero;
+    for (int i = 0; i < len; ++i) {
+      trial[i] = clamp_lanes(round_nearest_lanes<F, I>(inv_scale * (x[i] - lo)), 0, s.nmax);
+      const F fl = __builtin_convertvector(trial[i], F);
+      sum_l += w[i] * fl;
+      sum_l2 += w[i] * fl * fl;
+      sum_xl += w[i] * fl * x[i];
+    }
+    const F det = sum_w * sum_l2 - sum_l * sum_l;
+    const F a = (sum_w * sum_xl - sum_x * sum_l) / det;
+    const F b = (sum_l2 * sum_x - sum_l * sum_xl) / det;
+    const I pin = b > zero;  // min would be positive: pinned to 0, scale refitted alone
+    const F trial_scale = pin ? sum_xl / sum_l2 : a;
+    const F trial_min = pin ? zero : b;
+    F error = zero;
+    for (int i = 0; i < len; ++i) {
+      const F diff = trial_scale * __builtin_convertvector(trial[i], F) + trial_min - x[i];
+      error += w[i] * error_of(diff);
+    }
+    const I better = (det > zero) & (error < best_error);
+    best_error = better ? error : best_error;
+    scale = better ? trial_scale : scale;
+    lo = better ? trial_min : lo;
+    for (int i = 0; i < len; ++i) q[i] = better ? trial[i] : q[i];
+  }
+  for (int i = 0; i < len; ++i) q[i] = flat ? I{} : q[i];
+  for (int j = 0; j < N; ++j) {
+    scale_out[j] = flat[j] ? 0.0f : scale[j];
+    neg_min_out[j] = flat[j] ? -flat_min[j] : -lo[j];
+  }
+}
+
+// fit_symmetric_q6 for four sub-blocks of 16 at once; q receives the biased levels.
+void fit_symmetric_q6_lanes(const F4* x, I4* q, float* scale_out) {
+  using F = F4;
+  using I = I4;
+  constexpr int nmax = 32, len = 16;
+  const F zero = F{};
+  F amax = zero, signed_max = zero;
+  for (int i = 0; i < len; ++i) {
+    const F ax = std::bit_cast<F>(std::bit_cast<I>(x[i]) & 0x7fffffff);
+    const I larger = ax > amax;
+    amax = larger ? ax : amax;
+    signed_max = larger ? x[i] : signed_max;
+  }
+  F inv_scale = float(-nmax) / signed_max;
+  F sum_lx = zero, sum_l2 = zero;
+  for (int i = 0; i < len; ++i) {
+    const I l = clamp_lanes(round_nearest_lanes<F, I>(inv_scale * x[i]), -nmax, nmax - 1);
+    q[i] = l + nmax;
+    const F fl = __builtin_convertvector(l, F);
+    const F w = x[i] * x[i];
+    sum_lx += w * x[i] * fl;
+    sum_l2 += w * fl * fl;
+  }
+  F scale = sum_l2 != zero ? sum_lx / sum_l2 : zero;
+  F best = scale * sum_lx;
+  I trial[len];
+  for (int k = -9; k <= 9; ++k) {
+    if (k == 0) continue;
+    inv_scale = -(float(nmax) + 0.1f * float(k)) / signed_max;
+    sum_lx = sum_l2 = zero;
+    for (int i = 0; i < len; ++i) {
+      const I l = clamp_lanes(round_nearest_lanes<F, I>(inv_scale * x[i]), -nmax, nmax - 1);
+      trial[i] = l + nmax;
+      const F fl = __builtin_convertvector(l, F);
+      const F w = x[i] * x[i];
+      sum_lx += w * x[i] * fl;
+      sum_l2 += w * fl * fl;
+    }
+    const I better = (sum_l2 > zero) & (sum_lx * sum_lx > best * sum_l2);
+    const F s = sum_lx / sum_l2;
+    scale = better ? s : scale;
+    best = better ? s * sum_lx : best;
+    for (int i = 0; i < len; ++i) q[i] = better ? trial[i] : q[i];
+  }
+  const I all_zero = amax < kZeroGroupMax;
+  for (int i = 0; i < len; ++i) q[i] = all_zero ? I{} : q[i];
+  for (int j = 0; j < 4; ++j) scale_out[j] = all_zero[j] ? 0.0f : scale[j];
+}
+
+// ---- stage 1 (per-sub-block fits) of each encoder, scalar or lane-parallel --------------
+
+// Q4_K/Q5_K: eight sub-blocks of 32, weights = the sub-block's rms plus each element's
+// magnitude (large values matter more). Fills L[256], scales[8], mins[8].
+template <bool kLanes>
+void fit_k4_subblocks(const float* x, const AffineSearch& search, uint8_t* L, float* scales, float* mins) {
+  if constexpr (!kLanes) {
+    for (int j = 0; j < 8; ++j) {
+      const float* xs = x + 32 * j;
+      float sum_x2 = 0;
+      for (int l = 0; l < 32; ++l) sum_x2 += xs[l] * xs[l];
+      const float rms = std::sqrt(sum_x2 / 32);
+      float w[32];
+      for (int l = 0; l < 32; ++l) w[l] = rms + std::fabs(xs[l]);
+      scales[j] = fit_affine(32, xs, w, search, L + 32 * j, &mins[j]);
+    }
+  } else {
+    using F = F4;
+    using I = I4;
+    for (int g = 0; g < 2; ++g) {  // sub-blocks 4g .. 4g+3
+      const float* xg = x + 128 * g;
+      F xt[32], wt[32];
+      for (int i = 0; i < 32; ++i)
+        for (int j = 0; j < 4; ++j) xt[i][j] = xg[32 * j + i];
+      F sum_x2 = F{};
+      for (int i = 0; i < 32; ++i) sum_x2 += xt[i] * xt[i];
+      F rms;
+      for (int j = 0; j < 4; ++j) rms[j] = std::sqrt(sum_x2[j] / 32);
+      for (int i = 0; i < 32; ++i) wt[i] = rms + std::bit_cast<F>(std::bit_cast<I>(xt[i]) & 0x7fffffff);
+      I qt[32];
+      fit_affine_lanes<false>(xt, wt, 32, search, qt, scales + 4 * g, mins + 4 * g);
+      for (int j = 0; j < 4; ++j)
+        for (int i = 0; i < 32; ++i) L[128 * g + 32 * j + i] = uint8_t(qt[i][j]);
+    }
+  }
+}
+
+// Q2_K: sixteen sub-blocks of 16, weights |x|, absolute error.
+template <bool kLanes>
+void fit_q2_subblocks(const float* x, const AffineSearch& search, uint8_t* L, float* scales, float* mins) {
+  if constexpr (!kLanes) {
+    for (int j = 0; j < 16; ++j) {
+      float w[16];
+      for (int l = 0; l < 16; ++l) w[l] = std::fabs(x[16 * j + l]);
+      scales[j] = fit_affine(16, x + 16 * j, w, search, L + 16 * j, &mins[j]);
+    }
+  } else {
+    using F = F4;
+    using I = I4;
+    for (int g = 0; g < 4; ++g) {  // sub-blocks 4g .. 4g+3
+      const float* xg = x + 64 * g;
+      F xt[16], wt[16];
+      for (int i = 0; i < 16; ++i)
+        for (int j = 0; j < 4; ++j) xt[i][j] = xg[16 * j + i];
+      for (int i = 0; i < 16; ++i) wt[i] = std::bit_cast<F>(std::bit_cast<I>(xt[i]) & 0x7fffffff);
+      I qt[16];
+      fit_affine_lanes<true>(xt, wt, 16, search, qt, scales + 4 * g, mins + 4 * g);
+      for (int j = 0; j < 4; ++j)
+        for (int i = 0; i < 16; ++i) L[64 * g + 16 * j + i] = uint8_t(qt[i][j]);
+    }
+  }
+}
+
+// Q6_K: sixteen sub-blocks of 16.
+template <bool kLanes>
+void fit_q6_subblocks(const float* x, int8_t* L, float* scales) {
+  if constexpr (!kLanes) {
+    for (int j = 0; j < 16; ++j) scales[j] = fit_symmetric_q6(16, x + 16 * j, L + 16 * j);
+  } else {
+    for (int g = 0; g < 4; ++g) {  // sub-blocks 4g .. 4g+3
+      const float* xg = x + 64 * g;
+      F4 xt[16];
+      for (int i = 0; i < 16; ++i)
+        for (int j = 0; j < 4; ++j) xt[i][j] = xg[16 * j + i];
+      I4 qt[16];
+      fit_symmetric_q6_lanes(xt, qt, scales + 4 * g);
+      for (int j = 0; j < 4; ++j)
+        for (int i = 0; i < 16; ++i) L[64 * g + 16 * j + i] = int8_t(qt[i][j]);
+    }
+  }
+}
+
 // ---- Q4_K / Q5_K: eight sub-blocks of 32, 6-bit scale and min each -----------------------
 
 // Packs 6-bit scales sc[8] and mins m[8] into the 12 bytes §7 describes (the inverse of
@@ -252,19 +477,13 @@ void pack_k4_scales(const uint8_t* sc, const uint8_t* m, uint8_t* out) {
 
 // Steps 1-3 for one Q4_K/Q5_K super-block: fills d, dmin, the packed scales and the final
 // levels L[256] in [0, nmax].
+template <bool kLanes>
 void encode_k4_scales_and_levels(const float* x, const AffineSearch& search, uint16_t* d_out, uint16_t* dmin_out,
                                  uint8_t* packed_scales, uint8_t* L) {
   float scales[8], mins[8];
+  fit_k4_subblocks<kLanes>(x, search, L, scales, mins);
   float max_scale = 0, max_min = 0;
   for (int j = 0; j < 8; ++j) {
-    const float* xs = x + 32 * j;
-    // Weights: the sub-block's rms plus each element's magnitude (large values matter more).
-    float sum_x2 = 0;
-    for (int l = 0; l < 32; ++l) sum_x2 += xs[l] * xs[l];
-    const float rms = std::sqrt(sum_x2 / 32);
-    float w[32];
-    for (int l = 0; l < 32; ++l) w[l] = rms + std::fabs(xs[l]);
-    scales[j] = fit_affine(32, xs, w, search, L + 32 * j, &mins[j]);
     if (scales[j] > max_scale) max_scale = scales[j];
     if (mins[j] > max_min) max_min = mins[j];
   }
@@ -293,19 +512,21 @@ void encode_k4_scales_and_levels(const float* x, const AffineSearch& search, uin
   }
 }
 
+template <bool kLanes>
 void encode_q4_k(const float* x, BlockQ4_K* y) {
   static constexpr AffineSearch kSearch{15, -1.0f, 0.1f, 20, false};
   uint8_t L[kSuperBlock];
-  encode_k4_scales_and_levels(x, kSearch, &y->d, &y->dmin, y->scales, L);
+  encode_k4_scales_and_levels<kLanes>(x, kSearch, &y->d, &y->dmin, y->scales, L);
   // Chunk c of 64 elements: first 32 in the low nibbles of qs[32c..], next 32 in the high.
   for (int c = 0; c < 4; ++c)
     for (int l = 0; l < 32; ++l) y->qs[32 * c + l] = uint8_t(L[64 * c + l] | (L[64 * c + 32 + l] << 4));
 }
 
+template <bool kLanes>
 void encode_q5_k(const float* x, BlockQ5_K* y) {
   static constexpr AffineSearch kSearch{31, -0.5f, 0.1f, 15, false};
   uint8_t L[kSuperBlock];
-  encode_k4_scales_and_levels(x, kSearch, &y->d, &y->dmin, y->scales, L);
+  encode_k4_scales_and_levels<kLanes>(x, kSearch, &y->d, &y->dmin, y->scales, L);
   // As Q4_K for the low 4 bits; bit 4 of chunk c's two halves goes to bits 2c, 2c+1 of qh[l].
   std::memset(y->qh, 0, sizeof y->qh);
   for (int c = 0; c < 4; ++c) {
@@ -319,12 +540,13 @@ void encode_q5_k(const float* x, BlockQ5_K* y) {
 
 // ---- Q6_K: sixteen sub-blocks of 16, signed 8-bit scales ---------------------------------
 
+template <bool kLanes>
 void encode_q6_k(const float* x, BlockQ6_K* y) {
   int8_t L[kSuperBlock];
   float scales[16];
+  fit_q6_subblocks<kLanes>(x, L, scales);
   float max_scale = 0, max_abs_scale = 0;
   for (int j = 0; j < 16; ++j) {
-    scales[j] = fit_symmetric_q6(16, x + 16 * j, L + 16 * j);
     const float a = std::fabs(scales[j]);
     if (a > max_abs_scale) {
       max_abs_scale = a;
@@ -374,15 +596,14 @@ void pack_2bit(const uint8_t* L, uint8_t* qs) {
   }
 }
 
+template <bool kLanes>
 void encode_q2_k(const float* x, BlockQ2_K* y) {
   static constexpr AffineSearch kSearch{3, -0.5f, 0.1f, 15, true};
   uint8_t L[kSuperBlock];
   float scales[16], mins[16];
+  fit_q2_subblocks<kLanes>(x, kSearch, L, scales, mins);
   float max_scale = 0, max_min = 0;
   for (int j = 0; j < 16; ++j) {
-    float w[16];
-    for (int l = 0; l < 16; ++l) w[l] = std::fabs(x[16 * j + l]);
-    scales[j] = fit_affine(16, x + 16 * j, w, kSearch, L + 16 * j, &mins[j]);
     if (scales[j] > max_scale) max_scale = scales[j];
     if (mins[j] > max_min) max_min = mins[j];
   }
@@ -472,10 +693,21 @@ void encode_row(const float* src, void* dst, int64_t n) {
 
 }  // namespace
 
-void quantize_row_q2_k_ref(const float* src, void* dst, int64_t n) { encode_row<BlockQ2_K, encode_q2_k>(src, dst, n); }
+void quantize_row_q2_k_ref(const float* src, void* dst, int64_t n) { encode_row<BlockQ2_K, encode_q2_k<false>>(src, dst, n); }
 void quantize_row_q3_k_ref(const float* src, void* dst, int64_t n) { encode_row<BlockQ3_K, encode_q3_k>(src, dst, n); }
-void quantize_row_q4_k_ref(const float* src, void* dst, int64_t n) { encode_row<BlockQ4_K, encode_q4_k>(src, dst, n); }
-void quantize_row_q5_k_ref(const float* src, void* dst, int64_t n) { encode_row<BlockQ5_K, encode_q5_k>(src, dst, n); }
-void quantize_row_q6_k_ref(const float* src, void* dst, int64_t n) { encode_row<BlockQ6_K, encode_q6_k>(src, dst, n); }
+void quantize_row_q4_k_ref(const float* src, void* dst, int64_t n) { encode_row<BlockQ4_K, encode_q4_k<false>>(src, dst, n); }
+void quantize_row_q5_k_ref(const float* src, void* dst, int64_t n) { encode_row<BlockQ5_K, encode_q5_k<false>>(src, dst, n); }
+void quantize_row_q6_k_ref(const float* src, void* dst, int64_t n) { encode_row<BlockQ6_K, encode_q6_k<false>>(src, dst, n); }
+
+bool quantize_row_fast(DType t, const float* src, void* dst, int64_t n) {
+  if (n < 0 || n % kSuperBlock != 0) return quantize_row_ref(t, src, dst, n);
+  switch (t) {
+    case DType::Q2_K: encode_row<BlockQ2_K, encode_q2_k<true>>(src, dst, n); return true;
+    case DType::Q4_K: encode_row<BlockQ4_K, encode_q4_k<true>>(src, dst, n); return true;
+    case DType::Q5_K: encode_row<BlockQ5_K, encode_q5_k<true>>(src, dst, n); return true;
+    case DType::Q6_K: encode_row<BlockQ6_K, encode_q6_k<true>>(src, dst, n); return true;
+    default: return quantize_row_ref(t, src, dst, n);
+  }
+}
 
 }  // namespace step35
