@@ -30,8 +30,8 @@ for t in "${types[@]}"; do
   "$LLAMA_BIN/llama-quantize" "$model" "$theirs" "$t" "$THREADS" > "$OUT_DIR/$base.$lower.llama.log" 2>&1
   s2=$(date +%s.%N)
   if result=$(python3 "$here/tools/gguf_compare.py" --quiet "$ours" "$theirs"); then status=same; else status=DIFFERENT; failed=1; fi
-  printf '%-8s %-9s step35 %7.2f s  llama %7.2f s  %s\n' "$t" "$status" "$(echo "$s1 - $s0" | bc)" \
-    "$(echo "$s2 - $s1" | bc)" "$(echo "$result" | tail -1)"
+  printf '%-8s %-9s step35 %7.2f s  llama %7.2f s  %s\n' "$t" "$status" "$(awk "BEGIN{print $s1 - $s0}")" \
+    "$(awk "BEGIN{print $s2 - $s1}")" "$(echo "$result" | tail -1)"
   [ "$status" = same ] || echo "$result" | head -20
 done
 exit $failed
