@@ -19,6 +19,7 @@ static void print_usage() {
                "  inspect    describe a GGUF model (hyperparameters, tensors, tokenizer)\n"
                "  make-tiny  write a small random-weight step35 GGUF\n"
                "  bench      measure prompt and generation speed, memory bandwidth and the decode roofline\n"
+               "  quantize   convert a GGUF to Q4_K_M, Q8_0, ... like llama-quantize\n"
                "\n"
                "run 'step35 <command> --help' for a command's options.\n");
 }
@@ -37,6 +38,7 @@ int main(int argc, char** argv) {
     if (cmd == "inspect") return cmd_inspect(args);
     if (cmd == "make-tiny") return cmd_make_tiny(args);
     if (cmd == "bench") return cmd_bench(args);
+    if (cmd == "quantize") return cmd_quantize(args);
   } catch (const std::exception& e) {
     std::fprintf(stderr, "step35 %s: error: %s\n", cmd.c_str(), e.what());
     return 1;

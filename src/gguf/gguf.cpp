@@ -763,6 +763,10 @@ uint64_t File::total_file_bytes() const {
   return total;
 }
 
+std::string File::part_path(size_t file_index) const {
+  return file_index < files_.size() ? files_[file_index]->path() : std::string();
+}
+
 uint64_t File::data_offset(size_t file_index) const {
   if (file_index >= data_offsets_.size()) {
     throw Error(one_line(path_) + ": no split part " + u64s(file_index + 1) + " (expected 1.." +

@@ -95,6 +95,8 @@ class File {
   uint32_t alignment() const { return alignment_; }
   size_t n_files() const { return file_sizes_.size(); }  // 1 for parse_buffer
   uint64_t total_file_bytes() const;
+  // Path of part i of a model opened from disk ("" for parse_buffer).
+  std::string part_path(size_t file_index) const;
   // Byte offset of the data section (header end rounded up to the alignment) in file i.
   uint64_t data_offset(size_t file_index = 0) const;
 

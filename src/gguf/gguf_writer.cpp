@@ -263,8 +263,8 @@ void Writer::set(const std::string& key, const Value& v) {
   kv_.emplace_back(key, v);
 }
 
-void Writer::add_tensor(const std::string& name, uint32_t ggml_type, const std::vector<int64_t>& ne,
-                        std::vector<uint8_t> data) {
+// Validates a new tensor's name, type and shape; returns its byte size.
+uint64_t Writer::check_tensor(const std::string& name, uint32_t ggml_type, const std::vector<int64_t>& ne) const {
   if (name.empty()) writer_error("empty tensor name");
   for (const PendingTensor& t : tensors_) {
     if (t.name == name) writer_error("duplicate tensor '" + name + "'");
@@ -287,24 +287,51 @@ void Writer::add_tensor(const std::string& name, uint32_t ggml_type, const std::
   // The reader's overflow-checked size computation, so what is written is what is read.
   std::optional<uint64_t> nbytes = tensor_nbytes(ggml_type, ne.data(), ne.size());
   if (!nbytes) writer_error("tensor '" + name + "' byte size overflows");
-  if (data.size() != *nbytes) {
-    writer_error("tensor '" + name + "' has " + std::to_string(data.size()) + " bytes of data (expected " +
-                 std::to_string(*nbytes) + " for " + info->name + " with " + std::to_string(n_elements) +
-                 " elements)");
-  }
-  // Cross-check with the tensor module's row size (the data exists, so no overflow here).
+  // Cross-check with the tensor module's row size (overflow-checked there too).
   std::optional<size_t> row = row_bytes(info->type, ne[0]);
   if (!row || *row * static_cast<uint64_t>(n_elements / ne[0]) != *nbytes) {
     writer_error("tensor '" + name + "' byte size disagrees with row_bytes()");
   }
-  tensors_.push_back(PendingTensor{name, ggml_type, ne, std::move(data)});
+  return *nbytes;
+}
+
+void Writer::add_tensor(const std::string& name, uint32_t ggml_type, const std::vector<int64_t>& ne,
+                        std::vector<uint8_t> data) {
+  const uint64_t nbytes = check_tensor(name, ggml_type, ne);
+  if (data.size() != nbytes) {
+    const DTypeInfo* info = dtype_info(ggml_type);
+    int64_t n_elements = 1;
+    for (int64_t d : ne) n_elements *= d;  // checked by check_tensor
+    writer_error("tensor '" + name + "' has " + std::to_string(data.size()) + " bytes of data (expected " +
+                 std::to_string(nbytes) + " for " + info->name + " with " + std::to_string(n_elements) +
+                 " elements)");
+  }
+  tensors_.push_back(PendingTensor{name, ggml_type, ne, std::move(data), nbytes, false});
+}
+
+void Writer::add_tensor_info(const std::string& name, uint32_t ggml_type, const std::vector<int64_t>& ne) {
+  const uint64_t nbytes = check_tensor(name, ggml_type, ne);
+  tensors_.push_back(PendingTensor{name, ggml_type, ne, {}, nbytes, true});
+}
+
+std::vector<uint8_t> Writer::header_bytes() const {
+  std::vector<TensorLayout> layout;
+  layout.reserve(tensors_.size());
+  for (const PendingTensor& t : tensors_) layout.push_back({&t.name, t.type, &t.ne, t.nbytes});
+  return build_header(alignment_, kv_, layout);
+}
+
+uint64_t Writer::padding_after(uint64_t nbytes) const { return padding(nbytes, alignment_); }
+
+void Writer::check_no_streamed() const {
+  for (const PendingTensor& t : tensors_) {
+    if (t.streamed) writer_error("tensor '" + t.name + "' was declared without data (stream it after header_bytes())");
+  }
 }
 
 std::vector<uint8_t> Writer::to_bytes() const {
-  std::vector<TensorLayout> layout;
-  layout.reserve(tensors_.size());
-  for (const PendingTensor& t : tensors_) layout.push_back({&t.name, t.type, &t.ne, t.data.size()});
-  std::vector<uint8_t> out = build_header(alignment_, kv_, layout);
+  check_no_streamed();
+  std::vector<uint8_t> out = header_bytes();
   for (const PendingTensor& t : tensors_) {
     put_bytes(out, t.data.data(), t.data.size());
     out.resize(out.size() + padding(t.data.size(), alignment_), 0);
@@ -313,11 +340,9 @@ std::vector<uint8_t> Writer::to_bytes() const {
 }
 
 void Writer::write(const std::string& path) const {
-  std::vector<TensorLayout> layout;
-  layout.reserve(tensors_.size());
-  for (const PendingTensor& t : tensors_) layout.push_back({&t.name, t.type, &t.ne, t.data.size()});
+  check_no_streamed();
   // Header first (may throw on invalid metadata before anything is created).
-  std::vector<uint8_t> header = build_header(alignment_, kv_, layout);
+  std::vector<uint8_t> header = header_bytes();
 
   auto io_error = [&](const char* what, int err) {
     return Error(path + ": " + what + ": " + std::error_code(err, std::generic_category()).message());

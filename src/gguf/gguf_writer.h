@@ -35,6 +35,15 @@ class Writer {
   void add_tensor(const std::string& name, uint32_t ggml_type, const std::vector<int64_t>& ne,
                   std::vector<uint8_t> data);
 
+  // Streaming a model too large for memory: declare each tensor without its bytes, write
+  // header_bytes(), then each declared tensor's bytes in order, each followed by
+  // padding_after(its size) zero bytes. to_bytes() and write() refuse declared tensors.
+  void add_tensor_info(const std::string& name, uint32_t ggml_type, const std::vector<int64_t>& ne);
+  // Header, metadata, tensor infos and the padding up to the data section.
+  std::vector<uint8_t> header_bytes() const;
+  uint64_t padding_after(uint64_t nbytes) const;
+  uint32_t alignment() const { return alignment_; }
+
   // Serialises the whole file.
   std::vector<uint8_t> to_bytes() const;
   // Writes to `path` (throws Error on I/O failure).
@@ -46,7 +55,11 @@ class Writer {
     uint32_t type;
     std::vector<int64_t> ne;
     std::vector<uint8_t> data;
+    uint64_t nbytes;
+    bool streamed;  // declared by add_tensor_info: data stays empty
   };
+  uint64_t check_tensor(const std::string& name, uint32_t ggml_type, const std::vector<int64_t>& ne) const;
+  void check_no_streamed() const;
   uint32_t alignment_;
   std::vector<std::pair<std::string, Value>> kv_;
   std::vector<PendingTensor> tensors_;

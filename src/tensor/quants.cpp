@@ -11,6 +11,7 @@
 #include <string>
 
 #include "tensor/fp16.h"
+#include "tensor/quants_kquant_encode.h"
 
 namespace step35 {
 
@@ -429,6 +430,11 @@ bool quantize_row_ref(DType t, const float* src, void* dst, int64_t n) {
     case DType::Q4_1: quant_blocks<BlockQ4_1, quant_q4_1>(src, dst, n); return true;
     case DType::Q5_0: quant_blocks<BlockQ5_0, quant_q5_0>(src, dst, n); return true;
     case DType::Q5_1: quant_blocks<BlockQ5_1, quant_q5_1>(src, dst, n); return true;
+    case DType::Q2_K: quantize_row_q2_k_ref(src, dst, n); return true;
+    case DType::Q3_K: quantize_row_q3_k_ref(src, dst, n); return true;
+    case DType::Q4_K: quantize_row_q4_k_ref(src, dst, n); return true;
+    case DType::Q5_K: quantize_row_q5_k_ref(src, dst, n); return true;
+    case DType::Q6_K: quantize_row_q6_k_ref(src, dst, n); return true;
     default: return false;
   }
 }

@@ -40,8 +40,9 @@ void dequantize_row_ref(DType t, const void* src, float* dst, int64_t n);
 float dot_row_ref(DType t, const void* w, const float* x, int64_t n);
 
 // Quantizes n F32 values into type t. Supported: F32, F16, BF16, Q8_0, Q4_0, Q4_1,
-// Q5_0, Q5_1 (round-to-nearest encoders as ggml's reference ones) — the K-quants'
-// encoders come with `step35 quantize`. Returns false for unsupported types.
+// Q5_0, Q5_1 (round-to-nearest encoders as ggml's reference ones) and Q2_K..Q6_K
+// (ggml's reference searches, tensor/quants_kquant_encode.h); all bit-exact with
+// llama-quantize without an importance matrix. Returns false for unsupported types (MXFP4).
 bool quantize_row_ref(DType t, const float* src, void* dst, int64_t n);
 
 }  // namespace step35

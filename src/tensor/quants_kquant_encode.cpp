@@ -1,0 +1,713 @@
+// K-quant encoders (Q2_K, Q3_K, Q4_K, Q5_K, Q6_K), bit-exact with ggml's reference
+// quantizers as llama-quantize runs them when no importance matrix is given.
+//
+// How a super-block of 256 is encoded, common to all five types:
+//   1. each sub-block (16 or 32 elements) gets its own best float scale (and, for the
+//      "affine" types Q2_K/Q4_K/Q5_K, a min) by a small search, minimising a weighted
+//      squared (Q4_K/Q5_K) or absolute (Q2_K) error;
+//   2. those per-sub-block floats are themselves quantized to 4/6/8-bit integers against
+//      one f16 super-scale d (and dmin);
+//   3. every element is re-quantized against the now *rounded* sub-block scale
+//      d_f16·sc (and dmin_f16·m), which is what a decoder will multiply by.
+// Bytes only match llama-quantize if every float operation happens in the same order and
+// precision, so the expressions below keep the reference's evaluation order (left to
+// right, one float rounding per operation, no fused multiply-add: this file is compiled
+// with -ffp-contract=off, see CMakeLists.txt) and its rounding helper (ties to even).
+// The scalar searches are the reference (quantize_row_*_ref); the same searches run four
+// sub-blocks per vector instruction for quantize_row_fast, lane by lane identical.
+// Block layouts: ../shared/docs/step35-model.md §7 (the decoders are in quants.cpp).
+#include "tensor/quants_kquant_encode.h"
+
+#include <algorithm>
+#include <bit>
+#include <cmath>
+#include <cstring>
+
+#include "tensor/fp16.h"
+#include "tensor/quants.h"
+
+namespace step35 {
+
+namespace {
+
+constexpr int kSuperBlock = 256;
+// Sub-block maxima below this count as an all-zero sub-block.
+constexpr float kZeroGroupMax = 1e-15f;
+
+// Nearest integer, ties to even, for |v| < 2^22: adding 1.5·2^23 leaves the integer in
+// the low mantissa bits. Outside that range (only reachable with degenerate data) the
+// result is still the deterministic bit pattern the reference produces, and there is no
+// float->int conversion that could be undefined.
+inline int round_nearest(float v) { return (std::bit_cast<int32_t>(v + 12582912.0f) & 0x007fffff) - 0x00400000; }
+
+inline int clamp_int(int v, int lo, int hi) { return std::min(std::max(v, lo), hi); }
+
+// ---- sub-block scale searches ------------------------------------------------------------
+
+// Affine fit x ≈ scale·q + min, q in [0, nmax], min <= 0 (the caller stores -min >= 0).
+// Starts from the plain min/max mapping, then tries nstep+1 candidate inverse scales
+// (nmax + rmin + rdelta·k) / (max - min); for each it rounds, solves the weighted
+// least-squares scale and min for those levels, and keeps the candidate with the lowest
+// weighted error (absolute if use_abs_error, else squared). q receives the chosen levels.
+struct AffineSearch {
+  int nmax;
+  float rmin;
+  float rdelta;
+  int nstep;
+  bool use_abs_error;
+};
+
+float fit_affine(int n, const float* x, const float* w, const AffineSearch& s, uint8_t* q, float* neg_min) {
+  float lo = x[0];
+  float hi = x[0];
+  float sum_w = w[0];
+  float sum_x = sum_w * x[0];
+  for (int i = 1; i < n; ++i) {
+    if (x[i] < lo) lo = x[i];
+    if (x[i] > hi) hi = x[i];
+    sum_w += w[i];
+    sum_x += w[i] * x[i];
+  }
+  if (lo > 0) lo = 0;  // the decoder subtracts a non-negative offset: min is at most 0
+  if (hi == lo) {
+    for (int i = 0; i < n; ++i) q[i] = 0;
+    *neg_min = -lo;
+    return 0.0f;
+  }
+  auto error_of = [&](float diff) { return s.use_abs_error ? std::fabs(diff) : diff * diff; };
+
+  float inv_scale = float(s.nmax) / (hi - lo);
+  float scale = 1 / inv_scale;
+  float best_error = 0;
+  for (int i = 0; i < n; ++i) {
+    q[i] = uint8_t(clamp_int(round_nearest(inv_scale * (x[i] - lo)), 0, s.nmax));
+    const float diff = scale * float(q[i]) + lo - x[i];
+    best_error += w[i] * error_of(diff);
+  }
+  if (s.nstep < 1) {
+    *neg_min = -lo;
+    return scale;
+  }
+  uint8_t trial[32];
+  for (int step = 0; step <= s.nstep; ++step) {
+    inv_scale = (s.rmin + s.rdelta * float(step) + float(s.nmax)) / (hi - lo);
+    float sum_l = 0, sum_l2 = 0, sum_xl = 0;
+    for (int i = 0; i < n; ++i) {
+      const int l = clamp_int(round_nearest(inv_scale * (x[i] - lo)), 0, s.nmax);
+      trial[i] = uint8_t(l);
+      const float fl = float(l);
+      sum_l += w[i] * fl;
+      sum_l2 += w[i] * fl * fl;
+      sum_xl += w[i] * fl * x[i];
+    }
+    // Weighted least squares for x ≈ a·l + b over the trial levels.
+    const float det = sum_w * sum_l2 - sum_l * sum_l;
+    if (det > 0) {
+      float trial_scale = (sum_w * sum_xl - sum_x * sum_l) / det;
+      float trial_min = (sum_l2 * sum_x - sum_l * sum_xl) / det;
+      if (trial_min > 0) {  // not representable: pin min to 0 and refit the scale alone
+        trial_min = 0;
+        trial_scale = sum_xl / sum_l2;
+      }
+      float error = 0;
+      for (int i = 0; i < n; ++i) {
+        const float diff = trial_scale * float(trial[i]) + trial_min - x[i];
+        error += w[i] * error_of(diff);
+      }
+      if (error < best_error) {
+        for (int i = 0; i < n; ++i) q[i] = trial[i];
+        best_error = error;
+        scale = trial_scale;
+        lo = trial_min;
+      }
+    }
+  }
+  *neg_min = -lo;
+  return scale;
+}
+
+// Symmetric fit x ≈ scale·(q - nmax), q - nmax in [-nmax, nmax-1], for Q6_K. The scale's
+// sign follows the element of largest magnitude so that element maps to -nmax (the side
+// with one more level). Least-squares scale weighted by x², then 18 nearby inverse scales
+// (nmax ± 0.1k, k = 1..9); keeps the one maximising (Σw·x·l)² / Σw·l², i.e. the smallest
+// weighted squared error at its optimal scale. q receives the levels biased by +nmax
+// (all zeros for an all-zero sub-block).
+float fit_symmetric_q6(int n, const float* x, int8_t* q) {
+  constexpr int nmax = 32;
+  float amax = 0, signed_max = 0;
+  for (int i = 0; i < n; ++i) {
+    const float ax = std::fabs(x[i]);
+    if (ax > amax) {
+      amax = ax;
+      signed_max = x[i];
+    }
+  }
+  if (amax < kZeroGroupMax) {
+    for (int i = 0; i < n; ++i) q[i] = 0;
+    return 0.0f;
+  }
+  auto level = [&](float inv_scale, int i) { return clamp_int(round_nearest(inv_scale * x[i]), -nmax, nmax - 1); };
+
+  float inv_scale = float(-nmax) / signed_max;
+  float sum_lx = 0, sum_l2 = 0;
+  for (int i = 0; i < n; ++i) {
+    const int l = level(inv_scale, i);
+    q[i] = int8_t(l + nmax);
+    const float w = x[i] * x[i];
+    sum_lx += w * x[i] * float(l);
+    sum_l2 += w * float(l) * float(l);
+  }
+  float scale = sum_l2 != 0 ? sum_lx / sum_l2 : 0.0f;
+  float best = scale * sum_lx;
+  for (int k = -9; k <= 9; ++k) {
+    if (k == 0) continue;
+    inv_scale = -(float(nmax) + 0.1f * float(k)) / signed_max;
+    sum_lx = sum_l2 = 0;
+    for (int i = 0; i < n; ++i) {
+      const float l = float(level(inv_scale, i));
+      const float w = x[i] * x[i];
+      sum_lx += w * x[i] * l;
+      sum_l2 += w * l * l;
+    }
+    if (sum_l2 > 0 && sum_lx * sum_lx > best * sum_l2) {
+      for (int i = 0; i < n; ++i) q[i] = int8_t(level(inv_scale, i) + nmax);
+      scale = sum_lx / sum_l2;
+      best = scale * sum_lx;
+    }
+  }
+  return scale;
+}
+
+// Symmetric fit for Q3_K (levels -4..3, weights x²): start from the max-magnitude mapping,
+// then up to five passes of coordinate descent, moving one element at a time to the level
+// that is optimal given all the others, whenever that raises (Σw·x·l)² / Σw·l².
+// q receives the levels biased by +4 (all zeros for an all-zero sub-block).
+float fit_symmetric_q3(int n, const float* x, int8_t* q) {
+  constexpr int nmax = 4;
+  float amax = 0, signed_max = 0;
+  for (int i = 0; i < n; ++i) {
+    const float ax = std::fabs(x[i]);
+    if (ax > amax) {
+      amax = ax;
+      signed_max = x[i];
+    }
+  }
+  if (amax < kZeroGroupMax) {
+    for (int i = 0; i < n; ++i) q[i] = 0;
+    return 0.0f;
+  }
+  const float inv_scale = float(-nmax) / signed_max;
+  float sum_lx = 0, sum_l2 = 0;
+  for (int i = 0; i < n; ++i) {
+    const int l = clamp_int(round_nearest(inv_scale * x[i]), -nmax, nmax - 1);
+    q[i] = int8_t(l);
+    const float w = x[i] * x[i];
+    sum_lx += w * x[i] * float(l);
+    sum_l2 += w * float(l) * float(l);
+  }
+  for (int pass = 0; pass < 5; ++pass) {
+    int changed = 0;
+    for (int i = 0; i < n; ++i) {
+      const float w = x[i] * x[i];
+      // The sums without element i.
+      float lx = sum_lx - w * x[i] * float(q[i]);
+      if (lx > 0) {
+        float l2 = sum_l2 - w * float(q[i]) * float(q[i]);
+        const int candidate = clamp_int(round_nearest(x[i] * l2 / lx), -nmax, nmax - 1);
+        if (candidate != q[i]) {
+          lx += w * x[i] * float(candidate);
+          l2 += w * float(candidate) * float(candidate);
+          if (l2 > 0 && lx * lx * sum_l2 > sum_lx * sum_lx * l2) {
+            q[i] = int8_t(candidate);
+            sum_lx = lx;
+            sum_l2 = l2;
+            ++changed;
+          }
+        }
+      }
+    }
+    if (changed == 0) break;
+  }
+  for (int i = 0; i < n; ++i) q[i] = int8_t(q[i] + nmax);
+  return sum_l2 > 0.0f ? sum_lx / sum_l2 : 0.0f;
+}
+
+// ---- the same searches, several sub-blocks at a time ----------------------------------------
+// Lane j of a vector works on sub-block j: x[i][j] is element i of sub-block j. Every lane
+// performs exactly the float operations of the scalar search above, in the same order
+// (lanes never mix; selects replace branches), so the results are identical, while one
+// vector instruction advances four sub-blocks (GCC/Clang vector extensions, 16-byte
+// vectors: SSE2 on a baseline x86-64 build, NEON on ARM). Lanes the scalar code
+// leaves early (all-equal or all-zero sub-blocks) compute throwaway values (possibly
+// inf/NaN, never undefined behaviour) that are replaced at the end. quantize_row_fast uses
+// these; the tests check it against quantize_row_ref.
+
+// Four float / int32 lanes.
+typedef float F4 __attribute__((vector_size(16)));
+typedef int32_t I4 __attribute__((vector_size(16)));
+
+template <typename F, typename I>
+inline I round_nearest_lanes(F v) {
+  return (std::bit_cast<I>(v + 12582912.0f) & 0x007fffff) - 0x00400000;
+}
+
+template <typename I>
+inline I clamp_lanes(I v, int lo, int hi) {
+  const I vlo = I{} + lo, vhi = I{} + hi;
+  v = v < vlo ? vlo : v;
+  return v > vhi ? vhi : v;
+}
+
+template <bool kAbsError>
+void fit_affine_lanes(const F4* x, const F4* w, int len, const AffineSearch& s, I4* q,
+                      float* scale_out, float* neg_min_out) {
+  using F = F4;
+  using I = I4;
+  constexpr int N = 4;
+  auto error_of = [](F diff) {
+    if constexpr (kAbsError)
+      return std::bit_cast<F>(std::bit_cast<I>(diff) & 0x7fffffff);  // fabs, lane by lane
+    else
+      return diff * diff;
+  };
+  F lo = x[0], hi = x[0];
+  const F sum_w0 = w[0];
+  F sum_w = sum_w0, sum_x = sum_w0 * x[0];
+  for (int i = 1; i < len; ++i) {
+    lo = x[i] < lo ? x[i] : lo;
+    hi = x[i] > hi ? x[i] : hi;
+    sum_w += w[i];
+    sum_x += w[i] * x[i];
+  }
+  const F zero = F{};
+  lo = lo > zero ? zero : lo;
+  const I flat = hi == lo;
+  const F flat_min = lo;
+
+  F inv_scale = float(s.nmax) / (hi - lo);
+  F scale = 1 / inv_scale;
+  F best_error = zero;
+  for (int i = 0; i < len; ++i) {
+    q[i] = clamp_lanes(round_nearest_lanes<F, I>(inv_scale * (x[i] - lo)), 0, s.nmax);
+    const F diff = scale * __builtin_convertvector(q[i], F) + lo - x[i];
+    best_error += w[i] * error_of(diff);
+  }
+  I trial[32];
+  for (int step = 0; step <= s.nstep; ++step) {
+    inv_scale = (s.rmin + s.rdelta * float(step) + float(s.nmax)) / (hi - lo);
+    F sum_l = zero, sum_l2 = zero, sum_xl = zero;
+    for (int i = 0; i < len; ++i) {
+      trial[i] = clamp_lanes(round_nearest_lanes<F, I>(inv_scale * (x[i] - lo)), 0, s.nmax);
+      const F fl = __builtin_convertvector(trial[i], F);
+      sum_l += w[i] * fl;
+      sum_l2 += w[i] * fl * fl;
+      sum_xl += w[i] * fl * x[i];
+    }
+    const F det = sum_w * sum_l2 - sum_l * sum_l;
+    const F a = (sum_w * sum_xl - sum_x * sum_l) / det;
+    const F b = (sum_l2 * sum_x - sum_l * sum_xl) / det;
+    const I pin = b > zero;  // min would be positive: pinned to 0, scale refitted alone
+    const F trial_scale = pin ? sum_xl / sum_l2 : a;
+    const F trial_min = pin ? zero : b;
+    F error = zero;
+    for (int i = 0; i < len; ++i) {
+      const F diff = trial_scale * __builtin_convertvector(trial[i], F) + trial_min - x[i];
+      error += w[i] * error_of(diff);
+    }
+    const I better = (det > zero) & (error < best_error);
+    best_error = better ? error : best_error;
+    scale = better ? trial_scale : scale;
+    lo = better ? trial_min : lo;
+    for (int i = 0; i < len; ++i) q[i] = better ? trial[i] : q[i];
+  }
+  for (int i = 0; i < len; ++i) q[i] = flat ? I{} : q[i];
+  for (int j = 0; j < N; ++j) {
+    scale_out[j] = flat[j] ? 0.0f : scale[j];
+    neg_min_out[j] = flat[j] ? -flat_min[j] : -lo[j];
+  }
+}
+
+// fit_symmetric_q6 for four sub-blocks of 16 at once; q receives the biased levels.
+void fit_symmetric_q6_lanes(const F4* x, I4* q, float* scale_out) {
+  using F = F4;
+  using I = I4;
+  constexpr int nmax = 32, len = 16;
+  const F zero = F{};
+  F amax = zero, signed_max = zero;
+  for (int i = 0; i < len; ++i) {
+    const F ax = std::bit_cast<F>(std::bit_cast<I>(x[i]) & 0x7fffffff);
+    const I larger = ax > amax;
+    amax = larger ? ax : amax;
+    signed_max = larger ? x[i] : signed_max;
+  }
+  F inv_scale = float(-nmax) / signed_max;
+  F sum_lx = zero, sum_l2 = zero;
+  for (int i = 0; i < len; ++i) {
+    const I l = clamp_lanes(round_nearest_lanes<F, I>(inv_scale * x[i]), -nmax, nmax - 1);
+    q[i] = l + nmax;
+    const F fl = __builtin_convertvector(l, F);
+    const F w = x[i] * x[i];
+    sum_lx += w * x[i] * fl;
+    sum_l2 += w * fl * fl;
+  }
+  F scale = sum_l2 != zero ? sum_lx / sum_l2 : zero;
+  F best = scale * sum_lx;
+  I trial[len];
+  for (int k = -9; k <= 9; ++k) {
+    if (k == 0) continue;
+    inv_scale = -(float(nmax) + 0.1f * float(k)) / signed_max;
+    sum_lx = sum_l2 = zero;
+    for (int i = 0; i < len; ++i) {
+      const I l = clamp_lanes(round_nearest_lanes<F, I>(inv_scale * x[i]), -nmax, nmax - 1);
+      trial[i] = l + nmax;
+      const F fl = __builtin_convertvector(l, F);
+      const F w = x[i] * x[i];
+      sum_lx += w * x[i] * fl;
+      sum_l2 += w * fl * fl;
+    }
+    const I better = (sum_l2 > zero) & (sum_lx * sum_lx > best * sum_l2);
+    const F s = sum_lx / sum_l2;
+    scale = better ? s : scale;
+    best = better ? s * sum_lx : best;
+    for (int i = 0; i < len; ++i) q[i] = better ? trial[i] : q[i];
+  }
+  const I all_zero = amax < kZeroGroupMax;
+  for (int i = 0; i < len; ++i) q[i] = all_zero ? I{} : q[i];
+  for (int j = 0; j < 4; ++j) scale_out[j] = all_zero[j] ? 0.0f : scale[j];
+}
+
+// ---- stage 1 (per-sub-block fits) of each encoder, scalar or lane-parallel --------------
+
+// Q4_K/Q5_K: eight sub-blocks of 32, weights = the sub-block's rms plus each element's
+// magnitude (large values matter more). Fills L[256], scales[8], mins[8].
+template <bool kLanes>
+void fit_k4_subblocks(const float* x, const AffineSearch& search, uint8_t* L, float* scales, float* mins) {
+  if constexpr (!kLanes) {
+    for (int j = 0; j < 8; ++j) {
+      const float* xs = x + 32 * j;
+      float sum_x2 = 0;
+      for (int l = 0; l < 32; ++l) sum_x2 += xs[l] * xs[l];
+      const float rms = std::sqrt(sum_x2 / 32);
+      float w[32];
+      for (int l = 0; l < 32; ++l) w[l] = rms + std::fabs(xs[l]);
+      scales[j] = fit_affine(32, xs, w, search, L + 32 * j, &mins[j]);
+    }
+  } else {
+    using F = F4;
+    using I = I4;
+    for (int g = 0; g < 2; ++g) {  // sub-blocks 4g .. 4g+3
+      const float* xg = x + 128 * g;
+      F xt[32], wt[32];
+      for (int i = 0; i < 32; ++i)
+        for (int j = 0; j < 4; ++j) xt[i][j] = xg[32 * j + i];
+      F sum_x2 = F{};
+      for (int i = 0; i < 32; ++i) sum_x2 += xt[i] * xt[i];
+      F rms;
+      for (int j = 0; j < 4; ++j) rms[j] = std::sqrt(sum_x2[j] / 32);
+      for (int i = 0; i < 32; ++i) wt[i] = rms + std::bit_cast<F>(std::bit_cast<I>(xt[i]) & 0x7fffffff);
+      I qt[32];
+      fit_affine_lanes<false>(xt, wt, 32, search, qt, scales + 4 * g, mins + 4 * g);
+      for (int j = 0; j < 4; ++j)
+        for (int i = 0; i < 32; ++i) L[128 * g + 32 * j + i] = uint8_t(qt[i][j]);
+    }
+  }
+}
+
+// Q2_K: sixteen sub-blocks of 16, weights |x|, absolute error.
+template <bool kLanes>
+void fit_q2_subblocks(const float* x, const AffineSearch& search, uint8_t* L, float* scales, float* mins) {
+  if constexpr (!kLanes) {
+    for (int j = 0; j < 16; ++j) {
+      float w[16];
+      for (int l = 0; l < 16; ++l) w[l] = std::fabs(x[16 * j + l]);
+      scales[j] = fit_affine(16, x + 16 * j, w, search, L + 16 * j, &mins[j]);
+    }
+  } else {
+    using F = F4;
+    using I = I4;
+    for (int g = 0; g < 4; ++g) {  // sub-blocks 4g .. 4g+3
+      const float* xg = x + 64 * g;
+      F xt[16], wt[16];
+      for (int i = 0; i < 16; ++i)
+        for (int j = 0; j < 4; ++j) xt[i][j] = xg[16 * j + i];
+      for (int i = 0; i < 16; ++i) wt[i] = std::bit_cast<F>(std::bit_cast<I>(xt[i]) & 0x7fffffff);
+      I qt[16];
+      fit_affine_lanes<true>(xt, wt, 16, search, qt, scales + 4 * g, mins + 4 * g);
+      for (int j = 0; j < 4; ++j)
+        for (int i = 0; i < 16; ++i) L[64 * g + 16 * j + i] = uint8_t(qt[i][j]);
+    }
+  }
+}
+
+// Q6_K: sixteen sub-blocks of 16.
+template <bool kLanes>
+void fit_q6_subblocks(const float* x, int8_t* L, float* scales) {
+  if constexpr (!kLanes) {
+    for (int j = 0; j < 16; ++j) scales[j] = fit_symmetric_q6(16, x + 16 * j, L + 16 * j);
+  } else {
+    for (int g = 0; g < 4; ++g) {  // sub-blocks 4g .. 4g+3
+      const float* xg = x + 64 * g;
+      F4 xt[16];
+      for (int i = 0; i < 16; ++i)
+        for (int j = 0; j < 4; ++j) xt[i][j] = xg[16 * j + i];
+      I4 qt[16];
+      fit_symmetric_q6_lanes(xt, qt, scales + 4 * g);
+      for (int j = 0; j < 4; ++j)
+        for (int i = 0; i < 16; ++i) L[64 * g + 16 * j + i] = int8_t(qt[i][j]);
+    }
+  }
+}
+
+// ---- Q4_K / Q5_K: eight sub-blocks of 32, 6-bit scale and min each -----------------------
+
+// Packs 6-bit scales sc[8] and mins m[8] into the 12 bytes §7 describes (the inverse of
+// the decoder's unpacking: sub-blocks 0..3 in the low 6 bits of bytes 0..7, sub-blocks
+// 4..7 as nibbles in bytes 8..11 with their top 2 bits in bits 6..7 of bytes 0..7).
+void pack_k4_scales(const uint8_t* sc, const uint8_t* m, uint8_t* out) {
+  for (int b = 0; b < 4; ++b) {
+    out[b] = sc[b];
+    out[b + 4] = m[b];
+  }
+  for (int b = 4; b < 8; ++b) {
+    out[b + 4] = uint8_t((sc[b] & 15) | ((m[b] & 15) << 4));
+    out[b - 4] |= uint8_t((sc[b] >> 4) << 6);
+    out[b] |= uint8_t((m[b] >> 4) << 6);
+  }
+}
+
+// Steps 1-3 for one Q4_K/Q5_K super-block: fills d, dmin, the packed scales and the final
+// levels L[256] in [0, nmax].
+template <bool kLanes>
+void encode_k4_scales_and_levels(const float* x, const AffineSearch& search, uint16_t* d_out, uint16_t* dmin_out,
+                                 uint8_t* packed_scales, uint8_t* L) {
+  float scales[8], mins[8];
+  fit_k4_subblocks<kLanes>(x, search, L, scales, mins);
+  float max_scale = 0, max_min = 0;
+  for (int j = 0; j < 8; ++j) {
+    if (scales[j] > max_scale) max_scale = scales[j];
+    if (mins[j] > max_min) max_min = mins[j];
+  }
+  const float inv_scale = max_scale > 0 ? 63.f / max_scale : 0.f;
+  const float inv_min = max_min > 0 ? 63.f / max_min : 0.f;
+  uint8_t sc[8], m[8];
+  for (int j = 0; j < 8; ++j) {
+    // Narrowed to 8 bits before the clamp, as the reference does (only a negative scale,
+    // which the search can return for degenerate data, wraps).
+    sc[j] = uint8_t(round_nearest(inv_scale * scales[j]));
+    m[j] = uint8_t(round_nearest(inv_min * mins[j]));
+    if (sc[j] > 63) sc[j] = 63;
+    if (m[j] > 63) m[j] = 63;
+  }
+  pack_k4_scales(sc, m, packed_scales);
+  *d_out = fp32_to_fp16(max_scale / 63.f);
+  *dmin_out = fp32_to_fp16(max_min / 63.f);
+
+  // Re-quantize against the scales a decoder will actually use.
+  const int nmax = search.nmax;
+  for (int j = 0; j < 8; ++j) {
+    const float d = fp16_to_fp32(*d_out) * float(sc[j]);
+    if (d == 0) continue;  // keeps the search's levels (all decode to -dmin·m anyway)
+    const float dm = fp16_to_fp32(*dmin_out) * float(m[j]);
+    for (int l = 0; l < 32; ++l) L[32 * j + l] = uint8_t(clamp_int(round_nearest((x[32 * j + l] + dm) / d), 0, nmax));
+  }
+}
+
+template <bool kLanes>
+void encode_q4_k(const float* x, BlockQ4_K* y) {
+  static constexpr AffineSearch kSearch{15, -1.0f, 0.1f, 20, false};
+  uint8_t L[kSuperBlock];
+  encode_k4_scales_and_levels<kLanes>(x, kSearch, &y->d, &y->dmin, y->scales, L);
+  // Chunk c of 64 elements: first 32 in the low nibbles of qs[32c..], next 32 in the high.
+  for (int c = 0; c < 4; ++c)
+    for (int l = 0; l < 32; ++l) y->qs[32 * c + l] = uint8_t(L[64 * c + l] | (L[64 * c + 32 + l] << 4));
+}
+
+template <bool kLanes>
+void encode_q5_k(const float* x, BlockQ5_K* y) {
+  static constexpr AffineSearch kSearch{31, -0.5f, 0.1f, 15, false};
+  uint8_t L[kSuperBlock];
+  encode_k4_scales_and_levels<kLanes>(x, kSearch, &y->d, &y->dmin, y->scales, L);
+  // As Q4_K for the low 4 bits; bit 4 of chunk c's two halves goes to bits 2c, 2c+1 of qh[l].
+  std::memset(y->qh, 0, sizeof y->qh);
+  for (int c = 0; c < 4; ++c) {
+    for (int l = 0; l < 32; ++l) {
+      const uint8_t lo = L[64 * c + l], hi = L[64 * c + 32 + l];
+      y->qs[32 * c + l] = uint8_t((lo & 15) | ((hi & 15) << 4));
+      y->qh[l] |= uint8_t(((lo >> 4) << (2 * c)) | ((hi >> 4) << (2 * c + 1)));
+    }
+  }
+}
+
+// ---- Q6_K: sixteen sub-blocks of 16, signed 8-bit scales ---------------------------------
+
+template <bool kLanes>
+void encode_q6_k(const float* x, BlockQ6_K* y) {
+  int8_t L[kSuperBlock];
+  float scales[16];
+  fit_q6_subblocks<kLanes>(x, L, scales);
+  float max_scale = 0, max_abs_scale = 0;
+  for (int j = 0; j < 16; ++j) {
+    const float a = std::fabs(scales[j]);
+    if (a > max_abs_scale) {
+      max_abs_scale = a;
+      max_scale = scales[j];
+    }
+  }
+  if (max_abs_scale < kZeroGroupMax) {  // an all-zero super-block is all-zero bytes
+    std::memset(y, 0, sizeof *y);
+    y->d = fp32_to_fp16(0.f);
+    return;
+  }
+  // The largest scale maps to -128 so its sign is carried by d.
+  const float inv_scale = -128.f / max_scale;
+  y->d = fp32_to_fp16(1 / inv_scale);
+  for (int j = 0; j < 16; ++j) {
+    const int s = round_nearest(inv_scale * scales[j]);
+    y->scales[j] = int8_t(s < 127 ? s : 127);
+  }
+  for (int j = 0; j < 16; ++j) {
+    const float d = fp16_to_fp32(y->d) * float(y->scales[j]);
+    if (d == 0) continue;
+    for (int l = 0; l < 16; ++l) L[16 * j + l] = int8_t(clamp_int(round_nearest(x[16 * j + l] / d), -32, 31) + 32);
+  }
+  // Half h (128 elements): element 32g + l (group g = 0..3) has its low nibble in
+  // ql[64h + l + 32·(g&1)] (low nibble for g < 2, high for g >= 2) and its top two bits
+  // in bits 2g..2g+1 of qh[32h + l].
+  for (int h = 0; h < 2; ++h) {
+    const int8_t* Lh = L + 128 * h;
+    for (int l = 0; l < 32; ++l) {
+      const int q1 = Lh[l], q2 = Lh[l + 32], q3 = Lh[l + 64], q4 = Lh[l + 96];
+      y->ql[64 * h + l] = uint8_t((q1 & 15) | ((q3 & 15) << 4));
+      y->ql[64 * h + l + 32] = uint8_t((q2 & 15) | ((q4 & 15) << 4));
+      y->qh[32 * h + l] = uint8_t((q1 >> 4) | ((q2 >> 4) << 2) | ((q3 >> 4) << 4) | ((q4 >> 4) << 6));
+    }
+  }
+}
+
+// ---- Q2_K / Q3_K: sixteen sub-blocks of 16, 2-bit levels ---------------------------------
+
+// Packs 256 2-bit values: half h, element 32g + l (g = 0..3) goes to bits 2g..2g+1 of
+// qs[32h + l]. Q3_K keeps its third bit in hmask.
+void pack_2bit(const uint8_t* L, uint8_t* qs) {
+  for (int h = 0; h < 2; ++h) {
+    const uint8_t* Lh = L + 128 * h;
+    for (int l = 0; l < 32; ++l)
+      qs[32 * h + l] = uint8_t(Lh[l] | (Lh[l + 32] << 2) | (Lh[l + 64] << 4) | (Lh[l + 96] << 6));
+  }
+}
+
+template <bool kLanes>
+void encode_q2_k(const float* x, BlockQ2_K* y) {
+  static constexpr AffineSearch kSearch{3, -0.5f, 0.1f, 15, true};
+  uint8_t L[kSuperBlock];
+  float scales[16], mins[16];
+  fit_q2_subblocks<kLanes>(x, kSearch, L, scales, mins);
+  float max_scale = 0, max_min = 0;
+  for (int j = 0; j < 16; ++j) {
+    if (scales[j] > max_scale) max_scale = scales[j];
+    if (mins[j] > max_min) max_min = mins[j];
+  }
+  // 4-bit scale in the low nibble, 4-bit min in the high nibble of each scales byte.
+  if (max_scale > 0) {
+    const float inv = 15.f / max_scale;
+    for (int j = 0; j < 16; ++j) y->scales[j] = uint8_t(round_nearest(inv * scales[j]));
+    y->d = fp32_to_fp16(max_scale / 15.f);
+  } else {
+    for (int j = 0; j < 16; ++j) y->scales[j] = 0;
+    y->d = fp32_to_fp16(0.f);
+  }
+  if (max_min > 0) {
+    const float inv = 15.f / max_min;
+    for (int j = 0; j < 16; ++j) y->scales[j] |= uint8_t(uint32_t(round_nearest(inv * mins[j])) << 4);
+    y->dmin = fp32_to_fp16(max_min / 15.f);
+  } else {
+    y->dmin = fp32_to_fp16(0.f);
+  }
+  for (int j = 0; j < 16; ++j) {
+    const float d = fp16_to_fp32(y->d) * float(y->scales[j] & 15);
+    if (d == 0) continue;
+    const float dm = fp16_to_fp32(y->dmin) * float(y->scales[j] >> 4);
+    for (int l = 0; l < 16; ++l) L[16 * j + l] = uint8_t(clamp_int(round_nearest((x[16 * j + l] + dm) / d), 0, 3));
+  }
+  pack_2bit(L, y->qs);
+}
+
+void encode_q3_k(const float* x, BlockQ3_K* y) {
+  int8_t L[kSuperBlock];
+  float scales[16];
+  float max_scale = 0, amax = 0;
+  for (int j = 0; j < 16; ++j) {
+    scales[j] = fit_symmetric_q3(16, x + 16 * j, L + 16 * j);
+    const float a = std::fabs(scales[j]);
+    if (a > amax) {
+      amax = a;
+      max_scale = scales[j];
+    }
+  }
+  // Sixteen 6-bit scales (biased by 32): low nibbles in bytes 0..7 (sub-blocks 0..7 low
+  // nibble, 8..15 high nibble), top two bits of sub-block k in bits 2(k/4) of byte 8 + k%4.
+  int sc[16] = {};  // the signed 6-bit scales as a decoder reads them back
+  std::memset(y->scales, 0, sizeof y->scales);
+  if (max_scale != 0) {
+    const float inv_scale = -32.f / max_scale;
+    for (int j = 0; j < 16; ++j) {
+      // Narrowed to 8 bits before the clamp, as the reference does.
+      const int8_t r = int8_t(round_nearest(inv_scale * scales[j]));
+      const int biased = clamp_int(r, -32, 31) + 32;
+      if (j < 8)
+        y->scales[j] = uint8_t(biased & 15);
+      else
+        y->scales[j - 8] |= uint8_t((biased & 15) << 4);
+      y->scales[8 + j % 4] |= uint8_t((biased >> 4) << (2 * (j / 4)));
+      sc[j] = biased - 32;
+    }
+    y->d = fp32_to_fp16(1 / inv_scale);
+  } else {
+    y->d = fp32_to_fp16(0.f);
+  }
+  for (int j = 0; j < 16; ++j) {
+    const float d = fp16_to_fp32(y->d) * float(sc[j]);
+    if (d == 0) continue;
+    for (int l = 0; l < 16; ++l) L[16 * j + l] = int8_t(clamp_int(round_nearest(x[16 * j + l] / d), -4, 3) + 4);
+  }
+  // Level bit 2 goes to hmask: element e sets bit e/32 of hmask[e%32]; the low two bits
+  // are packed like Q2_K.
+  std::memset(y->hmask, 0, sizeof y->hmask);
+  uint8_t low[kSuperBlock];
+  for (int e = 0; e < kSuperBlock; ++e) {
+    int v = L[e];
+    if (v > 3) {
+      y->hmask[e % 32] |= uint8_t(1u << (e / 32));
+      v -= 4;
+    }
+    low[e] = uint8_t(v);
+  }
+  pack_2bit(low, y->qs);
+}
+
+template <typename Block, void (*Encode)(const float*, Block*)>
+void encode_row(const float* src, void* dst, int64_t n) {
+  Block* blocks = static_cast<Block*>(dst);
+  for (int64_t i = 0; i < n / kSuperBlock; ++i) Encode(src + kSuperBlock * i, blocks + i);
+}
+
+}  // namespace
+
+void quantize_row_q2_k_ref(const float* src, void* dst, int64_t n) { encode_row<BlockQ2_K, encode_q2_k<false>>(src, dst, n); }
+void quantize_row_q3_k_ref(const float* src, void* dst, int64_t n) { encode_row<BlockQ3_K, encode_q3_k>(src, dst, n); }
+void quantize_row_q4_k_ref(const float* src, void* dst, int64_t n) { encode_row<BlockQ4_K, encode_q4_k<false>>(src, dst, n); }
+void quantize_row_q5_k_ref(const float* src, void* dst, int64_t n) { encode_row<BlockQ5_K, encode_q5_k<false>>(src, dst, n); }
+void quantize_row_q6_k_ref(const float* src, void* dst, int64_t n) { encode_row<BlockQ6_K, encode_q6_k<false>>(src, dst, n); }
+
+bool quantize_row_fast(DType t, const float* src, void* dst, int64_t n) {
+  if (n < 0 || n % kSuperBlock != 0) return quantize_row_ref(t, src, dst, n);
+  switch (t) {
+    case DType::Q2_K: encode_row<BlockQ2_K, encode_q2_k<true>>(src, dst, n); return true;
+    case DType::Q4_K: encode_row<BlockQ4_K, encode_q4_k<true>>(src, dst, n); return true;
+    case DType::Q5_K: encode_row<BlockQ5_K, encode_q5_k<true>>(src, dst, n); return true;
+    case DType::Q6_K: encode_row<BlockQ6_K, encode_q6_k<true>>(src, dst, n); return true;
+    default: return quantize_row_ref(t, src, dst, n);
+  }
+}
+
+}  // namespace step35
