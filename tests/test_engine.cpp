@@ -269,6 +269,35 @@ TEST(Engine, AdaptiveExpertsUseFewerExpertsAndSayHowMany) {
   EXPECT_LT(s.adaptive_mean_k, 4.0);  // tiny-a routes top-4
 }
 
+TEST(Engine, MtpSpeculationKeepsGreedyOutputs) {
+  std::vector<std::vector<int32_t>> prompts;
+  for (int i = 0; i < 5; ++i) prompts.push_back(prompt(6 + 11 * i, 20 + i));
+  std::vector<std::vector<int32_t>> expected;
+  for (const auto& p : prompts) expected.push_back(greedy_alone(p, 20));
+  for (bool adaptive : {false, true}) {
+    EngineOptions o = options(3);
+    o.mtp = 2;
+    o.mtp_adaptive = adaptive;
+    auto engine = make_engine(model(), o);
+    std::vector<std::unique_ptr<Collector>> cs;
+    for (const auto& p : prompts) {
+      cs.push_back(std::make_unique<Collector>());
+      engine->submit(greedy_request(p, 20), cs.back()->sink());
+    }
+    for (size_t i = 0; i < prompts.size(); ++i) {
+      ASSERT_TRUE(cs[i]->wait()) << i;
+      EXPECT_EQ(cs[i]->tokens, expected[i]) << "request " << i << (adaptive ? " auto" : " k=2");
+    }
+    wait_idle(*engine);
+    const EngineStats s = engine->stats();
+    EXPECT_EQ(s.kv_blocks_used, 0);
+    if (!adaptive) {
+      EXPECT_GT(s.mtp_steps, 0u);
+      EXPECT_GT(s.mtp_drafted[1], 0u);
+    }
+  }
+}
+
 TEST(Engine, ShutdownEndsEveryRequest) {
   auto engine = make_engine(model(), options(1));
   std::vector<std::unique_ptr<Collector>> cs;

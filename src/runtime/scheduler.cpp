@@ -182,7 +182,16 @@ class BatchEngine final : public Engine {
   void release(Request& r) {
     if (opts_.prefix_cache && r.kv.n_pos > 0) prefix_->publish(r.tokens.data(), r.kv.n_pos, r.kv);
     kv_->free_seq(r.kv);
-    if (r.mtp_ready) drafter_->release(r.mtp);
+    if (r.mtp_ready) {
+      drafter_->release(r.mtp);
+      std::lock_guard<std::mutex> lock(mu_);
+      stats_.mtp_steps += r.mtp.stats.steps;
+      stats_.mtp_tokens += r.mtp.stats.tokens;
+      for (int k = 0; k < 4; ++k) {
+        stats_.mtp_drafted[k] += r.mtp.stats.drafted[k];
+        stats_.mtp_accepted[k] += r.mtp.stats.accepted[k];
+      }
+    }
   }
 
   void finish_running(size_t i, FinishReason reason, const std::string& error = "") {
