@@ -64,6 +64,9 @@ class ForwardPass {
   void prepare_batch();
   void decoder_block(int il);
   void head(const WeightMatrix& w_out, const std::vector<float>& norm);
+  // cos/sin of every token's RoPE angles for a layer's rotary setting, [T][cos half | sin
+  // half]; computed once per pass per setting (full and SWA layers differ).
+  const float* rope_table(const LayerHParams& L);
   // The KV pool layer of model layer il: the trunk pool holds layers 0..n_layer-1; an
   // MTP block's pool holds only that block.
   size_t kv_layer(int il) const { return size_t(il - kv_layer_base_); }
@@ -169,6 +172,30 @@ void ForwardPass::prepare_batch() {
   out_.routing.clear();
   out_.routing.n_expert = hp_.n_expert;
   moe_index_ = 0;
+  ws_.rope_keys.clear();
+}
+
+const float* ForwardPass::rope_table(const LayerHParams& L) {
+  const bool freqs = L.use_rope_freqs;
+  for (size_t i = 0; i < ws_.rope_keys.size(); ++i) {
+    const auto& k = ws_.rope_keys[i];
+    if (k.n_rot == L.n_rot && k.base == L.rope_base && k.freqs == freqs) return ws_.rope_tables[i].v.data();
+  }
+  const size_t i = ws_.rope_keys.size();
+  ws_.rope_keys.push_back({L.n_rot, L.rope_base, freqs});
+  if (ws_.rope_tables.size() <= i) ws_.rope_tables.resize(i + 1);
+  const int32_t half = L.n_rot / 2;
+  float* tab = ws_.rope_tables[i].get(size_t(T_) * size_t(2 * half));
+  const float* ff = freqs ? m_.rope_freqs_.data() : nullptr;
+  for_each_row(T_, pool_, 64, [&](int64_t t) {
+    for (int32_t j = 0; j < half; ++j) {
+      double theta = double(pos_[t]) * std::pow(double(L.rope_base), -2.0 * j / double(L.n_rot));
+      if (ff) theta /= double(ff[j]);
+      tab[t * 2 * half + j] = float(std::cos(theta));
+      tab[t * 2 * half + half + j] = float(std::sin(theta));
+    }
+  });
+  return tab;
 }
 
 // §2.3 pre-norm residual block on ws.x: h1 = h + Attention(RMS(h)); out = h1 + FFN(RMS(h1)).
@@ -261,26 +288,19 @@ void ForwardPass::attention(int il) {
 
   // Q/K norm + RoPE per token; then K and V go into the cache.
   const int32_t half = L.n_rot / 2;
-  const float* freqs = L.use_rope_freqs ? m_.rope_freqs_.data() : nullptr;
+  const float* rope = rope_table(L);
   for_each_row(T, pool_, 8, [&](int64_t t) {
-    thread_local std::vector<float> cs, sn;
-    cs.resize(size_t(half));
-    sn.resize(size_t(half));
-    for (int32_t i = 0; i < half; ++i) {
-      double theta = double(pos_[t]) * std::pow(double(L.rope_base), -2.0 * i / double(L.n_rot));
-      if (freqs) theta /= double(freqs[i]);
-      cs[size_t(i)] = float(std::cos(theta));
-      sn[size_t(i)] = float(std::sin(theta));
-    }
+    const float* cs = rope + t * 2 * half;
+    const float* sn = cs + half;
     for (int64_t h = 0; h < H; ++h) {
       float* qh = q + (t * H + h) * D;
       if (!W.attn_q_norm.empty()) rms_norm_row(qh, W.attn_q_norm.data(), qh, D, hp_.rms_eps);
-      rope_apply(qh, half, cs.data(), sn.data());
+      rope_apply(qh, half, cs, sn);
     }
     for (int64_t g = 0; g < G; ++g) {
       float* kh = k + (t * G + g) * D;
       if (!W.attn_k_norm.empty()) rms_norm_row(kh, W.attn_k_norm.data(), kh, D, hp_.rms_eps);
-      rope_apply(kh, half, cs.data(), sn.data());
+      rope_apply(kh, half, cs, sn);
     }
     const KvSeq& seq = *chunks_[size_t(chunk_of_[t])].seq;
     std::memcpy(kv_.k(seq, kv_layer(il), slot_[t]), k + t * G * D, size_t(G * D) * sizeof(float));

@@ -64,6 +64,13 @@ struct Workspace {
   ActCache final_acts;
   std::vector<MatJob> jobs;
   Scratch<int32_t> expert_count;
+  struct RopeKey {
+    int32_t n_rot;
+    float base;
+    bool freqs;
+  };
+  std::vector<RopeKey> rope_keys;          // rotary settings tabulated in this pass
+  std::vector<Scratch<float>> rope_tables;
 };
 
 }  // namespace step35

@@ -33,21 +33,24 @@ void HiddenRows::init(int32_t n_embd, int32_t capacity) {
   clear();
 }
 
+// Rows live in a ring of `capacity` slots (position p in slot p % capacity), so adding a
+// decode step's row costs one row copy however many are kept.
 void HiddenRows::put(int32_t first, const float* rows, int32_t n) {
   if (n <= 0) return;
   const size_t E = size_t(n_embd_);
-  if (rows_.empty() || first > end_ || first < first_) {
-    first_ = end_ = first;
-    rows_.clear();
+  if (rows_.empty()) rows_.resize(size_t(capacity_) * E);
+  if (first > end_ || first < first_ || first_ == end_) first_ = end_ = first;
+  // Only the newest `capacity` of the new rows can be kept.
+  if (n > capacity_) {
+    rows += size_t(n - capacity_) * E;
+    first += n - capacity_;
+    n = capacity_;
+    first_ = first;
   }
-  rows_.resize(size_t(first - first_) * E);
-  rows_.insert(rows_.end(), rows, rows + size_t(n) * E);
+  for (int32_t i = 0; i < n; ++i)
+    std::memcpy(rows_.data() + size_t((first + i) % capacity_) * E, rows + size_t(i) * E, E * sizeof(float));
   end_ = first + n;
-  if (end_ - first_ > capacity_) {
-    const int32_t drop = end_ - first_ - capacity_;
-    rows_.erase(rows_.begin(), rows_.begin() + ptrdiff_t(size_t(drop) * E));
-    first_ += drop;
-  }
+  first_ = std::max(first_, end_ - capacity_);
 }
 
 bool HiddenRows::has(int32_t p0, int32_t p1) const {
@@ -61,7 +64,7 @@ void HiddenRows::get(int32_t p0, int32_t p1, float* dst) const {
     if (p < 0)
       std::fill(dst, dst + E, 0.0f);
     else
-      std::memcpy(dst, rows_.data() + size_t(p - first_) * E, E * sizeof(float));
+      std::memcpy(dst, rows_.data() + size_t(p % capacity_) * E, E * sizeof(float));
   }
 }
 
