@@ -19,9 +19,9 @@ constexpr int64_t kIntCap = 999999999999999999LL;  // 18 digits: integers the gr
 constexpr uint32_t kMaxIntDigits = 18;
 constexpr uint32_t kMaxFracDigits = 17;
 constexpr uint32_t kMaxExpDigits = 2;  // |exponent| <= 99 keeps every number a finite double
-constexpr uint32_t kWsLeading = 4;     // spaces/tabs before a newline (or alone)
-constexpr uint32_t kWsNewlines = 2;
-constexpr uint32_t kWsIndent = 48;     // spaces/tabs after the last newline
+constexpr uint32_t kWsLeading = 2;   // spaces/tabs before a newline (or alone)
+constexpr uint32_t kWsNewlines = 2;  // newlines ("\n" or "\r\n")
+constexpr uint32_t kWsIndent = 32;   // spaces/tabs after the last newline
 
 [[noreturn]] void fail(const std::string& path, const std::string& why) {
   throw std::invalid_argument(why + " at " + path);
@@ -284,8 +284,8 @@ class Library {
     const uint32_t end = b_.ret();
     uint32_t indent = end;  // up to kWsIndent spaces/tabs after the last newline
     for (uint32_t i = 0; i < kWsIndent; ++i) indent = b_.alt({space_or_tab(indent), end});
-    uint32_t lines = indent;  // then up to kWsNewlines newlines before it
-    for (uint32_t i = 0; i < kWsNewlines; ++i) lines = b_.alt({newline(lines), indent});
+    uint32_t lines = indent;  // after the first newline, up to kWsNewlines - 1 more
+    for (uint32_t i = 1; i < kWsNewlines; ++i) lines = b_.alt({newline(lines), indent});
     uint32_t after_lead = b_.alt({newline(lines), end});
     uint32_t lead = after_lead;  // up to kWsLeading spaces/tabs first
     for (uint32_t i = 0; i < kWsLeading; ++i) lead = b_.alt({space_or_tab(lead), after_lead});
