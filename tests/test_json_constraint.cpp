@@ -7,10 +7,12 @@
 #include <algorithm>
 #include <cmath>
 #include <map>
+#include <ctime>
 #include <random>
 #include <set>
 
 #include "gguf/gguf.h"
+#include "gguf/gguf_writer.h"
 #include "model/step35.h"
 #include "runtime/grammar_constraint.h"
 #include "runtime/json_constraint.h"
@@ -343,8 +345,11 @@ TEST(JsonSchemaGrammar, HugeOrDeepSchemasFailCleanly) {
   json deep = J(R"({"type":"integer"})");
   for (int i = 0; i < 100; ++i) deep = json{{"type", "object"}, {"properties", {{"a", deep}}}, {"required", {"a"}}};
   EXPECT_NE(compile_error(deep).find("deeper"), std::string::npos);
-  const json doc = json::parse(std::string(20000, '[') + std::string(20000, ']'));
-  const json nested_enum = {{"enum", doc}};
+  // (Built by the parser, which is iterative: copying such a document recursively would
+  // overflow the stack in nlohmann::json itself.)
+  const std::string deep_text = std::string(20000, '[') + std::string(20000, ']');
+  const json doc = json::parse(deep_text);
+  const json nested_enum = json::parse("{\"enum\":[" + deep_text + "]}");
   EXPECT_NE(compile_error(nested_enum).find("nests deeper"), std::string::npos);
   EXPECT_NE(json_schema_validate(nested_enum, 1).find("nests deeper"), std::string::npos);
   EXPECT_NE(json_schema_validate(json::object(), doc).find("nests deeper"), std::string::npos);
@@ -573,6 +578,35 @@ TEST(JsonConstraintTokens, EogOnlyWhenCompleteAndCloneIsIndependent) {
   EXPECT_FALSE(allowed(*bad, tok.encode("1", false, false)[0]));
 }
 
+TEST(JsonConstraintTokens, BoundsForceTheClosingToken) {
+  const Tokenizer& tok = fixture_tokenizer();
+  const size_t V = tok.n_vocab();
+  auto allowed_pieces = [&](TokenConstraint& c) {
+    std::vector<float> lg(V, 0.0f);
+    c.mask(lg.data(), V);
+    std::vector<std::string> out;
+    for (size_t t = 0; t < V; ++t)
+      if (!std::isinf(lg[t])) out.push_back(tok.is_eog(int32_t(t)) ? std::string("<EOG>") : tok.token_to_piece(int32_t(t)));
+    return out;
+  };
+  auto feed = [&](TokenConstraint& c, const std::string& text) {
+    for (int32_t t : tok.encode(text, false, false)) c.accept(t);
+  };
+  // maxLength reached: only the closing quote (possibly followed by more bytes in the
+  // same token) can come next.
+  auto s = make_json_constraint(J(R"({"type":"string","maxLength":3})"), tok);
+  feed(*s, "\"abc");
+  for (const std::string& p : allowed_pieces(*s)) EXPECT_EQ(p[0], '"') << p;
+  // maxItems reached: only whitespace or ']'.
+  auto a = make_json_constraint(J(R"({"type":"array","items":{"type":"integer","minimum":0,"maximum":9},"maxItems":2})"), tok);
+  feed(*a, "[1,2");
+  for (const std::string& p : allowed_pieces(*a)) EXPECT_TRUE(p[0] == ']' || p[0] == ' ' || p[0] == '\n' || p[0] == '\t' || p[0] == '\r') << p;
+  // The required properties are written before the object may close.
+  auto o = make_json_constraint(J(R"({"type":"object","properties":{"a":{"type":"null"}},"required":["a"]})"), tok);
+  feed(*o, "{");
+  for (const std::string& p : allowed_pieces(*o)) EXPECT_NE(p[0], '}') << p;
+}
+
 TEST(JsonConstraintTokens, LogitsBeyondTheVocabularyAreMasked) {
   const Tokenizer& tok = fixture_tokenizer();
   auto c = make_json_constraint(json::object(), tok);
@@ -722,6 +756,22 @@ TEST(ToolCallConstraint, RawTextValuesStopAtTheClosingTag) {
   EXPECT_FALSE(ok(head + "x" + tail + "\n\n\n" + head + "y" + tail));
   EXPECT_FALSE(ok("<tool_call>\n<function=other>\n</function>\n</tool_call>"));
   EXPECT_FALSE(ok("<tool_call>\n<function=note>\n</function>\n</tool_call>"));  // missing required
+  // Enumerated raw values: exactly the strings (values of other types cannot be raw text).
+  const json e = J(R"([{"type":"function","function":{"name":"pick","parameters":{"type":"object",
+      "properties":{"c":{"type":"string","enum":["red",1,"dark blue"]},"n":{"type":"integer","maximum":9}}}}}])");
+  auto ge = grammar::compile_tool_calls(e, "", nullptr);
+  auto ok_e = [&](const std::string& s) {
+    grammar::Matcher m(ge);
+    return m.feed(s) && m.complete();
+  };
+  const std::string call = "<tool_call>\n<function=pick>\n";
+  const std::string end = "</function>\n</tool_call>";
+  EXPECT_TRUE(ok_e(call + "<parameter=c>\ndark blue\n</parameter>\n" + end));
+  EXPECT_FALSE(ok_e(call + "<parameter=c>\n1\n</parameter>\n" + end));
+  EXPECT_FALSE(ok_e(call + "<parameter=c>\n\"red\"\n</parameter>\n" + end));
+  EXPECT_TRUE(ok_e(call + "<parameter=n>\n-3\n</parameter>\n" + end));
+  EXPECT_FALSE(ok_e(call + "<parameter=n>\n10\n</parameter>\n" + end));
+  EXPECT_TRUE(ok_e(call + end));  // nothing required
   (void)tok;
 }
 
@@ -867,4 +917,95 @@ TEST(JsonConstraintModel, TinyModelOutputValidates) {
   std::vector<ParsedCall> calls;
   ASSERT_EQ(parse_calls(t.text, calls), "") << t.text;
   EXPECT_EQ(check_calls(calls, tools, ""), "") << t.text;
+}
+
+// ---------------------------------------------------------------------------------------
+// Costs with a vocabulary of the real size.
+
+namespace {
+
+// A 128,896-token byte-level vocabulary (like Step 3.5's), for the per-request costs.
+std::unique_ptr<Tokenizer> big_tokenizer() {
+  auto mapped = [](uint8_t b) {
+    auto printable = [](uint32_t x) { return (x >= 0x21 && x <= 0x7E) || (x >= 0xA1 && x <= 0xAC) || x >= 0xAE; };
+    uint32_t cp = b;
+    if (!printable(b)) {
+      cp = 0x100;
+      for (uint32_t x = 0; x < b; ++x) cp += !printable(x);
+    }
+    std::string s;
+    if (cp < 0x80) {
+      s += char(cp);
+    } else {
+      s += char(0xC0 | (cp >> 6));
+      s += char(0x80 | (cp & 0x3F));
+    }
+    return s;
+  };
+  std::vector<std::string> tokens;
+  std::vector<int32_t> types;
+  std::set<std::string> seen;
+  for (int b = 0; b < 256; ++b) {
+    tokens.push_back(mapped(uint8_t(b)));
+    types.push_back(1);
+  }
+  std::mt19937 rng(9);
+  std::uniform_int_distribution<int> len(1, 9), letter(0, 25), space(0, 1);
+  while (tokens.size() < 128896 - 4) {
+    std::string raw = space(rng) ? " " : "";
+    for (int i = len(rng); i > 0; --i) raw += char('a' + letter(rng));
+    if (!seen.insert(raw).second) continue;
+    std::string m;
+    for (char c : raw) m += mapped(uint8_t(c));
+    tokens.push_back(m);
+    types.push_back(1);
+  }
+  for (const char* sp : {"<|im_end|>", "<think>", "</think>", "<tool_call>"}) {
+    tokens.push_back(sp);
+    types.push_back(sp[1] == '|' ? 3 : 4);
+  }
+  gguf::Writer w;
+  w.set_str("tokenizer.ggml.model", "gpt2");
+  w.set_str("tokenizer.ggml.pre", "deepseek-v3");
+  w.set_arr_str("tokenizer.ggml.tokens", tokens);
+  w.set_arr_i32("tokenizer.ggml.token_type", types);
+  w.set_arr_str("tokenizer.ggml.merges", {});
+  w.set_u32("tokenizer.ggml.eos_token_id", uint32_t(tokens.size() - 4));
+  const std::vector<uint8_t> bytes = w.to_bytes();
+  auto f = gguf::File::parse_buffer(bytes.data(), bytes.size(), "big.gguf");
+  return Tokenizer::from_gguf(*f);
+}
+
+double cpu_ms() {
+  timespec ts;
+  clock_gettime(CLOCK_THREAD_CPUTIME_ID, &ts);
+  return double(ts.tv_sec) * 1e3 + double(ts.tv_nsec) * 1e-6;
+}
+
+}  // namespace
+
+TEST(JsonConstraintTokens, PerRequestCostOnA128kVocabulary) {
+  // Not timed assertions: the numbers go to docs/structured-output.md.
+  auto tok = big_tokenizer();
+  const json schema = J(R"({"type":"object","properties":{"name":{"type":"string","maxLength":40},
+      "age":{"type":"integer","minimum":0,"maximum":150}},"required":["name","age"]})");
+  double t0 = cpu_ms();
+  auto first = make_json_constraint(schema, *tok);
+  const double first_ms = cpu_ms() - t0;
+  t0 = cpu_ms();
+  auto second = make_json_constraint(schema, *tok);
+  const double second_ms = cpu_ms() - t0;
+  t0 = cpu_ms();
+  auto tools = make_tool_call_constraint(test_tools(), "", *tok);
+  const double tools_ms = cpu_ms() - t0;
+  std::vector<float> lg(tok->n_vocab(), 0.0f);
+  for (int32_t t : tok->encode("{\"name\": \"Ad", false, false)) second->accept(t);
+  second->mask(lg.data(), lg.size());
+  t0 = cpu_ms();
+  for (int i = 0; i < 10; ++i) second->mask(lg.data(), lg.size());
+  const double mask_ms = (cpu_ms() - t0) / 10;
+  std::printf("[perf] 128k vocabulary: make_json_constraint first %.1f ms (builds the token trie), then %.1f ms; "
+              "make_tool_call_constraint %.1f ms; mask() in a string %.2f ms\n",
+              first_ms, second_ms, tools_ms, mask_ms);
+  EXPECT_FALSE(second->complete());
 }

@@ -563,7 +563,7 @@ Matcher Matcher::fork() const {
 }
 
 void Matcher::compact_if_larger(size_t max_configs) {
-  if (configs_.size() <= max_configs) return;
+  if (configs_.size() <= max_configs && entries_.size() <= max_configs * 64) return;
   *this = fork();
 }
 

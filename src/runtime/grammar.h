@@ -201,8 +201,9 @@ class Matcher {
   // Number of interned configurations / stack entries (for the size limit and tests).
   size_t n_configs() const { return configs_.size(); }
   size_t n_stack_entries() const { return entries_.size(); }
-  // When the tables hold more than `max_configs` configurations, rebuild them holding
-  // only the current state (ids change; memoised transitions are recomputed lazily).
+  // When the tables hold more than `max_configs` configurations (or 64 x as many stack
+  // entries), rebuild them holding only the current state (ids change; memoised
+  // transitions are recomputed lazily).
   void compact_if_larger(size_t max_configs);
   // An independent matcher in the same state, with fresh (small) tables.
   Matcher fork() const;

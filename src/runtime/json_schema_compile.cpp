@@ -54,7 +54,7 @@ std::optional<uint64_t> get_count(const json& s, const char* key, const std::str
   if (it->is_number_integer() && it->get<int64_t>() >= 0) return uint64_t(it->get<int64_t>());
   if (it->is_number_float()) {
     const double d = it->get<double>();
-    if (d >= 0 && std::floor(d) == d) return d >= 1.8e19 ? UINT64_MAX : uint64_t(d);
+    if (d >= 0 && std::floor(d) == d) return d >= 1.8e19 ? UINT64_MAX - 1 : uint64_t(d);  // huge: above every limit
   }
   fail(path, std::string("'") + key + "' must be a non-negative integer");
 }
@@ -936,14 +936,50 @@ void check_keywords(const json& s, const std::string& path) {
   if (!s.is_object()) return;
   for (auto it = s.begin(); it != s.end(); ++it) {
     const std::string& k = it.key();
-    if (is_annotation_keyword(k)) continue;
+    const json& v = it.value();
+    if (is_annotation_keyword(k)) {
+      if ((k == "$defs" || k == "definitions") && !v.is_object()) fail(path, "'" + k + "' must be an object");
+      continue;
+    }
     if (!supported_keywords().count(k)) fail(path, "unsupported JSON Schema keyword '" + k + "'");
-    if (k == "uniqueItems" && !(it->is_boolean() && !it->get<bool>()))
-      fail(path, "unsupported JSON Schema keyword 'uniqueItems' (only false)");
-    if (k == "nullable" && !it->is_boolean()) fail(path, "'nullable' must be a boolean");
+    // The shape of every keyword's value, checked once here so the compiler and the
+    // validator can rely on it.
+    auto need = [&](bool ok, const char* what) {
+      if (!ok) fail(path, "'" + k + "' must be " + what);
+    };
+    const bool schema_like = v.is_object() || v.is_boolean();
+    if (k == "type") {
+      need(v.is_string() || v.is_array(), "a string or an array of strings");
+      if (v.is_array())
+        for (const json& t : v) need(t.is_string(), "a string or an array of strings");
+    } else if (k == "properties") {
+      need(v.is_object(), "an object");
+    } else if (k == "required") {
+      need(v.is_array(), "an array of strings");
+      for (const json& r : v) need(r.is_string(), "an array of strings");
+    } else if (k == "additionalProperties" || k == "additionalItems") {
+      need(schema_like, "a schema");
+    } else if (k == "items") {
+      need(schema_like || v.is_array(), "a schema or an array of schemas");
+    } else if (k == "prefixItems" || k == "enum") {
+      need(v.is_array(), "an array");
+    } else if (k == "anyOf" || k == "oneOf" || k == "allOf") {
+      need(v.is_array() && !v.empty(), "a non-empty array");
+    } else if (k == "minItems" || k == "maxItems" || k == "minLength" || k == "maxLength") {
+      need(v.is_number() && v >= 0 && (!v.is_number_float() || std::floor(v.get<double>()) == v.get<double>()),
+           "a non-negative integer");
+    } else if (k == "minimum" || k == "maximum") {
+      need(v.is_number(), "a number");
+    } else if (k == "exclusiveMinimum" || k == "exclusiveMaximum") {
+      need(v.is_number() || v.is_boolean(), "a number");
+    } else if (k == "$ref" || k == "pattern" || k == "format") {
+      need(v.is_string(), "a string");
+    } else if (k == "nullable") {
+      need(v.is_boolean(), "a boolean");
+    } else if (k == "uniqueItems") {
+      if (!(v.is_boolean() && !v.get<bool>())) fail(path, "unsupported JSON Schema keyword 'uniqueItems' (only false)");
+    }
   }
-  if (s.contains("$defs") && !s["$defs"].is_object()) fail(path, "'$defs' must be an object");
-  if (s.contains("definitions") && !s["definitions"].is_object()) fail(path, "'definitions' must be an object");
 }
 
 std::string path_join(const std::string& path, const std::string& token) {
@@ -1105,8 +1141,9 @@ std::shared_ptr<const Grammar> compile_tool_calls(const json& tools, const std::
           rest.erase("enum");
           std::vector<uint32_t> opts;
           for (const json& v : sn["enum"]) {
+            if (!v.is_string() || !validate_value(params, rest, v).empty()) continue;
             const std::string text = v.get<std::string>();
-            if (text.find("\n</parameter>") != std::string::npos || !validate_value(params, rest, v).empty()) continue;
+            if (text.find("\n</parameter>") != std::string::npos) continue;  // could not be read back
             opts.push_back(b.literal(text, closing));
           }
           val = b.alt(std::move(opts));
