@@ -39,7 +39,8 @@ bool tool_parameter_is_raw_string(const nlohmann::json& schema);
 // Leaves the first tokens free until `trigger` (e.g. the `</think>` token) is produced,
 // then applies `inner`. With max_free >= 0, after that many free tokens only `trigger`
 // is allowed (a reasoning budget; 0 = trigger first). End-of-generation tokens are not
-// allowed before the trigger (the constrained part must follow); complete() is false
+// allowed before the trigger when `inner` comes from make_json_constraint /
+// make_tool_call_constraint (the constrained part must follow); complete() is false
 // until the trigger has been produced and `inner` is complete. Throws
 // std::invalid_argument for a negative trigger (a vocabulary without that token).
 std::unique_ptr<TokenConstraint> make_after_token_constraint(int32_t trigger, int32_t max_free,
