@@ -127,6 +127,10 @@ TEST(Utf8Sets, JsonModeUsesCanonicalEscapes) {
   auto g = char_set_grammar(s, TextMode::Json);
   for (const char* ok : {"\\u0001", "\\n", "\\\"", "\\\\", "a", "\xC3\xA9"}) EXPECT_TRUE(matches(g, ok)) << ok;
   for (const char* bad : {"\x01", "\n", "\"", "\\", "\\u0022", "\\u000a", "b"}) EXPECT_FALSE(matches(g, bad)) << bad;
+  auto all = char_set_grammar(cp_all(), TextMode::Json);  // every control has one canonical escape
+  for (const char* ok : {"\\u0000", "\\u000b", "\\u001f", "\\t", "\\b", "\\f", "\\r", "\x7F", "/"})
+    EXPECT_TRUE(matches(all, ok)) << ok;
+  for (const char* bad : {"\\u001F", "\\u0009", "\\/", "\\u0041", "\x1F"}) EXPECT_FALSE(matches(all, bad)) << bad;
 }
 
 TEST(Regex, AgreesWithStdRegexOnAsciiStrings) {

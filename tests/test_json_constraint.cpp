@@ -364,6 +364,9 @@ TEST(JsonSchemaGrammar, HugeOrDeepSchemasFailCleanly) {
   json many_long = {{"type", "object"}, {"properties", json::object()}};  // 30 x 100000 counted characters
   for (int i = 0; i < 30; ++i) many_long["properties"][name("p", i)] = J(R"({"type":"string","maxLength":100000})");
   EXPECT_NE(compile_error(many_long).find("too large"), std::string::npos);
+  const std::string huge_pattern = compile_error(J(R"({"properties":{"p":{"type":"string","pattern":"^(?:[^a]{9999}){9999}$"}}})"));
+  EXPECT_NE(huge_pattern.find("too large"), std::string::npos) << huge_pattern;
+  EXPECT_NE(huge_pattern.find("#/properties/p"), std::string::npos) << huge_pattern;
 }
 
 // ---------------------------------------------------------------------------------------

@@ -35,14 +35,12 @@ uint64_t mix64(uint64_t x) {  // splitmix64 finaliser
 
 Builder::Builder(size_t max_nodes) : max_nodes_(max_nodes) {
   nodes_.push_back(Node{});  // node 0: Return
-  options_.emplace_back();
 }
 
 uint32_t Builder::add_node(const Node& n) {
   if (nodes_.size() >= max_nodes_)
     throw std::invalid_argument("grammar too large: more than " + std::to_string(max_nodes_) + " states");
   nodes_.push_back(n);
-  options_.emplace_back();
   return uint32_t(nodes_.size() - 1);
 }
 
@@ -91,25 +89,31 @@ uint32_t Builder::special(uint32_t symbol, uint32_t next) {
   return add_node(n);
 }
 
+// While building, a Split's arg indexes options_ (only choices pay for an options list);
+// finish() flattens them into Grammar::succ_.
 uint32_t Builder::alt(std::vector<uint32_t> options) {
   if (options.size() == 1) return options[0];
   Node n;
   n.kind = NodeKind::Split;
+  n.arg = uint32_t(options_.size());
   const uint32_t id = add_node(n);
-  options_[id] = std::move(options);
+  options_.push_back(std::move(options));
   return id;
 }
 
 uint32_t Builder::placeholder() {
   Node n;
   n.kind = NodeKind::Split;
+  n.arg = uint32_t(options_.size());
   n.count = UINT32_MAX;  // marks "options not set yet" until set_options
-  return add_node(n);
+  const uint32_t id = add_node(n);
+  options_.emplace_back();
+  return id;
 }
 
 void Builder::set_options(uint32_t split, std::vector<uint32_t> options) {
   nodes_[split].count = 0;
-  options_[split] = std::move(options);
+  options_[nodes_[split].arg] = std::move(options);
 }
 
 uint32_t Builder::add_rule(std::string name) {
@@ -150,24 +154,35 @@ std::shared_ptr<const Grammar> Builder::finish(uint32_t root_rule) {
   // Minimum length of every node (Knuth's generalisation of Dijkstra to grammars: a Call
   // costs its rule's minimum plus its successor's, both non-negative, so nodes can be
   // finalised in increasing order).
-  std::vector<std::vector<uint32_t>> dependents(n);
-  for (size_t i = 0; i < n; ++i) {
-    const Node& nd = nodes_[i];
-    switch (nd.kind) {
-      case NodeKind::Match:
-      case NodeKind::Special:
-        dependents[nd.next].push_back(uint32_t(i));
-        break;
-      case NodeKind::Split:
-        for (uint32_t s : options_[i]) dependents[s].push_back(uint32_t(i));
-        break;
-      case NodeKind::Call:
-        dependents[nd.next].push_back(uint32_t(i));
-        dependents[rules_[nd.arg].entry].push_back(uint32_t(i));
-        break;
-      case NodeKind::Return:
-        break;
+  // Reverse edges in compressed form: dep[dep_off[x] .. dep_off[x+1]) are the nodes whose
+  // length depends on x.
+  std::vector<uint32_t> dep_off(n + 1, 0), dep;
+  auto each_edge = [&](auto&& edge) {  // edge(from_dependency, dependent)
+    for (size_t i = 0; i < n; ++i) {
+      const Node& nd = nodes_[i];
+      switch (nd.kind) {
+        case NodeKind::Match:
+        case NodeKind::Special:
+          edge(nd.next, uint32_t(i));
+          break;
+        case NodeKind::Split:
+          for (uint32_t s : options_[nd.arg]) edge(s, uint32_t(i));
+          break;
+        case NodeKind::Call:
+          edge(nd.next, uint32_t(i));
+          edge(rules_[nd.arg].entry, uint32_t(i));
+          break;
+        case NodeKind::Return:
+          break;
+      }
     }
+  };
+  each_edge([&](uint32_t x, uint32_t) { ++dep_off[x + 1]; });
+  for (size_t i = 0; i < n; ++i) dep_off[i + 1] += dep_off[i];
+  dep.resize(dep_off[n]);
+  {
+    std::vector<uint32_t> fill(dep_off.begin(), dep_off.end() - 1);
+    each_edge([&](uint32_t x, uint32_t p) { dep[fill[x]++] = p; });
   }
   std::vector<uint64_t> dist(n, kUnreachable);
   std::vector<uint8_t> done(n, 0);
@@ -183,7 +198,8 @@ std::shared_ptr<const Grammar> Builder::finish(uint32_t root_rule) {
     pq.pop();
     if (done[x] || d != dist[x]) continue;
     done[x] = 1;
-    for (uint32_t p : dependents[x]) {
+    for (uint32_t k = dep_off[x]; k < dep_off[x + 1]; ++k) {
+      const uint32_t p = dep[k];
       if (done[p]) continue;
       const Node& nd = nodes_[p];
       uint64_t cand = kUnreachable;
@@ -210,7 +226,7 @@ std::shared_ptr<const Grammar> Builder::finish(uint32_t root_rule) {
   for (size_t i = 0; i < n; ++i) {
     if (nodes_[i].kind != NodeKind::Split) continue;
     g->nodes_[i].arg = uint32_t(g->succ_.size());
-    for (uint32_t s : options_[i])
+    for (uint32_t s : options_[nodes_[i].arg])
       if (dist[s] != kUnreachable) g->succ_.push_back(s);
     g->nodes_[i].count = uint32_t(g->succ_.size() - g->nodes_[i].arg);
   }

@@ -113,7 +113,7 @@ class Grammar {
 class Builder {
  public:
   // Throws std::invalid_argument once more than max_nodes nodes are created.
-  explicit Builder(size_t max_nodes = size_t(1) << 21);
+  explicit Builder(size_t max_nodes = size_t(1) << 20);
 
   uint32_t ret() const { return 0; }
   uint32_t match(const ByteSet& set, uint32_t next);
@@ -152,7 +152,7 @@ class Builder {
 
   size_t max_nodes_;
   std::vector<Node> nodes_;
-  std::vector<std::vector<uint32_t>> options_;  // per node (Split only)
+  std::vector<std::vector<uint32_t>> options_;  // options of each choice (Split's arg)
   std::vector<Rule> rules_;
   std::vector<ByteSet> sets_;
   std::vector<std::string> symbols_;

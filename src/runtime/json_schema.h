@@ -20,7 +20,7 @@ constexpr int kMaxSchemaDepth = 64;            // nested subschemas / reference 
 constexpr size_t kMaxDocumentDepth = 256;      // nesting of the schema document itself
 constexpr size_t kMaxValueDepth = 512;         // nesting of a value given to the validator
 constexpr uint64_t kMaxCount = 100000;         // minItems/maxItems/minLength/maxLength enforced by the grammar
-constexpr size_t kMaxGrammarNodes = size_t(1) << 21;
+constexpr size_t kMaxGrammarNodes = size_t(1) << 20;  // ~16 MB of nodes while compiling
 
 // One JSON value (optionally surrounded by bounded whitespace) matching `schema`.
 // Throws std::invalid_argument naming the keyword and path for anything unsupported,

@@ -534,13 +534,11 @@ class SchemaCompiler {
       if (lengths) fail(path, std::string("unsupported: '") + (fmt ? "format" : "pattern") + "' together with minLength/maxLength");
       if (!fmt && !n["pattern"].is_string()) fail(path, "'pattern' must be a string");
       const std::string pat = fmt ? std::string(fmt) : n["pattern"].get<std::string>();
-      Regex re;
       try {
-        re = parse_regex(pat);
-      } catch (const std::invalid_argument& e) {
+        return emit_regex(b_, parse_regex(pat), mode, next);
+      } catch (const std::invalid_argument& e) {  // a bad pattern, or a grammar too large
         fail(path, e.what());
       }
-      return emit_regex(b_, re, mode, next);
     }
     const uint64_t lo = min_len.value_or(0);
     const uint64_t hi = max_len.value_or(UINT64_MAX);

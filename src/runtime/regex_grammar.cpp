@@ -575,8 +575,20 @@ uint32_t emit_char_set(Builder& b, const CpSet& set_in, TextMode mode, uint32_t 
     const CpSet escaped = {{0, 0x1F}, {'"', '"'}, {'\\', '\\'}};
     emit_sequences(b, utf8_sequences(cp_minus(set, escaped)), next, options);
     const CpSet need_escape = cp_minus(set, cp_complement(escaped));
+    // Short escapes one by one; the other controls as "\u00" + two hex digits, one
+    // alternative per first digit (so a negated class costs a handful of nodes).
+    ByteSet hex_by_high[2];
     for (const auto& [lo, hi] : need_escape)
-      for (uint32_t cp = lo; cp <= hi; ++cp) options.push_back(b.literal(json_char(cp), next));
+      for (uint32_t cp = lo; cp <= hi; ++cp) {
+        const std::string enc = json_char(cp);
+        if (enc.size() == 6)
+          hex_by_high[cp >> 4].add(uint8_t(enc[5]));
+        else
+          options.push_back(b.literal(enc, next));
+      }
+    for (int high = 0; high < 2; ++high)
+      if (!hex_by_high[high].empty())
+        options.push_back(b.literal(high ? "\\u001" : "\\u000", b.match(hex_by_high[high], next)));
   } else {
     emit_sequences(b, utf8_sequences(set), next, options);
   }
