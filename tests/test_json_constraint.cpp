@@ -125,6 +125,13 @@ TEST(JsonSchemaGrammar, ObjectsPropertiesRequiredAndOrder) {
   expect_accepts(open, R"({"a":1,"zz":[1,"x"],"ab":null,"":0,"é":1})");
   expect_rejects(open, R"({"a":1,"a":2})");  // an extra key never repeats a declared name
   expect_rejects(open, R"({"zz":1,"b":2})");  // extras come after the declared properties
+  // Extra keys share prefixes with declared names, down to the bytes of one character.
+  const json utf = J("{\"type\":\"object\",\"properties\":{\"\u00e91\":{\"type\":\"integer\"},\"\u4e2d\":{}},"
+                     "\"additionalProperties\":true}");
+  expect_accepts(utf, "{\"\xC3\xA9" "1\":1,\"\xC3\xA9" "2\":2,\"\xC3\xA8\":3,\"\xC3\xA9\":4,\"\xE4\xB8\xAE\":5}");
+  expect_rejects(utf, "{\"\xC3\xA9" "1\":1,\"\xC3\xA9" "1\":2}");
+  expect_rejects(utf, "{\"\xE4\xB8\xAD\":1,\"\xE4\xB8\xAD\":2}");
+  expect_rejects(utf, "{\"x\":1,\"\xC3\xA9\x80\":2}");  // invalid UTF-8 in a key
   const json typed = J(R"({"type":"object","properties":{"id":{"type":"integer"}},"required":["id"],
                            "additionalProperties":{"type":"string","maxLength":3}})");
   expect_accepts(typed, R"({"id":1,"x":"abc","y":""})");
