@@ -13,6 +13,7 @@
 
 #include "gguf/gguf.h"
 #include "gguf/gguf_writer.h"
+#include "model/session.h"
 #include "model/step35.h"
 #include "runtime/grammar_constraint.h"
 #include "runtime/json_constraint.h"
@@ -866,9 +867,9 @@ ModelRun run_model(const Model& model, ThreadPool& pool, TokenConstraint& c, con
   sp.seed = seed;
   Sampler sampler(sp, V);
   std::vector<int32_t> ids = tok.encode(prompt, true, parse_special);
-  auto cache = model.make_cache(int32_t(ids.size()) + max_tokens + 1, 256);
+  Session session(model, int32_t(ids.size()) + max_tokens + 1, 256);
   std::vector<float> logits;
-  model.forward(*cache, ids.data(), int32_t(ids.size()), false, logits, pool);
+  session.forward(ids.data(), int32_t(ids.size()), false, logits, pool);
   ModelRun r;
   for (; r.tokens < max_tokens; ++r.tokens) {
     c.mask(logits.data(), V);
@@ -880,7 +881,7 @@ ModelRun run_model(const Model& model, ThreadPool& pool, TokenConstraint& c, con
     }
     c.accept(next);
     r.text += tok.token_to_piece(next);
-    model.forward(*cache, &next, 1, false, logits, pool);
+    session.forward(&next, 1, false, logits, pool);
   }
   return r;
 }

@@ -111,6 +111,8 @@ class BatchEngine final : public Engine {
                          " tokens, which does not fit the context of " + std::to_string(n_ctx) + " tokens");
     for (int32_t t : request.prompt)
       if (t < 0 || t >= hp.n_vocab) throw RequestError("token id " + std::to_string(t) + " is outside the vocabulary");
+    if (request.constraint && request.ignore_eos)
+      throw RequestError("ignore_eos cannot be combined with structured output (the grammar ends the text)");
     if (request.n_top_logprobs < 0 || request.n_top_logprobs > 20)
       throw RequestError("top_logprobs must be between 0 and 20");
     request.n_ctx = n_ctx;
