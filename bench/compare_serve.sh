@@ -1,0 +1,62 @@
+#!/usr/bin/env bash
+# Serving throughput of `step35 serve` and llama.cpp's llama-server on the same GGUF and
+# threads (issue: server benchmark): N concurrent streaming clients (bench/serve_load) for
+# each N, both servers on loopback, one after the other in one run; then the low_latency
+# probe against step35 (TTFT alone vs under the heaviest load).
+#
+# usage: bench/compare_serve.sh MODEL.gguf
+# env:   LLAMA_BIN (default /tmp/peer/llama.cpp/build/bin), BIN (default build/bin),
+#        THREADS (default 2), CLIENTS (default 1,4,8,16), REQUESTS per client (default 3),
+#        PROMPT_WORDS (default 16), MAX_TOKENS (default 128), LLAMA_NP (default 8),
+#        STEP35_PARALLEL (default 16), CTX per sequence (default 1024), PORT (default 18480)
+set -euo pipefail
+here="$(cd "$(dirname "$0")/.." && pwd)"
+LLAMA_BIN="${LLAMA_BIN:-/tmp/peer/llama.cpp/build/bin}"
+BIN="${BIN:-$here/build/bin}"
+THREADS="${THREADS:-2}"
+CLIENTS="${CLIENTS:-1,4,8,16}"
+REQUESTS="${REQUESTS:-3}"
+PROMPT_WORDS="${PROMPT_WORDS:-16}"
+MAX_TOKENS="${MAX_TOKENS:-128}"
+LLAMA_NP="${LLAMA_NP:-8}"
+STEP35_PARALLEL="${STEP35_PARALLEL:-16}"
+CTX="${CTX:-1024}"
+PORT="${PORT:-18480}"
+[ $# -eq 1 ] || { sed -n '2,12p' "$0"; exit 2; }
+model="$1"
+server_pid=""
+cleanup() { [ -n "$server_pid" ] && kill "$server_pid" 2>/dev/null && wait "$server_pid" 2>/dev/null; true; }
+trap cleanup EXIT
+
+wait_ready() {
+  for _ in $(seq 120); do
+    curl -sf "http://127.0.0.1:$PORT/health" > /dev/null && return 0
+    kill -0 "$server_pid" 2> /dev/null || { echo "server exited" >&2; return 1; }
+    sleep 0.5
+  done
+  echo "server not ready" >&2; return 1
+}
+load() {
+  "$BIN/step35_serve_load" --url "http://127.0.0.1:$PORT" --clients "$CLIENTS" --requests "$REQUESTS" \
+    --prompt-words "$PROMPT_WORDS" --max-tokens "$MAX_TOKENS" "$@"
+}
+
+echo "model: $model; threads $THREADS; prompts of $PROMPT_WORDS words, $MAX_TOKENS generated tokens each"
+echo
+echo "## llama-server -np $LLAMA_NP"
+"$LLAMA_BIN/llama-server" -m "$model" -t "$THREADS" -np "$LLAMA_NP" -c $((CTX * LLAMA_NP)) \
+  --host 127.0.0.1 --port "$PORT" > /tmp/compare_serve.llama.log 2>&1 &
+server_pid=$!
+wait_ready
+load
+cleanup; server_pid=""
+echo
+echo "## step35 serve --parallel $STEP35_PARALLEL"
+"$BIN/step35" serve -m "$model" -t "$THREADS" --parallel "$STEP35_PARALLEL" -c "$CTX" \
+  --host 127.0.0.1 --port "$PORT" > /tmp/compare_serve.step35.log 2>&1 &
+server_pid=$!
+wait_ready
+load --probe-low-latency
+echo
+echo "step35 metrics after the run (distinct experts per step, MoE health):"
+curl -s "http://127.0.0.1:$PORT/metrics" | grep -E '^step35_(moe|expert|router|kv_blocks|prefix)' || true
