@@ -141,8 +141,10 @@ TEST_P(Golden, MatchesLlamaCpp) {
     EXPECT_EQ(argmax_agree, T);
     EXPECT_EQ(r.greedy, golden_greedy);
   } else {
-    EXPECT_LE(rms, 0.15);
-    EXPECT_GE(double(argmax_agree), 0.85 * double(T));
+    // Native precision rounds activations as ggml does: measured rms <= 0.053 and argmax
+    // agreement >= 96 % on every quantized golden (was 0.15 / 85 % with F32 activations).
+    EXPECT_LE(rms, 0.08);
+    EXPECT_GE(double(argmax_agree), 0.93 * double(T));
     if (!have_all) {
       EXPECT_LE(max_abs_top5, 3.0);  // sanity: same scale as the golden
     }

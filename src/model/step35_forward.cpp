@@ -358,13 +358,13 @@ void ForwardPass::attention_core(int il, int64_t t, int64_t g, float* o) {
     const int32_t n = u1 - u0 + 1;
     const float* kb = kv_.k_block(kv_layer(il), block) + int64_t(u0 - b * bs) * k_stride + g * D;
     const float* vb = kv_.v_block(kv_layer(il), block) + int64_t(u0 - b * bs) * v_stride + g * Dv;
+    // Scores of all R query heads against the block's keys, then per head the online
+    // softmax update and the weighted sum of the value rows (kernels.h attention helpers).
+    kernels::attn_scores(q, D, R, kb, k_stride, n, D, scale, scores.data(), bs);
     for (int64_t r = 0; r < R; ++r) {
       float* s = scores.data() + r * bs;
       float mx = -INFINITY;
-      for (int32_t j = 0; j < n; ++j) {
-        s[j] = kernels::dot_f32(q + r * D, kb + j * k_stride, D) * scale;
-        mx = std::max(mx, s[j]);
-      }
+      for (int32_t j = 0; j < n; ++j) mx = std::max(mx, s[j]);
       const float m_new = std::max(run_max[size_t(r)], mx);
       float* acc = out + r * Dv;
       if (m_new > run_max[size_t(r)] && run_sum[size_t(r)] > 0) {
@@ -373,13 +373,8 @@ void ForwardPass::attention_core(int il, int64_t t, int64_t g, float* o) {
         kernels::scale_f32(c, acc, Dv);
       }
       run_max[size_t(r)] = m_new;
-      float sum = 0;
-      for (int32_t j = 0; j < n; ++j) {
-        const float e = std::exp(s[j] - m_new);
-        sum += e;
-        kernels::axpy_f32(e, vb + j * v_stride, acc, Dv);
-      }
-      run_sum[size_t(r)] += sum;
+      run_sum[size_t(r)] += kernels::exp_shift_sum(s, n, m_new);
+      kernels::accumulate_rows(s, vb, v_stride, n, Dv, acc);
     }
   }
   for (int64_t r = 0; r < R; ++r) kernels::scale_f32(1.0f / run_sum[size_t(r)], out + r * Dv, Dv);

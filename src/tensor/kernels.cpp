@@ -1,16 +1,134 @@
-// Placeholder implementation of kernels.h on the scalar reference code (F32 activations
-// only). Replaced by the dispatched scalar/AVX2/AVX-512 kernels.
+// Kernel dispatch: CPU feature detection, ISA selection (STEP35_ISA, force_isa), the
+// activation converters and the matrix-product driver over the per-ISA dot products
+// (kernels_ref.cpp, kernels_avx2.cpp, kernels_avx512.cpp).
 #include "tensor/kernels.h"
 
 #include <algorithm>
+#include <atomic>
 #include <cmath>
+#include <cstdlib>
 #include <cstring>
+#include <mutex>
 #include <stdexcept>
+#include <string>
 #include <vector>
 
+#if defined(__x86_64__)
+#include <cpuid.h>
+#endif
+
+#include "tensor/fp16.h"
+#include "tensor/kernels_impl.h"
 #include "tensor/quants.h"
 
 namespace step35::kernels {
+
+namespace {
+
+struct CpuFeatures {
+  bool avx2 = false, fma = false, f16c = false;
+  bool avx512f = false, avx512bw = false, avx512vl = false, avx512dq = false, vnni = false, bf16 = false;
+  bool os_avx = false, os_avx512 = false;
+};
+
+CpuFeatures detect_cpu() {
+  CpuFeatures f;
+#if defined(__x86_64__)
+  unsigned a, b, c, d;
+  if (!__get_cpuid(1, &a, &b, &c, &d)) return f;
+  const bool osxsave = (c >> 27) & 1;
+  f.fma = (c >> 12) & 1;
+  f.f16c = (c >> 29) & 1;
+  if (osxsave) {
+    unsigned lo, hi;
+    __asm__ volatile("xgetbv" : "=a"(lo), "=d"(hi) : "c"(0));
+    f.os_avx = (lo & 0x6) == 0x6;            // XMM and YMM state
+    f.os_avx512 = (lo & 0xE6) == 0xE6;       // plus opmask, ZMM0-15 upper halves, ZMM16-31
+  }
+  if (__get_cpuid_max(0, nullptr) >= 7) {
+    __cpuid_count(7, 0, a, b, c, d);
+    f.avx2 = (b >> 5) & 1;
+    f.avx512f = (b >> 16) & 1;
+    f.avx512dq = (b >> 17) & 1;
+    f.avx512bw = (b >> 30) & 1;
+    f.avx512vl = (b >> 31) & 1;
+    f.vnni = (c >> 11) & 1;
+    const unsigned max_sub = a;
+    if (max_sub >= 1) {
+      __cpuid_count(7, 1, a, b, c, d);
+      f.bf16 = (a >> 5) & 1;
+    }
+  }
+#endif
+  return f;
+}
+
+const CpuFeatures& cpu() {
+  static const CpuFeatures f = detect_cpu();
+  return f;
+}
+
+bool isa_available(Isa isa) {
+  const CpuFeatures& f = cpu();
+  const bool avx2 = f.os_avx && f.avx2 && f.fma && f.f16c;
+  switch (isa) {
+    case Isa::Scalar: return true;
+    case Isa::Avx2: return avx2;
+    case Isa::Avx512:
+      return avx2 && f.os_avx512 && f.avx512f && f.avx512bw && f.avx512vl && f.avx512dq && f.vnni && f.bf16;
+  }
+  return false;
+}
+
+const IsaKernels& table_for(Isa isa) {
+  switch (isa) {
+    case Isa::Avx512: return avx512_kernels();
+    case Isa::Avx2: return avx2_kernels();
+    case Isa::Scalar: break;
+  }
+  return scalar_kernels();
+}
+
+// The level in use, chosen on first use (STEP35_ISA or the best available).
+std::atomic<const IsaKernels*> g_table{nullptr};
+std::atomic<Isa> g_isa{Isa::Scalar};
+std::once_flag g_init;
+
+void init_isa() {
+  std::call_once(g_init, [] {
+    Isa isa = available_isas().back();
+    if (const char* env = std::getenv("STEP35_ISA"); env && *env) {
+      const std::string want(env);
+      bool known = false;
+      for (Isa cand : {Isa::Scalar, Isa::Avx2, Isa::Avx512}) {
+        if (want == isa_name(cand)) {
+          known = true;
+          // Asking for more than the CPU has falls back to the best it has.
+          if (isa_available(cand)) isa = cand;
+        }
+      }
+      if (!known) throw std::invalid_argument("STEP35_ISA: expected scalar, avx2 or avx512, got '" + want + "'");
+    }
+    g_isa.store(isa);
+    g_table.store(&table_for(isa));
+  });
+}
+
+const IsaKernels& active() {
+  const IsaKernels* t = g_table.load(std::memory_order_acquire);
+  if (t) return *t;
+  init_isa();
+  return *g_table.load();
+}
+
+VecDotFn vec_dot_for(DType t) {
+  const unsigned id = unsigned(t);
+  if (id >= 40) return nullptr;
+  VecDotFn f = active().vec_dot[id];
+  return f ? f : scalar_kernels().vec_dot[id];
+}
+
+}  // namespace
 
 const char* isa_name(Isa isa) {
   switch (isa) {
@@ -20,10 +138,49 @@ const char* isa_name(Isa isa) {
   }
   return "?";
 }
-std::vector<Isa> available_isas() { return {Isa::Scalar}; }
-Isa active_isa() { return Isa::Scalar; }
-void force_isa(Isa) {}
-std::string cpu_summary() { return "scalar"; }
+
+std::vector<Isa> available_isas() {
+  std::vector<Isa> v;
+  for (Isa isa : {Isa::Scalar, Isa::Avx2, Isa::Avx512})
+    if (isa_available(isa)) v.push_back(isa);
+  return v;
+}
+
+Isa active_isa() {
+  active();
+  return g_isa.load();
+}
+
+void force_isa(Isa isa) {
+  if (!isa_available(isa)) throw std::invalid_argument(std::string("force_isa: this CPU cannot run ") + isa_name(isa));
+  init_isa();
+  g_isa.store(isa);
+  g_table.store(&table_for(isa), std::memory_order_release);
+}
+
+std::string cpu_summary() {
+  const CpuFeatures& f = cpu();
+  std::string s = isa_name(active_isa());
+  std::string feats;
+  auto add = [&](bool on, const char* name) {
+    if (!on) return;
+    if (!feats.empty()) feats += ' ';
+    feats += name;
+  };
+  add(f.avx2, "avx2");
+  add(f.fma, "fma");
+  add(f.f16c, "f16c");
+  add(f.avx512f, "avx512f");
+  add(f.avx512bw, "avx512bw");
+  add(f.avx512vl, "avx512vl");
+  add(f.avx512dq, "avx512dq");
+  add(f.vnni, "vnni");
+  add(f.bf16, "bf16");
+  return s + " (" + feats + ")";
+}
+
+// ---------------------------------------------------------------------------------------
+// Activations
 
 const char* act_type_name(ActType t) {
   switch (t) {
@@ -37,76 +194,179 @@ const char* act_type_name(ActType t) {
   return "?";
 }
 
-ActType act_type(DType, Precision) { return ActType::F32; }
+ActType act_type(DType weight, Precision p) {
+  if (p == Precision::Exact) return ActType::F32;
+  switch (weight) {
+    case DType::F32: return ActType::F32;
+    case DType::F16: return ActType::F16;
+    case DType::BF16: return ActType::BF16;
+    case DType::Q8_0:
+    case DType::Q4_0:
+    case DType::Q5_0:
+    case DType::MXFP4: return ActType::Q8_0;
+    case DType::Q4_1:
+    case DType::Q5_1: return ActType::Q8_1;
+    case DType::Q2_K:
+    case DType::Q3_K:
+    case DType::Q4_K:
+    case DType::Q5_K:
+    case DType::Q6_K: return ActType::Q8_K;
+  }
+  throw std::invalid_argument("act_type: unsupported weight type");
+}
+
+namespace {
+
+// Elements per block and bytes per block of each activation format.
+void act_geometry(ActType t, int64_t* block, size_t* bytes) {
+  switch (t) {
+    case ActType::F32: *block = 1, *bytes = 4; return;
+    case ActType::F16:
+    case ActType::BF16: *block = 1, *bytes = 2; return;
+    case ActType::Q8_0: *block = 32, *bytes = sizeof(ActQ8_0); return;
+    case ActType::Q8_1: *block = 32, *bytes = sizeof(ActQ8_1); return;
+    case ActType::Q8_K: *block = 256, *bytes = sizeof(ActQ8_K); return;
+  }
+  throw std::invalid_argument("unknown activation type");
+}
+
+// One row of n floats into `t` at dst.
+void convert_row(ActType t, const float* x, int64_t n, uint8_t* dst) {
+  switch (t) {
+    case ActType::F32: std::memcpy(dst, x, size_t(n) * 4); return;
+    case ActType::F16:
+      for (int64_t i = 0; i < n; ++i) {
+        const uint16_t h = fp32_to_fp16(x[i]);
+        std::memcpy(dst + 2 * i, &h, 2);
+      }
+      return;
+    case ActType::BF16:
+      for (int64_t i = 0; i < n; ++i) {
+        const uint16_t h = fp32_to_bf16(x[i]);
+        std::memcpy(dst + 2 * i, &h, 2);
+      }
+      return;
+    case ActType::Q8_0: quantize_act_q8_0(x, reinterpret_cast<ActQ8_0*>(dst), n); return;
+    case ActType::Q8_1: quantize_act_q8_1(x, reinterpret_cast<ActQ8_1*>(dst), n); return;
+    case ActType::Q8_K: quantize_act_q8_K(x, reinterpret_cast<ActQ8_K*>(dst), n); return;
+  }
+}
+
+}  // namespace
 
 size_t act_row_bytes(ActType t, int64_t n) {
-  if (t != ActType::F32) throw std::invalid_argument("act_row_bytes: unsupported activation type");
-  return (size_t(n) * 4 + 63) / 64 * 64;
+  int64_t block;
+  size_t bytes;
+  act_geometry(t, &block, &bytes);
+  if (n < 0 || n % block != 0)
+    throw std::invalid_argument(std::string("act_row_bytes: ") + std::to_string(n) + " is not a multiple of the " +
+                                act_type_name(t) + " block size");
+  return (size_t(n / block) * bytes + 63) / 64 * 64;
 }
 
 void convert_activations(ActType t, const float* x, int64_t n_rows, int64_t n, int64_t ld_x, uint8_t* dst) {
   const size_t rb = act_row_bytes(t, n);
-  for (int64_t r = 0; r < n_rows; ++r) std::memcpy(dst + size_t(r) * rb, x + r * ld_x, size_t(n) * 4);
+  for (int64_t r = 0; r < n_rows; ++r) convert_row(t, x + r * ld_x, n, dst + size_t(r) * rb);
 }
 
-void rms_norm_convert(ActType t, const float* x, const float* w, float eps, int64_t n_rows, int64_t n,
-                      int64_t ld_x, uint8_t* dst, float* normed) {
+void rms_norm_convert(ActType t, const float* x, const float* w, float eps, int64_t n_rows, int64_t n, int64_t ld_x,
+                      uint8_t* dst, float* normed) {
   const size_t rb = act_row_bytes(t, n);
+  thread_local std::vector<float> row;
+  row.resize(size_t(n));
   for (int64_t r = 0; r < n_rows; ++r) {
     const float* xr = x + r * ld_x;
-    float* yr = reinterpret_cast<float*>(dst + size_t(r) * rb);
     const float scale = 1.0f / std::sqrt(sum_squares_f32(xr, n) / float(n) + eps);
-    for (int64_t i = 0; i < n; ++i) yr[i] = xr[i] * scale * w[i];
-    if (normed) std::memcpy(normed + r * n, yr, size_t(n) * 4);
+    for (int64_t i = 0; i < n; ++i) row[size_t(i)] = xr[i] * scale * w[i];
+    convert_row(t, row.data(), n, dst + size_t(r) * rb);
+    if (normed) std::memcpy(normed + r * n, row.data(), size_t(n) * 4);
   }
 }
 
-void swiglu_convert(ActType t, const float* gate, const float* up, int64_t ld, float limit, int64_t n_rows,
-                    int64_t n, uint8_t* dst) {
+void swiglu_convert(ActType t, const float* gate, const float* up, int64_t ld, float limit, int64_t n_rows, int64_t n,
+                    uint8_t* dst) {
   const size_t rb = act_row_bytes(t, n);
+  thread_local std::vector<float> row;
+  row.resize(size_t(n));
   for (int64_t r = 0; r < n_rows; ++r) {
-    float* yr = reinterpret_cast<float*>(dst + size_t(r) * rb);
     for (int64_t i = 0; i < n; ++i) {
       const float g = gate[r * ld + i], u = up[r * ld + i];
       const float s = g / (1.0f + std::exp(-g));
-      yr[i] = limit > 1e-6f ? std::min(s, limit) * std::clamp(u, -limit, limit) : s * u;
+      row[size_t(i)] = limit > 1e-6f ? std::min(s, limit) * std::clamp(u, -limit, limit) : s * u;
     }
+    convert_row(t, row.data(), n, dst + size_t(r) * rb);
   }
 }
+
+// ---------------------------------------------------------------------------------------
+// Matrix products
+
+namespace {
+
+// Rows per tile of the matrix-matrix path: their weights (a few KiB each) stay in L1/L2
+// while every token of the call passes over them, so each weight byte comes from memory once.
+constexpr int64_t kTileRows = 8;
+
+const uint8_t* act_row(const ActRows& x, int64_t t) {
+  const int64_t r = x.idx ? x.idx[t] : t;
+  return x.data + size_t(r) * x.stride;
+}
+
+}  // namespace
 
 void matmul(const WeightMatrix& w, int64_t o_begin, int64_t o_end, const ActRows& x, float* y, int64_t ldy) {
-  if (x.type != ActType::F32) throw std::invalid_argument("matmul: unsupported activation type");
-  std::vector<float> row(size_t(w.n_in));
+  if (o_begin < 0 || o_end > w.n_out || o_begin > o_end) throw std::invalid_argument("matmul: bad row range");
+  const DTypeInfo& info = dtype_info(w.type);
+  if (w.n_in % info.block_elems != 0) throw std::invalid_argument("matmul: row length not a multiple of the block");
+  const ActType native = act_type(w.type, Precision::Native);
+  if (x.type == native) {
+    const VecDotFn dot = vec_dot_for(w.type);
+    if (!dot) throw std::invalid_argument(std::string("matmul: no kernel for ") + dtype_name(w.type));
+    if (x.n_tok == 1) {
+      const uint8_t* xr = act_row(x, 0);
+      for (int64_t o = o_begin; o < o_end; ++o) y[o] = dot(w.n_in, w.row(o), xr);
+      return;
+    }
+    for (int64_t o0 = o_begin; o0 < o_end; o0 += kTileRows) {
+      const int64_t o1 = std::min(o_end, o0 + kTileRows);
+      for (int64_t t = 0; t < x.n_tok; ++t) {
+        const uint8_t* xr = act_row(x, t);
+        for (int64_t o = o0; o < o1; ++o) y[t * ldy + o] = dot(w.n_in, w.row(o), xr);
+      }
+    }
+    return;
+  }
+  if (x.type != ActType::F32)
+    throw std::invalid_argument(std::string("matmul: ") + act_type_name(x.type) + " activations cannot multiply " +
+                                dtype_name(w.type) + " weights");
+  // Exact precision: dequantize each weight row once, dot it with every token in F32.
+  const IsaKernels& k = active();
+  thread_local std::vector<float> row;
+  row.resize(size_t(w.n_in));
   for (int64_t o = o_begin; o < o_end; ++o) {
     dequantize_row_ref(w.type, w.row(o), row.data(), w.n_in);
-    for (int64_t t = 0; t < x.n_tok; ++t) {
-      const int64_t r = x.idx ? x.idx[t] : t;
-      const float* xt = reinterpret_cast<const float*>(x.data + size_t(r) * x.stride);
-      y[t * ldy + o] = dot_f32(row.data(), xt, w.n_in);
-    }
+    for (int64_t t = 0; t < x.n_tok; ++t)
+      y[t * ldy + o] = k.dot_f32(row.data(), reinterpret_cast<const float*>(act_row(x, t)), w.n_in);
   }
 }
 
-int64_t row_granularity(DType) { return 1; }
+int64_t row_granularity(DType) { return kTileRows; }
 
-float dot_f32(const float* a, const float* b, int64_t n) {
-  float acc[8] = {0, 0, 0, 0, 0, 0, 0, 0};
-  int64_t i = 0;
-  for (; i + 8 <= n; i += 8)
-    for (int k = 0; k < 8; ++k) acc[k] += a[i + k] * b[i + k];
-  for (; i < n; ++i) acc[0] += a[i] * b[i];
-  return ((acc[0] + acc[1]) + (acc[2] + acc[3])) + ((acc[4] + acc[5]) + (acc[6] + acc[7]));
+// ---------------------------------------------------------------------------------------
+// Vector helpers
+
+float dot_f32(const float* a, const float* b, int64_t n) { return active().dot_f32(a, b, n); }
+void axpy_f32(float a, const float* x, float* y, int64_t n) { active().axpy_f32(a, x, y, n); }
+void scale_f32(float a, float* y, int64_t n) { active().scale_f32(a, y, n); }
+float sum_squares_f32(const float* x, int64_t n) { return active().sum_squares_f32(x, n); }
+
+void attn_scores(const float* q, int64_t q_stride, int64_t n_q, const float* k, int64_t k_stride, int64_t n_k,
+                 int64_t d, float scale, float* s, int64_t s_stride) {
+  active().attn_scores(q, q_stride, n_q, k, k_stride, n_k, d, scale, s, s_stride);
 }
-void axpy_f32(float a, const float* x, float* y, int64_t n) {
-  for (int64_t i = 0; i < n; ++i) y[i] += a * x[i];
-}
-void scale_f32(float a, float* y, int64_t n) {
-  for (int64_t i = 0; i < n; ++i) y[i] *= a;
-}
-float sum_squares_f32(const float* x, int64_t n) {
-  double s = 0;
-  for (int64_t i = 0; i < n; ++i) s += double(x[i]) * x[i];
-  return float(s);
+float exp_shift_sum(float* s, int64_t n, float m) { return active().exp_shift_sum(s, n, m); }
+void accumulate_rows(const float* p, const float* v, int64_t v_stride, int64_t n, int64_t dv, float* acc) {
+  active().accumulate_rows(p, v, v_stride, n, dv, acc);
 }
 
 }  // namespace step35::kernels

@@ -1,0 +1,131 @@
+// Micro-benchmarks of the kernels: matmul of one weight type at one ISA level for a few
+// token counts (decode = 1 token, prefill tiles = 8 / 64 tokens), activation conversion,
+// and the attention helpers. Run: build/bin/step35_microbench [--benchmark_filter=q4_K]
+// Bytes/s counts weight bytes streamed (the decode roofline quantity).
+#include <benchmark/benchmark.h>
+
+#include <random>
+#include <string>
+#include <vector>
+
+#include "tensor/dtype.h"
+#include "tensor/kernels.h"
+#include "tensor/quants.h"
+
+namespace step35 {
+namespace {
+
+using kernels::ActType;
+using kernels::Isa;
+
+struct Case {
+  std::vector<uint8_t> w_bytes;
+  WeightMatrix w;
+  std::vector<uint8_t> acts;
+  kernels::ActRows x;
+  std::vector<float> y;
+};
+
+Case make_case(DType t, Precision p, int64_t n_out, int64_t n_in, int64_t n_tok) {
+  Case c;
+  std::mt19937 rng(1);
+  std::normal_distribution<float> nd(0.0f, 1.0f);
+  const size_t rb = *row_bytes(t, n_in);
+  c.w_bytes.resize(rb * size_t(n_out));
+  std::vector<float> row(static_cast<size_t>(n_in));
+  for (int64_t o = 0; o < n_out; ++o) {
+    uint8_t* dst = c.w_bytes.data() + rb * size_t(o);
+    if (t == DType::MXFP4) {
+      for (size_t i = 0; i < rb; ++i) dst[i] = uint8_t(i % 17 == 0 ? 125 : rng());
+      continue;
+    }
+    for (float& v : row) v = nd(rng);
+    quantize_row_ref(t, row.data(), dst, n_in);
+  }
+  c.w = {c.w_bytes.data(), t, n_in, n_out, 1, rb};
+  const ActType at = kernels::act_type(t, p);
+  std::vector<float> xf(size_t(n_tok * n_in));
+  for (float& v : xf) v = nd(rng);
+  const size_t stride = kernels::act_row_bytes(at, n_in);
+  c.acts.resize(stride * size_t(n_tok));
+  kernels::convert_activations(at, xf.data(), n_tok, n_in, n_in, c.acts.data());
+  c.x.type = at;
+  c.x.data = c.acts.data();
+  c.x.stride = stride;
+  c.x.n_tok = n_tok;
+  c.y.resize(size_t(n_tok * n_out));
+  return c;
+}
+
+void bm_matmul(benchmark::State& st, DType t, Isa isa, Precision p) {
+  kernels::force_isa(isa);
+  const int64_t n_tok = st.range(0);
+  // 4 MiB of Q4_K weights at 2048×2048 for one token: past L2, like a real layer.
+  Case c = make_case(t, p, 2048, 2048, n_tok);
+  for (auto _ : st) {
+    kernels::matmul(c.w, 0, c.w.n_out, c.x, c.y.data(), c.w.n_out);
+    benchmark::DoNotOptimize(c.y.data());
+  }
+  st.SetBytesProcessed(int64_t(st.iterations()) * int64_t(c.w.mat_bytes()));
+  st.counters["tok/s"] = benchmark::Counter(double(st.iterations()) * double(n_tok), benchmark::Counter::kIsRate);
+}
+
+void bm_convert(benchmark::State& st, ActType t, Isa isa) {
+  kernels::force_isa(isa);
+  const int64_t n = 4096;
+  std::vector<float> x(static_cast<size_t>(n));
+  std::mt19937 rng(2);
+  std::normal_distribution<float> nd(0.0f, 1.0f);
+  for (float& v : x) v = nd(rng);
+  std::vector<uint8_t> dst(kernels::act_row_bytes(t, n));
+  for (auto _ : st) {
+    kernels::convert_activations(t, x.data(), 1, n, n, dst.data());
+    benchmark::DoNotOptimize(dst.data());
+  }
+}
+
+void bm_attention_block(benchmark::State& st, Isa isa) {
+  kernels::force_isa(isa);
+  const int64_t D = 128, R = 8, n = st.range(0), k_stride = 2 * D;
+  std::vector<float> q(size_t(R * D), 0.01f), k(size_t(n * k_stride), 0.02f), v(size_t(n * k_stride), 0.03f);
+  std::vector<float> s(size_t(R * n)), acc(size_t(R * D));
+  for (auto _ : st) {
+    kernels::attn_scores(q.data(), D, R, k.data(), k_stride, n, D, 0.088f, s.data(), n);
+    for (int64_t r = 0; r < R; ++r) {
+      kernels::exp_shift_sum(s.data() + r * n, n, 1.0f);
+      kernels::accumulate_rows(s.data() + r * n, v.data(), k_stride, n, D, acc.data() + r * D);
+    }
+    benchmark::DoNotOptimize(acc.data());
+  }
+  st.counters["keys/s"] = benchmark::Counter(double(st.iterations()) * double(n * R), benchmark::Counter::kIsRate);
+}
+
+void register_all() {
+  const DType types[] = {DType::Q4_K, DType::Q6_K, DType::F32,  DType::Q8_0, DType::F16,  DType::Q5_K, DType::BF16,
+                         DType::MXFP4, DType::Q4_0, DType::Q4_1, DType::Q5_0, DType::Q5_1, DType::Q2_K, DType::Q3_K};
+  for (Isa isa : kernels::available_isas()) {
+    const std::string in = kernels::isa_name(isa);
+    for (DType t : types) {
+      benchmark::RegisterBenchmark(("matmul/" + std::string(dtype_name(t)) + "/" + in).c_str(), bm_matmul, t, isa,
+                                   Precision::Native)
+          ->Arg(1)->Arg(8)->Arg(64)->Unit(benchmark::kMicrosecond);
+    }
+    benchmark::RegisterBenchmark(("matmul_exact/q4_K/" + in).c_str(), bm_matmul, DType::Q4_K, isa, Precision::Exact)
+        ->Arg(1)->Unit(benchmark::kMicrosecond);
+    for (ActType a : {ActType::Q8_K, ActType::Q8_0, ActType::Q8_1, ActType::F16, ActType::BF16})
+      benchmark::RegisterBenchmark(("convert/" + std::string(kernels::act_type_name(a)) + "/" + in).c_str(), bm_convert,
+                                   a, isa);
+    benchmark::RegisterBenchmark(("attention_block/" + in).c_str(), bm_attention_block, isa)->Arg(64)->Arg(512);
+  }
+}
+
+}  // namespace
+}  // namespace step35
+
+int main(int argc, char** argv) {
+  benchmark::Initialize(&argc, argv);
+  step35::register_all();
+  benchmark::RunSpecifiedBenchmarks();
+  benchmark::Shutdown();
+  return 0;
+}

@@ -1,0 +1,49 @@
+// Internals shared by the kernel files: the private activation block layouts, and the
+// table of functions each ISA level provides (kernels.cpp picks one table at run time).
+#pragma once
+
+#include <cstddef>
+#include <cstdint>
+
+#include "tensor/dtype.h"
+#include "tensor/kernels.h"
+
+namespace step35::kernels {
+
+// Activation blocks (never stored in files). Q8_K: 256 values, F32 scale, and the sums of
+// each 16 values (the K-quant dot products subtract min·Σq8 per sub-block with them).
+#pragma pack(push, 1)
+struct ActQ8_0 { uint16_t d; int8_t qs[32]; };               // d in F16
+struct ActQ8_1 { uint16_t d; uint16_t s; int8_t qs[32]; };   // s = F16(d · Σqs)
+struct ActQ8_K { float d; int8_t qs[256]; int16_t bsums[16]; };
+#pragma pack(pop)
+static_assert(sizeof(ActQ8_0) == 34 && sizeof(ActQ8_1) == 36 && sizeof(ActQ8_K) == 292);
+
+// Σ_i W[i]·x[i] over one weight row of n elements and one converted activation row (its
+// format fixed by the weight type, see act_type()).
+using VecDotFn = float (*)(int64_t n, const uint8_t* w, const uint8_t* x);
+
+// Everything an ISA level implements. A null vec_dot entry falls back to the scalar one.
+struct IsaKernels {
+  VecDotFn vec_dot[40] = {};  // indexed by DType id (all supported ids are < 40)
+  float (*dot_f32)(const float* a, const float* b, int64_t n) = nullptr;
+  void (*axpy_f32)(float a, const float* x, float* y, int64_t n) = nullptr;
+  void (*scale_f32)(float a, float* y, int64_t n) = nullptr;
+  float (*sum_squares_f32)(const float* x, int64_t n) = nullptr;
+  void (*attn_scores)(const float* q, int64_t q_stride, int64_t n_q, const float* k, int64_t k_stride,
+                      int64_t n_k, int64_t d, float scale, float* s, int64_t s_stride) = nullptr;
+  float (*exp_shift_sum)(float* s, int64_t n, float m) = nullptr;
+  void (*accumulate_rows)(const float* p, const float* v, int64_t v_stride, int64_t n, int64_t dv,
+                          float* acc) = nullptr;
+};
+
+const IsaKernels& scalar_kernels();
+const IsaKernels& avx2_kernels();    // only callable where the CPU has AVX2+FMA+F16C
+const IsaKernels& avx512_kernels();  // only where it has AVX-512 F/BW/VL/DQ + VNNI + BF16
+
+// Scalar activation converters (bit-identical to ggml's; shared by every ISA level).
+void quantize_act_q8_0(const float* x, ActQ8_0* y, int64_t n);
+void quantize_act_q8_1(const float* x, ActQ8_1* y, int64_t n);
+void quantize_act_q8_K(const float* x, ActQ8_K* y, int64_t n);
+
+}  // namespace step35::kernels

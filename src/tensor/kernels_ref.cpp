@@ -1,0 +1,435 @@
+// Scalar reference kernels: the activation converters (bit-identical to ggml's) and a plain
+// implementation of every dot product and vector helper, the ground truth every SIMD kernel
+// is tested against. The K-quant dot products sum exact integers per block and then do the
+// same few float operations as the SIMD versions, so those agree bit for bit.
+#include <cmath>
+#include <cstring>
+
+#include "tensor/fp16.h"
+#include "tensor/kernels_exp.h"
+#include "tensor/kernels_impl.h"
+#include "tensor/quants.h"
+
+namespace step35::kernels {
+
+namespace {
+
+// ggml's nearest_int: round to nearest, ties to even, via the 1.5·2^23 trick (|v| < 2^22).
+int nearest_int(float v) {
+  const float shifted = v + 12582912.0f;
+  int32_t bits;
+  std::memcpy(&bits, &shifted, 4);
+  return (bits & 0x007fffff) - 0x00400000;
+}
+
+// Round to nearest, ties to even, as _mm256_round_ps(_MM_ROUND_NEAREST) in ggml's x86
+// Q8_0/Q8_1 quantizers. |v| <= 127 here (plus rounding), NaN maps to 0.
+int round_even(float v) {
+  if (!(std::fabs(v) <= 1e6f)) return 0;
+  return int(std::nearbyint(v));
+}
+
+uint16_t load_u16(const uint8_t* p) {
+  uint16_t v;
+  std::memcpy(&v, p, 2);
+  return v;
+}
+
+}  // namespace
+
+// ggml's x86 quantize_row_q8_0: d = amax/127 stored as F16, values x·(127/amax) rounded
+// half to even.
+void quantize_act_q8_0(const float* x, ActQ8_0* y, int64_t n) {
+  for (int64_t b = 0; b < n / 32; ++b, x += 32) {
+    float amax = 0.0f;
+    for (int j = 0; j < 32; ++j) amax = std::fmax(amax, std::fabs(x[j]));
+    const float d = amax / 127.0f;
+    const float id = amax != 0.0f ? 127.0f / amax : 0.0f;
+    y[b].d = fp32_to_fp16(d);
+    for (int j = 0; j < 32; ++j) y[b].qs[j] = int8_t(round_even(x[j] * id));
+  }
+}
+
+// ggml's x86 quantize_row_q8_1: as Q8_0, plus s = F16(d · Σq).
+void quantize_act_q8_1(const float* x, ActQ8_1* y, int64_t n) {
+  for (int64_t b = 0; b < n / 32; ++b, x += 32) {
+    float amax = 0.0f;
+    for (int j = 0; j < 32; ++j) amax = std::fmax(amax, std::fabs(x[j]));
+    const float d = amax / 127.0f;
+    const float id = amax != 0.0f ? 127.0f / amax : 0.0f;
+    y[b].d = fp32_to_fp16(d);
+    int sum = 0;
+    for (int j = 0; j < 32; ++j) {
+      y[b].qs[j] = int8_t(round_even(x[j] * id));
+      sum += y[b].qs[j];
+    }
+    y[b].s = fp32_to_fp16(d * float(sum));
+  }
+}
+
+// ggml's quantize_row_q8_K: the value of largest magnitude (with its sign) maps to -127,
+// iscale = -127/max, nearest_int rounding capped at 127, d = 1/iscale, sums per 16.
+void quantize_act_q8_K(const float* x, ActQ8_K* y, int64_t n) {
+  for (int64_t b = 0; b < n / 256; ++b, x += 256) {
+    float amax = 0.0f, max = 0.0f;
+    for (int j = 0; j < 256; ++j) {
+      const float ax = std::fabs(x[j]);
+      if (ax > amax) {
+        amax = ax;
+        max = x[j];
+      }
+    }
+    ActQ8_K& q = y[b];
+    if (amax == 0.0f || std::isnan(amax)) {  // all zero (ggml), or NaN input (ours: zeros)
+      std::memset(&q, 0, sizeof q);
+      continue;
+    }
+    const float iscale = -127.0f / max;
+    for (int j = 0; j < 256; ++j) {
+      const float v = iscale * x[j];
+      const int r = std::fabs(v) <= 4194303.0f ? nearest_int(v) : 0;
+      q.qs[j] = int8_t(r < 127 ? r : 127);
+    }
+    for (int g = 0; g < 16; ++g) {
+      int sum = 0;
+      for (int j = 0; j < 16; ++j) sum += q.qs[16 * g + j];
+      q.bsums[g] = int16_t(sum);
+    }
+    q.d = 1.0f / iscale;
+  }
+}
+
+namespace {
+
+// ---- integer decoders: a weight block as small signed integers plus integer scales ----
+
+// Q4_K / Q5_K sub-block b (0..7): 6-bit scale and min from the 12 packed bytes.
+void k4_scale_min(const uint8_t* s, int b, int* sc, int* m) {
+  if (b < 4) {
+    *sc = s[b] & 63;
+    *m = s[b + 4] & 63;
+  } else {
+    *sc = (s[b + 4] & 15) | ((s[b - 4] >> 6) << 4);
+    *m = (s[b + 4] >> 4) | ((s[b] >> 6) << 4);
+  }
+}
+
+float dot_q4_k(int64_t n, const uint8_t* w, const uint8_t* x) {
+  const auto* bw = reinterpret_cast<const BlockQ4_K*>(w);
+  const auto* bx = reinterpret_cast<const ActQ8_K*>(x);
+  float acc = 0.0f;
+  for (int64_t i = 0; i < n / 256; ++i) {
+    const BlockQ4_K& b = bw[i];
+    const ActQ8_K& y = bx[i];
+    int32_t isum = 0, summins = 0;
+    for (int s = 0; s < 8; ++s) {
+      int sc, m;
+      k4_scale_min(b.scales, s, &sc, &m);
+      int32_t dot = 0;
+      for (int l = 0; l < 32; ++l) {
+        const uint8_t byte = b.qs[32 * (s / 2) + l];
+        const int q = s % 2 == 0 ? (byte & 15) : (byte >> 4);
+        dot += q * y.qs[32 * s + l];
+      }
+      isum += sc * dot;
+      summins += m * (y.bsums[2 * s] + y.bsums[2 * s + 1]);
+    }
+    const float d = y.d * fp16_to_fp32(b.d), dmin = y.d * fp16_to_fp32(b.dmin);
+    acc += d * float(isum) - dmin * float(summins);
+  }
+  return acc;
+}
+
+float dot_q5_k(int64_t n, const uint8_t* w, const uint8_t* x) {
+  const auto* bw = reinterpret_cast<const BlockQ5_K*>(w);
+  const auto* bx = reinterpret_cast<const ActQ8_K*>(x);
+  float acc = 0.0f;
+  for (int64_t i = 0; i < n / 256; ++i) {
+    const BlockQ5_K& b = bw[i];
+    const ActQ8_K& y = bx[i];
+    int32_t isum = 0, summins = 0;
+    for (int s = 0; s < 8; ++s) {
+      int sc, m;
+      k4_scale_min(b.scales, s, &sc, &m);
+      int32_t dot = 0;
+      for (int l = 0; l < 32; ++l) {
+        const uint8_t byte = b.qs[32 * (s / 2) + l];
+        const int q = (s % 2 == 0 ? (byte & 15) : (byte >> 4)) | (((b.qh[l] >> s) & 1) << 4);
+        dot += q * y.qs[32 * s + l];
+      }
+      isum += sc * dot;
+      summins += m * (y.bsums[2 * s] + y.bsums[2 * s + 1]);
+    }
+    const float d = y.d * fp16_to_fp32(b.d), dmin = y.d * fp16_to_fp32(b.dmin);
+    acc += d * float(isum) - dmin * float(summins);
+  }
+  return acc;
+}
+
+float dot_q6_k(int64_t n, const uint8_t* w, const uint8_t* x) {
+  const auto* bw = reinterpret_cast<const BlockQ6_K*>(w);
+  const auto* bx = reinterpret_cast<const ActQ8_K*>(x);
+  float acc = 0.0f;
+  for (int64_t i = 0; i < n / 256; ++i) {
+    const BlockQ6_K& b = bw[i];
+    const ActQ8_K& y = bx[i];
+    int q[256];
+    for (int h = 0; h < 2; ++h) {
+      const uint8_t* ql = b.ql + 64 * h;
+      const uint8_t* qh = b.qh + 32 * h;
+      for (int l = 0; l < 32; ++l) {
+        q[128 * h + l] = ((ql[l] & 15) | (((qh[l] >> 0) & 3) << 4)) - 32;
+        q[128 * h + l + 32] = ((ql[l + 32] & 15) | (((qh[l] >> 2) & 3) << 4)) - 32;
+        q[128 * h + l + 64] = ((ql[l] >> 4) | (((qh[l] >> 4) & 3) << 4)) - 32;
+        q[128 * h + l + 96] = ((ql[l + 32] >> 4) | (((qh[l] >> 6) & 3) << 4)) - 32;
+      }
+    }
+    int32_t isum = 0;
+    for (int g = 0; g < 16; ++g) {
+      int32_t dot = 0;
+      for (int l = 0; l < 16; ++l) dot += q[16 * g + l] * y.qs[16 * g + l];
+      isum += b.scales[g] * dot;
+    }
+    const float d = y.d * fp16_to_fp32(b.d);
+    acc += d * float(isum);
+  }
+  return acc;
+}
+
+float dot_q3_k(int64_t n, const uint8_t* w, const uint8_t* x) {
+  const auto* bw = reinterpret_cast<const BlockQ3_K*>(w);
+  const auto* bx = reinterpret_cast<const ActQ8_K*>(x);
+  float acc = 0.0f;
+  for (int64_t i = 0; i < n / 256; ++i) {
+    const BlockQ3_K& b = bw[i];
+    const ActQ8_K& y = bx[i];
+    int32_t isum = 0;
+    for (int k = 0; k < 16; ++k) {
+      const int low4 = k < 8 ? (b.scales[k] & 15) : (b.scales[k - 8] >> 4);
+      const int high2 = (b.scales[8 + k % 4] >> (2 * (k / 4))) & 3;
+      const int scale = (low4 | (high2 << 4)) - 32;
+      // Elements 16k..16k+15: half h = k/8, shift j = (k/2)%4, bytes 16·(k%2) + l of the half.
+      const int h = k / 8, j = (k / 2) % 4, off = 16 * (k % 2);
+      const uint8_t hbit = uint8_t(1u << (4 * h + j));
+      int32_t dot = 0;
+      for (int l = 0; l < 16; ++l) {
+        const int v = ((b.qs[32 * h + off + l] >> (2 * j)) & 3) - ((b.hmask[off + l] & hbit) ? 0 : 4);
+        dot += v * y.qs[16 * k + l];
+      }
+      isum += scale * dot;
+    }
+    const float d = y.d * fp16_to_fp32(b.d);
+    acc += d * float(isum);
+  }
+  return acc;
+}
+
+float dot_q2_k(int64_t n, const uint8_t* w, const uint8_t* x) {
+  const auto* bw = reinterpret_cast<const BlockQ2_K*>(w);
+  const auto* bx = reinterpret_cast<const ActQ8_K*>(x);
+  float acc = 0.0f;
+  for (int64_t i = 0; i < n / 256; ++i) {
+    const BlockQ2_K& b = bw[i];
+    const ActQ8_K& y = bx[i];
+    int32_t isum = 0, summins = 0;
+    for (int k = 0; k < 16; ++k) {
+      const int h = k / 8, j = (k / 2) % 4, off = 16 * (k % 2);
+      int32_t dot = 0;
+      for (int l = 0; l < 16; ++l) dot += ((b.qs[32 * h + off + l] >> (2 * j)) & 3) * y.qs[16 * k + l];
+      isum += (b.scales[k] & 15) * dot;
+      summins += (b.scales[k] >> 4) * y.bsums[k];
+    }
+    const float d = y.d * fp16_to_fp32(b.d), dmin = y.d * fp16_to_fp32(b.dmin);
+    acc += d * float(isum) - dmin * float(summins);
+  }
+  return acc;
+}
+
+// ---- 32-element blocks against Q8_0 / Q8_1 activations ----
+
+// Weight block b as 32 signed integers (for the types without an offset).
+template <DType T>
+void decode32(const uint8_t* w, int64_t b, int* q, float* d);
+
+template <>
+void decode32<DType::Q8_0>(const uint8_t* w, int64_t b, int* q, float* d) {
+  const BlockQ8_0& blk = reinterpret_cast<const BlockQ8_0*>(w)[b];
+  for (int j = 0; j < 32; ++j) q[j] = blk.qs[j];
+  *d = fp16_to_fp32(blk.d);
+}
+template <>
+void decode32<DType::Q4_0>(const uint8_t* w, int64_t b, int* q, float* d) {
+  const BlockQ4_0& blk = reinterpret_cast<const BlockQ4_0*>(w)[b];
+  for (int j = 0; j < 16; ++j) {
+    q[j] = (blk.qs[j] & 15) - 8;
+    q[j + 16] = (blk.qs[j] >> 4) - 8;
+  }
+  *d = fp16_to_fp32(blk.d);
+}
+template <>
+void decode32<DType::Q5_0>(const uint8_t* w, int64_t b, int* q, float* d) {
+  const BlockQ5_0& blk = reinterpret_cast<const BlockQ5_0*>(w)[b];
+  uint32_t qh;
+  std::memcpy(&qh, blk.qh, 4);
+  for (int j = 0; j < 16; ++j) {
+    q[j] = ((blk.qs[j] & 15) | int(((qh >> j) & 1u) << 4)) - 16;
+    q[j + 16] = ((blk.qs[j] >> 4) | int(((qh >> (j + 16)) & 1u) << 4)) - 16;
+  }
+  *d = fp16_to_fp32(blk.d);
+}
+
+constexpr int8_t kMxfp4Doubled[16] = {0, 1, 2, 3, 4, 6, 8, 12, 0, -1, -2, -3, -4, -6, -8, -12};
+
+template <>
+void decode32<DType::MXFP4>(const uint8_t* w, int64_t b, int* q, float* d) {
+  const BlockMXFP4& blk = reinterpret_cast<const BlockMXFP4*>(w)[b];
+  for (int j = 0; j < 16; ++j) {
+    q[j] = kMxfp4Doubled[blk.qs[j] & 15];
+    q[j + 16] = kMxfp4Doubled[blk.qs[j] >> 4];
+  }
+  *d = std::ldexp(1.0f, int(blk.e) - 128);  // the E2M1 values above are doubled
+}
+
+template <DType T>
+float dot_q8_0_family(int64_t n, const uint8_t* w, const uint8_t* x) {
+  const auto* bx = reinterpret_cast<const ActQ8_0*>(x);
+  float acc = 0.0f;
+  for (int64_t b = 0; b < n / 32; ++b) {
+    int q[32];
+    float dw;
+    decode32<T>(w, b, q, &dw);
+    int32_t sumi = 0;
+    for (int j = 0; j < 32; ++j) sumi += q[j] * bx[b].qs[j];
+    acc += dw * fp16_to_fp32(bx[b].d) * float(sumi);
+  }
+  return acc;
+}
+
+// Q4_1 / Q5_1: unsigned values with a min; the min meets the activation sum s.
+template <DType T>
+float dot_q8_1_family(int64_t n, const uint8_t* w, const uint8_t* x) {
+  const auto* bx = reinterpret_cast<const ActQ8_1*>(x);
+  float acc = 0.0f;
+  for (int64_t b = 0; b < n / 32; ++b) {
+    int q[32];
+    uint16_t d16, m16;
+    if constexpr (T == DType::Q4_1) {
+      const BlockQ4_1& blk = reinterpret_cast<const BlockQ4_1*>(w)[b];
+      for (int j = 0; j < 16; ++j) {
+        q[j] = blk.qs[j] & 15;
+        q[j + 16] = blk.qs[j] >> 4;
+      }
+      d16 = blk.d;
+      m16 = blk.m;
+    } else {
+      const BlockQ5_1& blk = reinterpret_cast<const BlockQ5_1*>(w)[b];
+      uint32_t qh;
+      std::memcpy(&qh, blk.qh, 4);
+      for (int j = 0; j < 16; ++j) {
+        q[j] = (blk.qs[j] & 15) | int(((qh >> j) & 1u) << 4);
+        q[j + 16] = (blk.qs[j] >> 4) | int(((qh >> (j + 16)) & 1u) << 4);
+      }
+      d16 = blk.d;
+      m16 = blk.m;
+    }
+    int32_t sumi = 0;
+    for (int j = 0; j < 32; ++j) sumi += q[j] * bx[b].qs[j];
+    acc += fp16_to_fp32(d16) * fp16_to_fp32(bx[b].d) * float(sumi) + fp16_to_fp32(m16) * fp16_to_fp32(bx[b].s);
+  }
+  return acc;
+}
+
+// ---- float types ----
+
+float ref_dot_f32(const float* a, const float* b, int64_t n) {
+  float acc[8] = {0, 0, 0, 0, 0, 0, 0, 0};
+  int64_t i = 0;
+  for (; i + 8 <= n; i += 8)
+    for (int k = 0; k < 8; ++k) acc[k] += a[i + k] * b[i + k];
+  for (; i < n; ++i) acc[0] += a[i] * b[i];
+  return ((acc[0] + acc[1]) + (acc[2] + acc[3])) + ((acc[4] + acc[5]) + (acc[6] + acc[7]));
+}
+
+float dot_f32_rows(int64_t n, const uint8_t* w, const uint8_t* x) {
+  return ref_dot_f32(reinterpret_cast<const float*>(w), reinterpret_cast<const float*>(x), n);
+}
+
+template <float (*Cvt)(uint16_t)>
+float dot_half_rows(int64_t n, const uint8_t* w, const uint8_t* x) {
+  float acc[8] = {0, 0, 0, 0, 0, 0, 0, 0};
+  int64_t i = 0;
+  for (; i + 8 <= n; i += 8)
+    for (int k = 0; k < 8; ++k) acc[k] += Cvt(load_u16(w + 2 * (i + k))) * Cvt(load_u16(x + 2 * (i + k)));
+  for (; i < n; ++i) acc[0] += Cvt(load_u16(w + 2 * i)) * Cvt(load_u16(x + 2 * i));
+  return ((acc[0] + acc[1]) + (acc[2] + acc[3])) + ((acc[4] + acc[5]) + (acc[6] + acc[7]));
+}
+
+float bf16_cvt(uint16_t v) { return bf16_to_fp32(v); }
+
+// ---- vector helpers ----
+
+void ref_axpy_f32(float a, const float* x, float* y, int64_t n) {
+  for (int64_t i = 0; i < n; ++i) y[i] += a * x[i];
+}
+void ref_scale_f32(float a, float* y, int64_t n) {
+  for (int64_t i = 0; i < n; ++i) y[i] *= a;
+}
+float ref_sum_squares_f32(const float* x, int64_t n) {
+  double s = 0;
+  for (int64_t i = 0; i < n; ++i) s += double(x[i]) * x[i];
+  return float(s);
+}
+
+void ref_attn_scores(const float* q, int64_t q_stride, int64_t n_q, const float* k, int64_t k_stride, int64_t n_k,
+                     int64_t d, float scale, float* s, int64_t s_stride) {
+  for (int64_t r = 0; r < n_q; ++r)
+    for (int64_t j = 0; j < n_k; ++j) s[r * s_stride + j] = ref_dot_f32(q + r * q_stride, k + j * k_stride, d) * scale;
+}
+
+float ref_exp_shift_sum(float* s, int64_t n, float m) {
+  float sum = 0.0f;
+  for (int64_t j = 0; j < n; ++j) {
+    s[j] = exp_poly(s[j] - m);
+    sum += s[j];
+  }
+  return sum;
+}
+
+void ref_accumulate_rows(const float* p, const float* v, int64_t v_stride, int64_t n, int64_t dv, float* acc) {
+  for (int64_t j = 0; j < n; ++j) ref_axpy_f32(p[j], v + j * v_stride, acc, dv);
+}
+
+IsaKernels make_scalar() {
+  IsaKernels k;
+  k.vec_dot[int(DType::F32)] = dot_f32_rows;
+  k.vec_dot[int(DType::F16)] = dot_half_rows<fp16_to_fp32>;
+  k.vec_dot[int(DType::BF16)] = dot_half_rows<bf16_cvt>;
+  k.vec_dot[int(DType::Q8_0)] = dot_q8_0_family<DType::Q8_0>;
+  k.vec_dot[int(DType::Q4_0)] = dot_q8_0_family<DType::Q4_0>;
+  k.vec_dot[int(DType::Q5_0)] = dot_q8_0_family<DType::Q5_0>;
+  k.vec_dot[int(DType::MXFP4)] = dot_q8_0_family<DType::MXFP4>;
+  k.vec_dot[int(DType::Q4_1)] = dot_q8_1_family<DType::Q4_1>;
+  k.vec_dot[int(DType::Q5_1)] = dot_q8_1_family<DType::Q5_1>;
+  k.vec_dot[int(DType::Q2_K)] = dot_q2_k;
+  k.vec_dot[int(DType::Q3_K)] = dot_q3_k;
+  k.vec_dot[int(DType::Q4_K)] = dot_q4_k;
+  k.vec_dot[int(DType::Q5_K)] = dot_q5_k;
+  k.vec_dot[int(DType::Q6_K)] = dot_q6_k;
+  k.dot_f32 = ref_dot_f32;
+  k.axpy_f32 = ref_axpy_f32;
+  k.scale_f32 = ref_scale_f32;
+  k.sum_squares_f32 = ref_sum_squares_f32;
+  k.attn_scores = ref_attn_scores;
+  k.exp_shift_sum = ref_exp_shift_sum;
+  k.accumulate_rows = ref_accumulate_rows;
+  return k;
+}
+
+}  // namespace
+
+const IsaKernels& scalar_kernels() {
+  static const IsaKernels k = make_scalar();
+  return k;
+}
+
+}  // namespace step35::kernels

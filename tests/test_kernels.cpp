@@ -1,0 +1,308 @@
+// Kernels: every SIMD level against the scalar reference on random blocks of every weight
+// type (both precisions), the activation quantizers against ggml's rules, and the
+// invariance contract of matmul (row splits, token counts, index lists).
+#include <gtest/gtest.h>
+
+#include <cmath>
+#include <cstring>
+#include <random>
+#include <vector>
+
+#include "tensor/dtype.h"
+#include "tensor/fp16.h"
+#include "tensor/kernels.h"
+#include "tensor/quants.h"
+
+namespace step35 {
+namespace {
+
+using kernels::ActRows;
+using kernels::ActType;
+using kernels::Isa;
+
+const DType kAllTypes[] = {DType::F32,  DType::F16,  DType::BF16, DType::Q8_0, DType::Q4_0, DType::Q4_1, DType::Q5_0,
+                           DType::Q5_1, DType::Q2_K, DType::Q3_K, DType::Q4_K, DType::Q5_K, DType::Q6_K, DType::MXFP4};
+
+bool is_kquant(DType t) {
+  return t == DType::Q2_K || t == DType::Q3_K || t == DType::Q4_K || t == DType::Q5_K || t == DType::Q6_K;
+}
+
+// Restores the ISA in use when a test ends.
+struct IsaGuard {
+  Isa saved = kernels::active_isa();
+  ~IsaGuard() { kernels::force_isa(saved); }
+};
+
+// A random weight matrix of type t (n_out rows of n_in), quantized from normal values.
+struct RandomMatrix {
+  std::vector<uint8_t> bytes;
+  WeightMatrix w;
+  RandomMatrix(DType t, int64_t n_out, int64_t n_in, std::mt19937& rng) {
+    const size_t rb = *row_bytes(t, n_in);
+    bytes.resize(rb * size_t(n_out));
+    std::normal_distribution<float> nd(0.0f, 1.0f);
+    std::vector<float> row(static_cast<size_t>(n_in));
+    for (int64_t o = 0; o < n_out; ++o) {
+      uint8_t* dst = bytes.data() + rb * size_t(o);
+      if (t == DType::MXFP4) {  // no encoder: random codes, scale exponents near 2^0
+        for (int64_t b = 0; b < n_in / 32; ++b) {
+          dst[17 * b] = uint8_t(120 + rng() % 12);
+          for (int j = 1; j < 17; ++j) dst[17 * b + j] = uint8_t(rng());
+        }
+        continue;
+      }
+      for (float& v : row) v = nd(rng);
+      EXPECT_TRUE(quantize_row_ref(t, row.data(), dst, n_in));
+    }
+    w.data = bytes.data();
+    w.type = t;
+    w.n_in = n_in;
+    w.n_out = n_out;
+    w.row_bytes = rb;
+  }
+};
+
+struct Acts {
+  std::vector<float> f32;
+  std::vector<uint8_t> conv;
+  ActRows rows;
+  Acts(ActType t, int64_t n_tok, int64_t n, std::mt19937& rng) {
+    std::normal_distribution<float> nd(0.0f, 1.0f);
+    f32.resize(size_t(n_tok * n));
+    for (float& v : f32) v = nd(rng);
+    const size_t stride = kernels::act_row_bytes(t, n);
+    conv.resize(stride * size_t(n_tok));
+    kernels::convert_activations(t, f32.data(), n_tok, n, n, conv.data());
+    rows.type = t;
+    rows.data = conv.data();
+    rows.stride = stride;
+    rows.n_tok = n_tok;
+  }
+};
+
+// Σ|w·x| in double over the dequantized weights: the scale of rounding differences.
+double abs_dot(const WeightMatrix& w, int64_t o, const float* x) {
+  std::vector<float> row(size_t(w.n_in));
+  dequantize_row(w, o, row.data());
+  double s = 0;
+  for (int64_t i = 0; i < w.n_in; ++i) s += std::fabs(double(row[size_t(i)]) * x[i]);
+  return s;
+}
+
+std::vector<float> run(const WeightMatrix& w, const ActRows& x) {
+  std::vector<float> y(size_t(x.n_tok * w.n_out), -1.0f);
+  kernels::matmul(w, 0, w.n_out, x, y.data(), w.n_out);
+  return y;
+}
+
+class KernelTypes : public ::testing::TestWithParam<DType> {};
+
+// Every available ISA level against the scalar level, both precisions.
+TEST_P(KernelTypes, SimdMatchesScalarReference) {
+  IsaGuard guard;
+  const DType t = GetParam();
+  std::mt19937 rng(1234 + int(t));
+  const int64_t n_in = 512, n_out = 19, n_tok = 5;
+  RandomMatrix m(t, n_out, n_in, rng);
+  for (Precision p : {Precision::Native, Precision::Exact}) {
+    Acts a(kernels::act_type(t, p), n_tok, n_in, rng);
+    kernels::force_isa(Isa::Scalar);
+    const std::vector<float> ref = run(m.w, a.rows);
+    for (Isa isa : kernels::available_isas()) {
+      kernels::force_isa(isa);
+      const std::vector<float> got = run(m.w, a.rows);
+      for (int64_t tk = 0; tk < n_tok; ++tk) {
+        for (int64_t o = 0; o < n_out; ++o) {
+          const float r = ref[size_t(tk * n_out + o)], g = got[size_t(tk * n_out + o)];
+          if (p == Precision::Native && is_kquant(t)) {
+            // Exact integer sums per block and the same float steps: bit for bit.
+            ASSERT_EQ(r, g) << dtype_name(t) << " " << kernels::isa_name(isa) << " o=" << o << " t=" << tk;
+          } else {
+            const double tol = 2e-6 * abs_dot(m.w, o, a.f32.data() + tk * n_in) + 1e-6;
+            ASSERT_NEAR(r, g, tol) << dtype_name(t) << " " << kernels::isa_name(isa) << " o=" << o << " t=" << tk;
+          }
+        }
+      }
+    }
+  }
+}
+
+// Native (ggml-rounded activations) stays near the exact product: a check of the block
+// layouts of every activation format, independent of the SIMD code.
+TEST_P(KernelTypes, NativeCloseToExact) {
+  const DType t = GetParam();
+  std::mt19937 rng(99 + int(t));
+  const int64_t n_in = 1024, n_out = 7, n_tok = 3;
+  RandomMatrix m(t, n_out, n_in, rng);
+  Acts native(kernels::act_type(t, Precision::Native), n_tok, n_in, rng);
+  Acts exact(ActType::F32, n_tok, n_in, rng);
+  exact.f32 = native.f32;
+  std::memcpy(exact.conv.data(), native.f32.data(), native.f32.size() * 4);  // F32 rows are unpadded here
+  exact.rows.stride = size_t(n_in) * 4;
+  const std::vector<float> yn = run(m.w, native.rows), ye = run(m.w, exact.rows);
+  for (int64_t tk = 0; tk < n_tok; ++tk)
+    for (int64_t o = 0; o < n_out; ++o) {
+      // 8-bit activations: relative error ~0.4 % of Σ|w·x| at most; BF16 ~0.4 %, F16 less.
+      const double tol = 0.01 * abs_dot(m.w, o, native.f32.data() + tk * n_in);
+      EXPECT_NEAR(yn[size_t(tk * n_out + o)], ye[size_t(tk * n_out + o)], tol) << dtype_name(t);
+    }
+}
+
+// One (row, token) value never depends on the row range, the token count, the other
+// tokens or an index list.
+TEST_P(KernelTypes, InvariantToSplitsTokensAndIndex) {
+  IsaGuard guard;
+  const DType t = GetParam();
+  for (Isa isa : kernels::available_isas()) {
+    kernels::force_isa(isa);
+    std::mt19937 rng(7 + int(t));
+    const int64_t n_in = 256, n_out = 21, n_tok = 9;
+    RandomMatrix m(t, n_out, n_in, rng);
+    Acts a(kernels::act_type(t, Precision::Native), n_tok, n_in, rng);
+    const std::vector<float> full = run(m.w, a.rows);
+    // Odd row splits.
+    std::vector<float> split(full.size(), -1.0f);
+    for (int64_t o0 = 0; o0 < n_out; o0 += 5)
+      kernels::matmul(m.w, o0, std::min<int64_t>(n_out, o0 + 5), a.rows, split.data(), n_out);
+    ASSERT_EQ(0, std::memcmp(full.data(), split.data(), full.size() * 4));
+    // Each token alone, through an index list in reverse order.
+    std::vector<int32_t> idx(static_cast<size_t>(n_tok));
+    for (int64_t k = 0; k < n_tok; ++k) idx[size_t(k)] = int32_t(n_tok - 1 - k);
+    ActRows rev = a.rows;
+    rev.idx = idx.data();
+    const std::vector<float> yr = run(m.w, rev);
+    for (int64_t k = 0; k < n_tok; ++k) {
+      ActRows one = a.rows;
+      one.data = a.rows.data + size_t(k) * a.rows.stride;
+      one.n_tok = 1;
+      const std::vector<float> y1 = run(m.w, one);
+      ASSERT_EQ(0, std::memcmp(y1.data(), full.data() + k * n_out, size_t(n_out) * 4)) << kernels::isa_name(isa);
+      ASSERT_EQ(0, std::memcmp(yr.data() + (n_tok - 1 - k) * n_out, full.data() + k * n_out, size_t(n_out) * 4));
+    }
+  }
+}
+
+INSTANTIATE_TEST_SUITE_P(AllTypes, KernelTypes, ::testing::ValuesIn(kAllTypes),
+                         [](const ::testing::TestParamInfo<DType>& i) { return std::string(dtype_name(i.param)); });
+
+// ggml's Q8_K rule on a hand-made block: the largest magnitude (with its sign) maps to
+// -127, rounding is to nearest with ties to even, d = 1/iscale, bsums per 16.
+TEST(Kernels, Q8KQuantizerFollowsGgml) {
+  std::vector<float> x(256, 0.0f);
+  x[0] = 2.0f;    // max (positive): iscale = -63.5
+  x[1] = -1.0f;   // -> 63.5 -> 64 (tie to even)
+  x[2] = 0.5f;    // -> -31.75 -> -32
+  x[17] = 1.0f;   // -> -63.5 -> -64
+  x[18] = 3.0f / 127.0f;
+  std::vector<uint8_t> q(kernels::act_row_bytes(ActType::Q8_K, 256));
+  kernels::convert_activations(ActType::Q8_K, x.data(), 1, 256, 256, q.data());
+  float d;
+  std::memcpy(&d, q.data(), 4);
+  const auto* qs = reinterpret_cast<const int8_t*>(q.data() + 4);
+  int16_t bsums[16];
+  std::memcpy(bsums, q.data() + 4 + 256, sizeof bsums);
+  EXPECT_EQ(d, 1.0f / (-127.0f / 2.0f));
+  EXPECT_EQ(qs[0], -127);
+  EXPECT_EQ(qs[1], 64);
+  EXPECT_EQ(qs[2], -32);
+  EXPECT_EQ(qs[17], -64);
+  EXPECT_EQ(qs[18], int8_t(std::nearbyint(-127.0f / 2.0f * (3.0f / 127.0f))));
+  EXPECT_EQ(bsums[0], -127 + 64 - 32);
+  EXPECT_EQ(bsums[1], -64 + qs[18]);
+  for (int g = 2; g < 16; ++g) EXPECT_EQ(bsums[g], 0);
+}
+
+// ggml's x86 Q8_0 rule: d = amax/127 in F16, values x·(127/amax) rounded half to even;
+// Q8_1 adds s = F16(d·Σq).
+TEST(Kernels, Q8_0AndQ8_1QuantizersFollowGgml) {
+  std::vector<float> x(32, 0.0f);
+  x[0] = -4.0f;
+  x[1] = 2.0f * 4.0f / 127.0f * 0.75f;  // 1.5 -> 2
+  x[2] = 4.0f / 127.0f * 2.5f;          // 2.5 -> 2 (ties to even)
+  x[3] = 1.0f;
+  std::vector<uint8_t> q(kernels::act_row_bytes(ActType::Q8_0, 32));
+  kernels::convert_activations(ActType::Q8_0, x.data(), 1, 32, 32, q.data());
+  uint16_t d16;
+  std::memcpy(&d16, q.data(), 2);
+  EXPECT_EQ(d16, fp32_to_fp16(4.0f / 127.0f));
+  const auto* qs = reinterpret_cast<const int8_t*>(q.data() + 2);
+  EXPECT_EQ(qs[0], -127);
+  EXPECT_EQ(qs[1], 2);
+  EXPECT_EQ(qs[2], int8_t(std::nearbyint(x[2] * (127.0f / 4.0f))));
+  EXPECT_EQ(qs[3], int8_t(std::nearbyint(127.0f / 4.0f)));
+  std::vector<uint8_t> q1(kernels::act_row_bytes(ActType::Q8_1, 32));
+  kernels::convert_activations(ActType::Q8_1, x.data(), 1, 32, 32, q1.data());
+  uint16_t s16;
+  std::memcpy(&s16, q1.data() + 2, 2);
+  int sum = 0;
+  for (int j = 0; j < 32; ++j) sum += int8_t(q1[4 + j]);
+  EXPECT_EQ(0, std::memcmp(q1.data() + 4, q.data() + 2, 32));
+  EXPECT_EQ(s16, fp32_to_fp16(fp16_to_fp32(d16) * float(sum)));
+}
+
+TEST(Kernels, WrongActivationTypeIsRejected) {
+  std::mt19937 rng(5);
+  RandomMatrix m(DType::Q4_K, 2, 256, rng);
+  Acts a(ActType::Q8_0, 1, 256, rng);
+  std::vector<float> y(2);
+  EXPECT_THROW(kernels::matmul(m.w, 0, 2, a.rows, y.data(), 2), std::invalid_argument);
+  EXPECT_THROW(kernels::act_row_bytes(ActType::Q8_K, 100), std::invalid_argument);
+}
+
+// The attention helpers at every level against the scalar level.
+TEST(Kernels, AttentionHelpersMatchScalar) {
+  IsaGuard guard;
+  std::mt19937 rng(3);
+  std::normal_distribution<float> nd(0.0f, 1.0f);
+  const int64_t D = 72, Dv = 100, n_q = 3, n_k = 13, k_stride = 2 * D, v_stride = Dv + 4;
+  std::vector<float> q(size_t(n_q * D)), k(size_t(n_k * k_stride)), v(size_t(n_k * v_stride));
+  for (float& f : q) f = nd(rng);
+  for (float& f : k) f = nd(rng);
+  for (float& f : v) f = nd(rng);
+  auto compute = [&](std::vector<float>& s, std::vector<float>& acc, std::vector<float>& sums) {
+    s.assign(size_t(n_q * 16), 0.0f);
+    acc.assign(size_t(n_q * Dv), 0.5f);
+    sums.assign(size_t(n_q), 0.0f);
+    kernels::attn_scores(q.data(), D, n_q, k.data(), k_stride, n_k, D, 0.125f, s.data(), 16);
+    for (int64_t r = 0; r < n_q; ++r) {
+      sums[size_t(r)] = kernels::exp_shift_sum(s.data() + r * 16, n_k, 1.5f);
+      kernels::accumulate_rows(s.data() + r * 16, v.data(), v_stride, n_k, Dv, acc.data() + r * Dv);
+    }
+  };
+  kernels::force_isa(Isa::Scalar);
+  std::vector<float> s0, acc0, sum0;
+  compute(s0, acc0, sum0);
+  for (int64_t r = 0; r < n_q; ++r)
+    for (int64_t j = 0; j < n_k; ++j) {
+      const double want = std::exp(0.125 * [&] {
+        double d = 0;
+        for (int64_t i = 0; i < D; ++i) d += double(q[size_t(r * D + i)]) * k[size_t(j * k_stride + i)];
+        return d;
+      }() - 1.5);
+      EXPECT_NEAR(s0[size_t(r * 16 + j)], want, 1e-5 * want + 1e-6);
+    }
+  for (Isa isa : kernels::available_isas()) {
+    kernels::force_isa(isa);
+    std::vector<float> s, acc, sums;
+    compute(s, acc, sums);
+    for (size_t i = 0; i < s.size(); ++i) EXPECT_NEAR(s[i], s0[i], 1e-5 * std::fabs(s0[i]) + 1e-6) << kernels::isa_name(isa);
+    for (size_t i = 0; i < acc.size(); ++i) EXPECT_NEAR(acc[i], acc0[i], 1e-4) << kernels::isa_name(isa);
+    for (size_t i = 0; i < sums.size(); ++i) EXPECT_NEAR(sums[i], sum0[i], 1e-5 * sum0[i]) << kernels::isa_name(isa);
+    EXPECT_NEAR(kernels::dot_f32(q.data(), k.data(), D), [&] {
+      kernels::force_isa(Isa::Scalar);
+      const float r = kernels::dot_f32(q.data(), k.data(), D);
+      kernels::force_isa(isa);
+      return r;
+    }(), 1e-4);
+  }
+}
+
+TEST(Kernels, IsaSelection) {
+  const std::vector<Isa> isas = kernels::available_isas();
+  ASSERT_FALSE(isas.empty());
+  EXPECT_EQ(isas.front(), Isa::Scalar);
+  EXPECT_FALSE(kernels::cpu_summary().empty());
+}
+
+}  // namespace
+}  // namespace step35
