@@ -63,26 +63,34 @@ void GenerationRun::cancel_all() {
     }
 }
 
-ChoiceText::ChoiceText(const Tokenizer& tok, bool in_reasoning, int32_t think_end, std::vector<std::string> stops)
-    : tok_(tok), in_reasoning_(in_reasoning && think_end >= 0), think_end_(think_end), stops_(std::move(stops)) {}
+ChoiceText::ChoiceText(const Tokenizer& tok, std::vector<std::string> stops) : tok_(tok), stops_(std::move(stops)) {}
+
+ChoiceText::ChoiceText(const Tokenizer& tok, std::vector<std::string> stops, const nlohmann::json& tools,
+                       const OutputParserOptions& parser_options)
+    : tok_(tok), parser_(std::make_unique<OutputParser>(tok, tools, parser_options)), stops_(std::move(stops)) {}
+
+void ChoiceText::take(std::vector<OutputDelta> deltas, TextDelta& d) {
+  for (OutputDelta& o : deltas) {
+    switch (o.kind) {
+      case OutputDelta::Kind::Reasoning:
+        d.reasoning += o.text;
+        reasoning_ += o.text;
+        break;
+      case OutputDelta::Kind::Content: held_ += o.text; break;
+      default: d.tool_calls.push_back(std::move(o)); break;
+    }
+  }
+}
 
 TextDelta ChoiceText::push(int32_t token) {
   TextDelta d;
   if (stopped_) return d;
-  if (in_reasoning_ && token == think_end_) {
-    d.reasoning = utf8_.flush();
-    reasoning_ += d.reasoning;
-    in_reasoning_ = false;
-    return d;
+  if (parser_) {
+    take(parser_->push(token), d);
+  } else {
+    if (tok_.is_eog(token)) return d;
+    held_ += utf8_.push(tok_.token_to_piece(token, false));
   }
-  if (tok_.is_eog(token)) return d;
-  const std::string text = utf8_.push(tok_.token_to_piece(token, false));
-  if (in_reasoning_) {
-    d.reasoning = text;
-    reasoning_ += text;
-    return d;
-  }
-  held_ += text;
   emit_content(d, false);
   return d;
 }
@@ -90,15 +98,17 @@ TextDelta ChoiceText::push(int32_t token) {
 TextDelta ChoiceText::finish() {
   TextDelta d;
   if (stopped_) return d;
-  const std::string rest = utf8_.flush();
-  if (in_reasoning_) {
-    d.reasoning = rest;
-    reasoning_ += rest;
-    return d;
+  if (parser_) {
+    take(parser_->finish(), d);
+  } else {
+    held_ += utf8_.flush();
   }
-  held_ += rest;
   emit_content(d, true);
   return d;
+}
+
+std::vector<ParsedToolCall> ChoiceText::tool_calls() const {
+  return parser_ ? parser_->result().tool_calls : std::vector<ParsedToolCall>{};
 }
 
 void ChoiceText::emit_content(TextDelta& d, bool final) {

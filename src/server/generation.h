@@ -16,6 +16,7 @@
 #include <vector>
 
 #include "runtime/engine.h"
+#include "server/output_parser.h"
 #include "tokenizer/tokenizer.h"
 
 namespace step35::server {
@@ -70,26 +71,34 @@ class GenerationRun {
 struct TextDelta {
   std::string reasoning;
   std::string content;
+  std::vector<OutputDelta> tool_calls;  // ToolCallStart / ToolCallArguments deltas
   bool stop_matched = false;  // a stop string ended the content (it is not included)
 };
 
-// Text assembly of one choice: token pieces through UTF-8 reassembly; tokens before the
-// think-end token are reasoning when the prompt opened a think block; stop strings end
-// the content (text that may still become a stop string is held back).
+// Text assembly of one choice. Chat output goes through the OutputParser (reasoning /
+// content / tool calls); raw output (completions) is the token pieces as they are. Either
+// way stop strings end the content (text that may still become a stop string is held
+// back).
 class ChoiceText {
  public:
-  ChoiceText(const Tokenizer& tok, bool in_reasoning, int32_t think_end, std::vector<std::string> stops);
+  // Raw text (no parsing).
+  ChoiceText(const Tokenizer& tok, std::vector<std::string> stops);
+  // Parsed chat output.
+  ChoiceText(const Tokenizer& tok, std::vector<std::string> stops, const nlohmann::json& tools,
+             const OutputParserOptions& parser_options);
   TextDelta push(int32_t token);
   TextDelta finish();  // flushes what was held back (at the end of the choice)
   const std::string& reasoning() const { return reasoning_; }
   const std::string& content() const { return content_; }
   bool stopped() const { return stopped_; }
+  // The parsed tool calls (complete after finish()); empty for raw text.
+  std::vector<ParsedToolCall> tool_calls() const;
 
  private:
+  void take(std::vector<OutputDelta> deltas, TextDelta& d);
   void emit_content(TextDelta& d, bool final);
   const Tokenizer& tok_;
-  bool in_reasoning_;
-  int32_t think_end_;
+  std::unique_ptr<OutputParser> parser_;  // null: raw text
   std::vector<std::string> stops_;
   Utf8Stream utf8_;
   std::string reasoning_, content_;  // emitted so far

@@ -26,6 +26,7 @@ struct ChatPlan {
   bool in_reasoning = false;
   std::vector<std::string> stops;
   std::string model;
+  json tools;  // declared tools (null: none, or tool_choice "none")
 };
 
 std::shared_ptr<TokenConstraint> structured_output(ServerContext& ctx, const Fields& f, const json* tools,
@@ -147,6 +148,7 @@ ChatPlan plan_chat(ServerContext& ctx, const json& body) {
   f.boolean("parallel_tool_calls");
   f.string("user");
   r.constraint = structured_output(ctx, f, tools_off ? nullptr : tools, plan.in_reasoning, budget);
+  if (tools && !tools_off) plan.tools = *tools;
   if (r.constraint && r.ignore_eos) throw ApiError(400, "'ignore_eos' cannot be combined with structured output", "ignore_eos");
   r.timeout_s = ctx.options.timeout_s;
   return plan;
@@ -205,7 +207,12 @@ void handle_chat(ServerContext& ctx, json body, const ExecuteOptions* exec, http
   const Tokenizer& tok = ctx.tokenizer();
   auto run = std::make_shared<GenerationRun>(*ctx.engine, replicate(plan.request, plan.n));
   auto texts = std::make_shared<std::vector<ChoiceText>>();
-  for (int i = 0; i < plan.n; ++i) texts->emplace_back(tok, plan.in_reasoning, ctx.think_end, plan.stops);
+  for (int i = 0; i < plan.n; ++i) {
+    OutputParserOptions po;
+    po.in_reasoning = plan.in_reasoning;
+    po.call_id_prefix = random_id("call_") + "_" + std::to_string(i) + "_";
+    texts->emplace_back(tok, plan.stops, plan.tools, po);
+  }
   const auto deadline = Clock::now() + std::chrono::duration_cast<Clock::duration>(
                                            std::chrono::duration<double>(ctx.options.timeout_s + 5));
   const std::string id = random_id("chatcmpl-");
@@ -236,10 +243,20 @@ void handle_chat(ServerContext& ctx, json body, const ExecuteOptions* exec, http
       const ChoiceText& t = (*texts)[size_t(i)];
       json message = {{"role", "assistant"}, {"content", t.content()}};
       if (plan.in_reasoning) message["reasoning_content"] = t.reasoning();
+      const auto calls = t.tool_calls();
+      if (!calls.empty()) {
+        json tc = json::array();
+        for (const ParsedToolCall& c : calls)
+          tc.push_back({{"id", c.id}, {"type", "function"}, {"function", {{"name", c.name}, {"arguments", c.arguments}}}});
+        message["tool_calls"] = tc;
+        if (t.content().empty()) message["content"] = nullptr;
+      }
       choices[size_t(i)] = {{"index", i},
                             {"message", message},
                             {"logprobs", plan.logprobs ? json{{"content", logprobs[size_t(i)]}} : json(nullptr)},
-                            {"finish_reason", openai_finish_reason(ev, t.stopped())}};
+                            {"finish_reason", !calls.empty() && ev.reason == FinishReason::Stop
+                                                  ? "tool_calls"
+                                                  : openai_finish_reason(ev, t.stopped())}};
       n_prompt = ev.n_prompt;
       n_cached = std::max(n_cached, ev.n_cached);
       n_completion += ev.n_generated;
@@ -279,6 +296,17 @@ void handle_chat(ServerContext& ctx, json body, const ExecuteOptions* exec, http
       }
       if (!d.reasoning.empty()) delta["reasoning_content"] = d.reasoning;
       if (!d.content.empty()) delta["content"] = d.content;
+      if (!d.tool_calls.empty()) {
+        json tc = json::array();
+        for (const OutputDelta& o : d.tool_calls) {
+          if (o.kind == OutputDelta::Kind::ToolCallStart)
+            tc.push_back({{"index", o.tool_index}, {"id", o.tool_id}, {"type", "function"},
+                          {"function", {{"name", o.tool_name}, {"arguments", ""}}}});
+          else
+            tc.push_back({{"index", o.tool_index}, {"function", {{"arguments", o.text}}}});
+        }
+        delta["tool_calls"] = tc;
+      }
       json c = {{"index", i}, {"delta", delta}, {"logprobs", nullptr}, {"finish_reason", nullptr}};
       if (plan.logprobs && tok_ev && !tok.is_eog(tok_ev->token))
         c["logprobs"] = {{"content", json::array({logprob_entry(tok, tok_ev->token, tok_ev->logprob, &tok_ev->top)})}};
@@ -287,7 +315,7 @@ void handle_chat(ServerContext& ctx, json body, const ExecuteOptions* exec, http
     int32_t n_prompt = 0, n_cached = 0;
     int64_t n_completion = 0;
     auto on_token = [&](int i, const GenerateEvent& ev, const TextDelta& d) {
-      if (d.reasoning.empty() && d.content.empty() && !(plan.logprobs && !tok.is_eog(ev.token)) && started[size_t(i)])
+      if (d.reasoning.empty() && d.content.empty() && d.tool_calls.empty() && !(plan.logprobs && !tok.is_eog(ev.token)) && started[size_t(i)])
         return true;
       return sse_write(sink, sse_data(chunk(json::array({delta_choice(i, d, &ev)}))));
     };
@@ -296,10 +324,13 @@ void handle_chat(ServerContext& ctx, json body, const ExecuteOptions* exec, http
       n_prompt = ev.n_prompt;
       n_cached = std::max(n_cached, ev.n_cached);
       n_completion += ev.n_generated;
-      if (!d.reasoning.empty() || !d.content.empty() || !started[size_t(i)])
+      if (!d.reasoning.empty() || !d.content.empty() || !d.tool_calls.empty() || !started[size_t(i)])
         if (!sse_write(sink, sse_data(chunk(json::array({delta_choice(i, d, nullptr)}))))) return false;
       json c = delta_choice(i, TextDelta{}, nullptr);
-      c["finish_reason"] = openai_finish_reason(ev, (*texts)[size_t(i)].stopped());
+      const ChoiceText& t = (*texts)[size_t(i)];
+      c["finish_reason"] = !t.tool_calls().empty() && ev.reason == FinishReason::Stop
+                               ? "tool_calls"
+                               : openai_finish_reason(ev, t.stopped());
       if (ev.reason == FinishReason::Error || ev.reason == FinishReason::Timeout) {
         json err = ApiError(ev.reason == FinishReason::Timeout ? 408 : 500,
                             ev.reason == FinishReason::Timeout ? "the request timed out" : "generation failed: " + ev.error)

@@ -97,7 +97,7 @@ void handle_completions(ServerContext& ctx, const json& body, httplib::Response&
   }
   auto run = std::make_shared<GenerationRun>(*ctx.engine, replicate(r, n));
   auto texts = std::make_shared<std::vector<ChoiceText>>();
-  for (int i = 0; i < n; ++i) texts->emplace_back(tok, false, -1, stops);
+  for (int i = 0; i < n; ++i) texts->emplace_back(tok, stops);
   const auto deadline = Clock::now() + std::chrono::duration_cast<Clock::duration>(
                                            std::chrono::duration<double>(ctx.options.timeout_s + 5));
   const std::string id = random_id("cmpl-");
