@@ -22,18 +22,16 @@ GenerationRun::GenerationRun(Engine& engine, std::vector<GenerateRequest> reques
     : engine_(engine), queue_(std::make_shared<EventQueue>()) {
   try {
     for (size_t i = 0; i < requests.size(); ++i) {
-      auto stopped = std::make_shared<std::atomic<bool>>(false);
       std::shared_ptr<EventQueue> q = queue_;
       const int index = int(i);
-      const uint64_t id = engine_.submit(std::move(requests[i]), [q, stopped, index](const GenerateEvent& ev) {
-        // Final events always go through (they carry the usage); token events after a
-        // stop are refused, which ends the request in the engine.
-        if (!ev.done && stopped->load(std::memory_order_relaxed)) return false;
+      // The sink only queues: it never refuses an event, because a refused request gets
+      // no final event. Stopping goes through Engine::cancel(), which always ends with one
+      // (token events already on their way are skipped by drive()).
+      const uint64_t id = engine_.submit(std::move(requests[i]), [q, index](const GenerateEvent& ev) {
         q->push(index, ev);
-        return !stopped->load(std::memory_order_relaxed);
+        return true;
       });
       ids_.push_back(id);
-      stopped_.push_back(stopped);
       done_.push_back(false);
     }
   } catch (...) {
@@ -50,17 +48,11 @@ size_t GenerationRun::running() const {
   return n;
 }
 
-void GenerationRun::stop(int index) {
-  stopped_[size_t(index)]->store(true);
-  engine_.cancel(ids_[size_t(index)]);
-}
+void GenerationRun::stop(int index) { engine_.cancel(ids_[size_t(index)]); }
 
 void GenerationRun::cancel_all() {
   for (size_t i = 0; i < ids_.size(); ++i)
-    if (!done_[i]) {
-      stopped_[i]->store(true);
-      engine_.cancel(ids_[i]);
-    }
+    if (!done_[i]) engine_.cancel(ids_[i]);
 }
 
 ChoiceText::ChoiceText(const Tokenizer& tok, std::vector<std::string> stops) : tok_(tok), stops_(std::move(stops)) {}

@@ -51,7 +51,7 @@ class GenerationRun {
   GenerationRun& operator=(const GenerationRun&) = delete;
 
   bool next(ChoiceEvent& out, std::chrono::steady_clock::time_point deadline) { return queue_->pop(out, deadline); }
-  // Stops one choice (a stop string matched): its sink refuses further events.
+  // Stops one choice (a stop string matched); its final event still arrives.
   void stop(int index);
   void cancel_all();
   size_t size() const { return ids_.size(); }
@@ -63,7 +63,6 @@ class GenerationRun {
   Engine& engine_;
   std::shared_ptr<EventQueue> queue_;
   std::vector<uint64_t> ids_;
-  std::vector<std::shared_ptr<std::atomic<bool>>> stopped_;
   std::vector<bool> done_;
 };
 
