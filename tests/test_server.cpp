@@ -434,3 +434,56 @@ TEST(Server, SigtermExitsCleanly) {
   EXPECT_EQ(s.terminate(), 0);
   inflight.wait();
 }
+
+TEST(Server, AnthropicMessages) {
+  ServerProcess s({"--api-key", "k"});
+  const httplib::Headers key = {{"x-api-key", "k"}, {"anthropic-version", "2023-06-01"}};
+  json body = {{"model", "m"},
+               {"max_tokens", 12},
+               {"temperature", 0},
+               {"system", "be brief"},
+               {"messages", {{{"role", "user"}, {"content", "Hello there"}}}}};
+  int status = 0;
+  json r = post(s, "/v1/messages", body, &status, key);
+  ASSERT_EQ(status, 200) << r.dump();
+  EXPECT_EQ(r["type"], "message");
+  EXPECT_EQ(r["stop_reason"], "max_tokens");
+  EXPECT_EQ(r["usage"]["output_tokens"], 12);
+  ASSERT_EQ(r["content"][0]["type"], "text");
+  // Streaming: the named events in order, and the text deltas concatenate to the same text.
+  body["stream"] = true;
+  std::string out;
+  ASSERT_EQ(run_command("curl -sN " + s.url("/v1/messages") + " -H 'x-api-key: k' -d '" + body.dump() + "'", &out), 0);
+  std::vector<std::string> events;
+  for (size_t at = 0; (at = out.find("event: ", at)) != std::string::npos; at += 7)
+    events.push_back(out.substr(at + 7, out.find('\n', at) - at - 7));
+  ASSERT_GE(events.size(), 5u) << out;
+  EXPECT_EQ(events.front(), "message_start");
+  EXPECT_EQ(events[1], "content_block_start");
+  EXPECT_EQ(events[events.size() - 3], "content_block_stop");
+  EXPECT_EQ(events[events.size() - 2], "message_delta");
+  EXPECT_EQ(events.back(), "message_stop");
+  std::string text;
+  for (const std::string& p : sse_payloads(out)) {
+    json e = json::parse(p);
+    if (e["type"] == "content_block_delta") text += e["delta"]["text"].get<std::string>();
+  }
+  EXPECT_EQ(text, r["content"][0]["text"].get<std::string>());
+  // Tools: a forced call comes back as a tool_use block with a typed input.
+  json tb = {{"model", "m"}, {"max_tokens", 300}, {"temperature", 0},
+             {"messages", {{{"role", "user"}, {"content", "call it"}}}},
+             {"tools", {{{"name", "count"}, {"input_schema", {{"type", "object"}, {"properties", {{"n", {{"type", "integer"}, {"minimum", 0}, {"maximum", 9}}}}}, {"required", {"n"}}}}}}},
+             {"tool_choice", {{"type", "any"}}}};
+  json t = post(s, "/v1/messages", tb, &status, key);
+  ASSERT_EQ(status, 200) << t.dump();
+  EXPECT_EQ(t["stop_reason"], "tool_use") << t.dump();
+  ASSERT_EQ(t["content"].back()["type"], "tool_use") << t.dump();
+  EXPECT_TRUE(t["content"].back()["input"]["n"].is_number_integer()) << t.dump();
+  // Errors in Anthropic's shape.
+  json e = post(s, "/v1/messages", {{"messages", json::array()}}, &status, key);
+  EXPECT_EQ(status, 400);
+  EXPECT_EQ(e["type"], "error");
+  EXPECT_EQ(e["error"]["type"], "invalid_request_error");
+  post(s, "/v1/messages", body, &status);
+  EXPECT_EQ(status, 401);
+}

@@ -109,7 +109,10 @@ void ChoiceText::emit_content(TextDelta& d, bool final) {
   size_t cut = std::string::npos;
   for (const std::string& s : stops_) {
     const size_t at = held_.find(s);
-    if (at < cut) cut = at;
+    if (at < cut) {
+      cut = at;
+      matched_stop_ = s;
+    }
   }
   if (cut != std::string::npos) {
     d.content = held_.substr(0, cut);

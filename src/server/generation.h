@@ -90,6 +90,7 @@ class ChoiceText {
   const std::string& reasoning() const { return reasoning_; }
   const std::string& content() const { return content_; }
   bool stopped() const { return stopped_; }
+  const std::string& matched_stop() const { return matched_stop_; }  // the stop string that ended it
   // The parsed tool calls (complete after finish()); empty for raw text.
   std::vector<ParsedToolCall> tool_calls() const;
 
@@ -103,6 +104,7 @@ class ChoiceText {
   std::string reasoning_, content_;  // emitted so far
   std::string held_;                 // content not yet emitted
   bool stopped_ = false;
+  std::string matched_stop_;
 };
 
 // n copies of `request` for n choices: choice i samples with seed + i and its own copy

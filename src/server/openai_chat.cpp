@@ -5,6 +5,7 @@
 
 #include "runtime/json_constraint.h"
 #include "server/api_error.h"
+#include "server/chat_plan.h"
 #include "server/generation.h"
 #include "server/request_validation.h"
 #include "server/server_context.h"
@@ -16,18 +17,6 @@ using nlohmann::json;
 using Clock = std::chrono::steady_clock;
 
 namespace {
-
-struct ChatPlan {
-  GenerateRequest request;
-  int n = 1;
-  bool stream = false;
-  bool include_usage = false;
-  bool logprobs = false;
-  bool in_reasoning = false;
-  std::vector<std::string> stops;
-  std::string model;
-  json tools;  // declared tools (null: none, or tool_choice "none")
-};
 
 std::shared_ptr<TokenConstraint> structured_output(ServerContext& ctx, const Fields& f, const json* tools,
                                                    bool in_reasoning, int32_t reasoning_budget) {
@@ -91,6 +80,8 @@ std::shared_ptr<TokenConstraint> structured_output(ServerContext& ctx, const Fie
   return std::shared_ptr<TokenConstraint>(std::move(inner));
 }
 
+}  // namespace
+
 ChatPlan plan_chat(ServerContext& ctx, const json& body) {
   Fields f(body);
   f.only({"model", "messages", "stream", "stream_options", "max_tokens", "max_completion_tokens", "temperature",
@@ -153,6 +144,8 @@ ChatPlan plan_chat(ServerContext& ctx, const json& body) {
   r.timeout_s = ctx.options.timeout_s;
   return plan;
 }
+
+namespace {
 
 json logprob_entry(const Tokenizer& tok, int32_t token, float logprob, const std::vector<TokenLogprob>* top) {
   const std::string piece = tok.token_to_piece(token, false);

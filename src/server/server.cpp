@@ -70,10 +70,17 @@ bool authorised(const ServerContext& ctx, const httplib::Request& req) {
   return req.has_header("x-api-key") && same_secret(req.get_header_value("x-api-key"), ctx.options.api_key);
 }
 
-void send_error(httplib::Response& res, const ApiError& e) {
+// OpenAI's error shape, or Anthropic's ({"type":"error","error":{"type","message"}}) on
+// the Anthropic endpoint.
+void send_error(httplib::Response& res, const ApiError& e, bool anthropic) {
   if (e.retry_after_s > 0) res.set_header("Retry-After", std::to_string(e.retry_after_s));
   if (e.status() == 401) res.set_header("WWW-Authenticate", "Bearer");
-  set_json(res, e.body(), e.status());
+  if (anthropic) {
+    const std::string type = e.status() == 503 ? "overloaded_error" : e.status() >= 500 ? "api_error" : e.type();
+    set_json(res, {{"type", "error"}, {"error", {{"type", type}, {"message", e.what()}}}}, e.status());
+  } else {
+    set_json(res, e.body(), e.status());
+  }
 }
 
 using Body = std::function<void(const httplib::Request&, httplib::Response&)>;
@@ -81,7 +88,8 @@ using Body = std::function<void(const httplib::Request&, httplib::Response&)>;
 // Every endpoint goes through here: authentication, readiness, error mapping, metrics.
 httplib::Server::Handler endpoint(ServerContext& ctx, const std::string& name, bool needs_model, bool needs_auth,
                                   Body body) {
-  return [&ctx, name, needs_model, needs_auth, body](const httplib::Request& req, httplib::Response& res) {
+  const bool anthropic = name == "/v1/messages";
+  return [&ctx, name, needs_model, needs_auth, body, anthropic](const httplib::Request& req, httplib::Response& res) {
     ++ctx.in_flight;
     try {
       if (needs_auth && !authorised(ctx, req))
@@ -98,15 +106,15 @@ httplib::Server::Handler endpoint(ServerContext& ctx, const std::string& name, b
       }
       body(req, res);
     } catch (const ApiError& e) {
-      send_error(res, e);
+      send_error(res, e, anthropic);
     } catch (const QueueFullError& e) {
       ApiError a(503, e.what());
       a.retry_after_s = 1;
-      send_error(res, a);
+      send_error(res, a, anthropic);
     } catch (const RequestError& e) {
-      send_error(res, ApiError(400, e.what()));
+      send_error(res, ApiError(400, e.what()), anthropic);
     } catch (const std::exception& e) {
-      send_error(res, ApiError(500, std::string("internal error: ") + e.what()));
+      send_error(res, ApiError(500, std::string("internal error: ") + e.what()), anthropic);
     }
     ctx.metrics.count_request(name, res.status);
     --ctx.in_flight;
@@ -157,6 +165,10 @@ void add_routes(httplib::Server& svr, ServerContext& ctx) {
   svr.Post("/v1/step35/execute",
            endpoint(ctx, "/v1/step35/execute", true, true, [&ctx](const httplib::Request& req, httplib::Response& res) {
              handle_execute(ctx, parse_body(req.body), res);
+           }));
+  svr.Post("/v1/messages",
+           endpoint(ctx, "/v1/messages", true, true, [&ctx](const httplib::Request& req, httplib::Response& res) {
+             handle_messages(ctx, parse_body(req.body), res);
            }));
   svr.Post("/tokenize", endpoint(ctx, "/tokenize", true, true, [&ctx](const httplib::Request& req, httplib::Response& res) {
              const json body = parse_body(req.body);

@@ -43,6 +43,7 @@ struct ExecuteOptions {
 void handle_chat(ServerContext& ctx, nlohmann::json body, const ExecuteOptions* exec, httplib::Response& res);
 void handle_completions(ServerContext& ctx, const nlohmann::json& body, httplib::Response& res);
 void handle_execute(ServerContext& ctx, nlohmann::json body, httplib::Response& res);
+void handle_messages(ServerContext& ctx, const nlohmann::json& body, httplib::Response& res);
 
 // Shared by the handlers.
 void set_json(httplib::Response& res, const nlohmann::json& body, int status = 200);
