@@ -61,6 +61,14 @@ std::string ServerMetrics::render(const EngineStats& s, bool ready) const {
              "\"} " + std::to_string(n) + "\n";
     out += ttft_.render("step35_time_to_first_token_seconds", "submit to first generated token, per choice");
     out += tpot_.render("step35_time_per_output_token_seconds", "mean time per generated token after the first, per choice");
+    const double now = std::chrono::duration<double>(std::chrono::steady_clock::now().time_since_epoch()).count();
+    const double dt = now - last_scrape_s_;
+    const double rate = last_scrape_s_ > 0 && dt > 0 && s.generated_tokens >= last_generated_
+                            ? double(s.generated_tokens - last_generated_) / dt
+                            : 0.0;
+    last_scrape_s_ = now;
+    last_generated_ = s.generated_tokens;
+    metric(out, "step35_generation_tokens_per_second", "gauge", "tokens generated per second since the previous scrape", rate);
     metric(out, "step35_routing_hint_requests_total", "counter", "execute requests with a routing hint", double(routed_));
     metric(out, "step35_routing_hint_compliance", "gauge",
            "share of execute requests served under the routing hint they asked for (1 when none yet)",

@@ -4,6 +4,7 @@
 #pragma once
 
 #include <array>
+#include <chrono>
 #include <cstdint>
 #include <map>
 #include <mutex>
@@ -42,6 +43,9 @@ class ServerMetrics {
   std::map<std::pair<std::string, int>, uint64_t> requests_;
   Histogram ttft_, tpot_;
   uint64_t routed_ = 0, routed_compliant_ = 0;
+  // The previous scrape, for the tokens/s gauge.
+  mutable double last_scrape_s_ = 0;
+  mutable uint64_t last_generated_ = 0;
 };
 
 }  // namespace step35::server
