@@ -164,11 +164,16 @@ TEST(Server, GreedyChatEqualsRunAloneAndUnderLoad) {
   std::vector<std::future<json>> others;
   for (int i = 0; i < 8; ++i)
     others.push_back(std::async(std::launch::async, [&, i] {
-      return post(s, "/v1/chat/completions", chat_body("other prompt number " + std::to_string(i), 30 + 3 * i));
+      json b = chat_body("other prompt number " + std::to_string(i), 120 + 5 * i);
+      b["ignore_eos"] = true;
+      return post(s, "/v1/chat/completions", b);
     }));
-  std::this_thread::sleep_for(std::chrono::milliseconds(50));
+  // Wait until the others are being generated, then send the request again.
+  for (int i = 0; i < 200 && metric(s, "step35_running_sequences") < 8; ++i)
+    std::this_thread::sleep_for(std::chrono::milliseconds(10));
+  EXPECT_EQ(metric(s, "step35_running_sequences"), 8);
   json again = post(s, "/v1/chat/completions", chat_body("Hello there", 24), &status);
-  for (auto& f : others) EXPECT_EQ(f.get()["usage"]["completion_tokens"].get<int>() > 0, true);
+  for (int i = 0; i < 8; ++i) EXPECT_EQ(others[size_t(i)].get()["usage"]["completion_tokens"].get<int>(), 120 + 5 * i);
   ASSERT_EQ(status, 200);
   EXPECT_EQ(again["choices"][0]["message"]["content"].get<std::string>(), expected);
 }

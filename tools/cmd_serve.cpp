@@ -13,7 +13,7 @@ static int serve_main(const Args& args) {
   p.flag("-m,--model", "FILE", "GGUF model (first part of a split model)", "the built-in tiny model");
   p.flag("--alias", "NAME", "model id reported by /v1/models", "the model file name");
   p.flag("--host", "ADDR", "address to listen on", "127.0.0.1");
-  p.flag("--port", "N", "TCP port", "8080");
+  p.flag("--port", "N", "TCP port (0: any free port, printed at start)", "8080");
   p.flag("--parallel", "N", "sequences generated together at most", "4");
   p.flag("-c,--ctx-size", "N", "context size per sequence in tokens", "4096, at most the model's");
   p.flag("-t,--threads", "N", "worker threads", "number of cores");

@@ -245,11 +245,13 @@ int serve(const ServerOptions& options) {
                                               options.engine.max_queue + 8);
   svr.new_task_queue = [threads] { return new httplib::ThreadPool(size_t(threads)); };
   add_routes(svr, ctx);
-  if (!svr.bind_to_port(options.host, options.port))
+  // Port 0: any free port (printed below).
+  const int port = options.port == 0 ? svr.bind_to_any_port(options.host) : options.port;
+  if (port <= 0 || (options.port != 0 && !svr.bind_to_port(options.host, options.port)))
     throw std::runtime_error("cannot listen on " + options.host + ":" + std::to_string(options.port) +
                              " (in use, or not a local address)");
   std::thread http([&svr] { svr.listen_after_bind(); });
-  std::fprintf(stderr, "step35 serve: listening on http://%s:%d (loading %s)\n", options.host.c_str(), options.port,
+  std::fprintf(stderr, "step35 serve: listening on http://%s:%d (loading %s)\n", options.host.c_str(), port,
                options.model_path.c_str());
   try {
     Model::LoadOptions lo;
