@@ -44,7 +44,7 @@ class ServerProcess {
     static int next = 18000 + int(getpid() % 500);
     do port_ = next++; while (!port_free(port_) && next < 19000);
     std::vector<std::string> args = {step35_binary(), "serve", "-m", fixture_model(kModel), "--port",
-                                     std::to_string(port_), "-t", "2"};
+                                     std::to_string(port_), "-t", "1"};
     args.insert(args.end(), extra.begin(), extra.end());
     log_ = tmp_dir() + "/server_" + std::to_string(port_) + ".log";
     pid_ = fork();
@@ -118,7 +118,7 @@ std::string as_json_text(const std::string& s) {
 std::string run_greedy(const std::string& prompt, int n) {
   std::string out;
   EXPECT_EQ(run_command(step35_binary() + " run -m '" + fixture_model(kModel) + "' --chat -p '" + prompt +
-                            "' --temp 0 -n " + std::to_string(n) + " -t 2",
+                            "' --temp 0 -n " + std::to_string(n) + " -t 1",
                         &out, nullptr),
             0);
   if (!out.empty() && out.back() == '\n') out.pop_back();
@@ -164,7 +164,7 @@ TEST(Server, GreedyChatEqualsRunAloneAndUnderLoad) {
   std::vector<std::future<json>> others;
   for (int i = 0; i < 8; ++i)
     others.push_back(std::async(std::launch::async, [&, i] {
-      json b = chat_body("other prompt number " + std::to_string(i), 64 + 4 * i);
+      json b = chat_body("other prompt number " + std::to_string(i), 2000 + 10 * i);
       b["ignore_eos"] = true;
       return post(s, "/v1/chat/completions", b);
     }));
@@ -173,7 +173,7 @@ TEST(Server, GreedyChatEqualsRunAloneAndUnderLoad) {
     std::this_thread::sleep_for(std::chrono::milliseconds(10));
   EXPECT_EQ(metric(s, "step35_running_sequences"), 8);
   json again = post(s, "/v1/chat/completions", chat_body("Hello there", 24), &status);
-  for (int i = 0; i < 8; ++i) EXPECT_EQ(others[size_t(i)].get()["usage"]["completion_tokens"].get<int>(), 64 + 4 * i);
+  for (int i = 0; i < 8; ++i) EXPECT_EQ(others[size_t(i)].get()["usage"]["completion_tokens"].get<int>(), 2000 + 10 * i);
   ASSERT_EQ(status, 200);
   EXPECT_EQ(again["choices"][0]["message"]["content"].get<std::string>(), expected);
 }
@@ -432,12 +432,19 @@ TEST(Server, ForcedToolCallsAndJsonSchema) {
 }
 
 TEST(Server, SigtermExitsCleanly) {
-  ServerProcess s;
-  json body = chat_body("x", 200);
-  auto inflight = std::async(std::launch::async, [&] { return post(s, "/v1/chat/completions", body); });
-  std::this_thread::sleep_for(std::chrono::milliseconds(100));
+  ServerProcess s({"--shutdown-grace", "120"});
+  // A request in flight at SIGTERM still completes (within --shutdown-grace).
+  json body = chat_body("x", 30);
+  body["ignore_eos"] = true;
+  int status = 0;
+  auto inflight = std::async(std::launch::async, [&] { return post(s, "/v1/chat/completions", body, &status); });
+  for (int i = 0; i < 200 && metric(s, "step35_running_sequences") < 1; ++i)
+    std::this_thread::sleep_for(std::chrono::milliseconds(10));
   EXPECT_EQ(s.terminate(), 0);
-  inflight.wait();
+  const json r = inflight.get();
+  EXPECT_EQ(status, 200) << r.dump();
+  EXPECT_EQ(r["usage"]["completion_tokens"], 30);
+  EXPECT_EQ(r["choices"][0]["finish_reason"], "length");
 }
 
 TEST(Server, AnthropicMessages) {

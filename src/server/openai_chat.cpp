@@ -235,7 +235,7 @@ void handle_chat(ServerContext& ctx, json body, const ExecuteOptions* exec, http
       throw_if_failed(ev);
       const ChoiceText& t = (*texts)[size_t(i)];
       json message = {{"role", "assistant"}, {"content", t.content()}};
-      if (plan.in_reasoning) message["reasoning_content"] = t.reasoning();
+      if (plan.in_reasoning || !t.reasoning().empty()) message["reasoning_content"] = t.reasoning();
       const auto calls = t.tool_calls();
       if (!calls.empty()) {
         json tc = json::array();

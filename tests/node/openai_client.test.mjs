@@ -15,7 +15,7 @@ try {
   process.exit(77);
 }
 
-const server = spawn(binary, ['serve', '-m', model, '--port', port, '-t', '2', '--api-key', 'node-key'],
+const server = spawn(binary, ['serve', '-m', model, '--port', port, '-t', '1', '--api-key', 'node-key'],
                      { stdio: ['ignore', 'inherit', 'inherit'] });
 let exited = null;
 server.on('exit', (code, signal) => { exited = { code, signal }; });
