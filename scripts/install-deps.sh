@@ -7,8 +7,16 @@ pkgs=(cmake g++ make git python3 libgtest-dev libgmock-dev libbenchmark-dev nloh
       clang libclang-rt-14-dev llvm curl)
 missing=()
 for p in "${pkgs[@]}"; do dpkg -s "$p" >/dev/null 2>&1 || missing+=("$p"); done
-if [ ${#missing[@]} -eq 0 ]; then exit 0; fi
-SUDO=""
-[ "$(id -u)" -ne 0 ] && SUDO=sudo
-$SUDO apt-get update -qq
-DEBIAN_FRONTEND=noninteractive $SUDO apt-get install -y -qq --no-install-recommends "${missing[@]}"
+if [ ${#missing[@]} -ne 0 ]; then
+  SUDO=""
+  [ "$(id -u)" -ne 0 ] && SUDO=sudo
+  $SUDO apt-get update -qq
+  DEBIAN_FRONTEND=noninteractive $SUDO apt-get install -y -qq --no-install-recommends "${missing[@]}"
+fi
+# The server's client test uses the official openai npm package (pinned in
+# tests/node/package-lock.json); without node/npm that test is skipped.
+if command -v npm >/dev/null 2>&1; then
+  (cd "$(dirname "$0")/../tests/node" && npm ci --no-audit --no-fund --silent)
+else
+  echo "npm not found: tests/node (openai client test) will be skipped" >&2
+fi

@@ -1,0 +1,108 @@
+#include "server/metrics.h"
+
+#include <cstdio>
+
+namespace step35::server {
+
+void Histogram::observe(double v) {
+  for (size_t i = 0; i < kBounds.size(); ++i)
+    if (v <= kBounds[i]) ++buckets_[i];
+  ++count_;
+  sum_ += v;
+}
+
+static std::string num(double v) {
+  char buf[64];
+  std::snprintf(buf, sizeof buf, "%.9g", v);
+  return buf;
+}
+
+std::string Histogram::render(const std::string& name, const std::string& help) const {
+  std::string out = "# HELP " + name + " " + help + "\n# TYPE " + name + " histogram\n";
+  for (size_t i = 0; i < kBounds.size(); ++i)
+    out += name + "_bucket{le=\"" + num(kBounds[i]) + "\"} " + std::to_string(buckets_[i]) + "\n";
+  out += name + "_bucket{le=\"+Inf\"} " + std::to_string(count_) + "\n";
+  out += name + "_sum " + num(sum_) + "\n" + name + "_count " + std::to_string(count_) + "\n";
+  return out;
+}
+
+void ServerMetrics::count_request(const std::string& endpoint, int status) {
+  std::lock_guard<std::mutex> lk(mu_);
+  ++requests_[{endpoint, status}];
+}
+
+void ServerMetrics::observe_generation(const GenerateEvent& ev) {
+  std::lock_guard<std::mutex> lk(mu_);
+  if (ev.n_generated > 0) ttft_.observe(ev.ttft_s);
+  if (ev.n_generated > 1) tpot_.observe((ev.total_s - ev.ttft_s) / (ev.n_generated - 1));
+}
+
+void ServerMetrics::count_routing(bool compliant) {
+  std::lock_guard<std::mutex> lk(mu_);
+  ++routed_;
+  routed_compliant_ += compliant;
+}
+
+namespace {
+void metric(std::string& out, const char* name, const char* type, const char* help, double value) {
+  out += std::string("# HELP ") + name + " " + help + "\n# TYPE " + name + " " + type + "\n" + name + " " + num(value) + "\n";
+}
+}  // namespace
+
+std::string ServerMetrics::render(const EngineStats& s, bool ready) const {
+  std::string out;
+  metric(out, "step35_ready", "gauge", "1 once the model is loaded", ready ? 1 : 0);
+  {
+    std::lock_guard<std::mutex> lk(mu_);
+    out += "# HELP step35_http_requests_total HTTP requests by endpoint and status\n"
+           "# TYPE step35_http_requests_total counter\n";
+    for (const auto& [key, n] : requests_)
+      out += "step35_http_requests_total{endpoint=\"" + key.first + "\",status=\"" + std::to_string(key.second) +
+             "\"} " + std::to_string(n) + "\n";
+    out += ttft_.render("step35_time_to_first_token_seconds", "submit to first generated token, per choice");
+    out += tpot_.render("step35_time_per_output_token_seconds", "mean time per generated token after the first, per choice");
+    const double now = std::chrono::duration<double>(std::chrono::steady_clock::now().time_since_epoch()).count();
+    const double dt = now - last_scrape_s_;
+    const double rate = last_scrape_s_ > 0 && dt > 0 && s.generated_tokens >= last_generated_
+                            ? double(s.generated_tokens - last_generated_) / dt
+                            : 0.0;
+    last_scrape_s_ = now;
+    last_generated_ = s.generated_tokens;
+    metric(out, "step35_generation_tokens_per_second", "gauge", "tokens generated per second since the previous scrape", rate);
+    metric(out, "step35_routing_hint_requests_total", "counter", "execute requests with a routing hint", double(routed_));
+    metric(out, "step35_routing_hint_compliance", "gauge",
+           "share of execute requests served under the routing hint they asked for (1 when none yet)",
+           routed_ ? double(routed_compliant_) / double(routed_) : 1.0);
+  }
+  out += "# HELP step35_requests_finished_total engine requests by finish reason\n"
+         "# TYPE step35_requests_finished_total counter\n";
+  for (int r = 0; r < 6; ++r)
+    out += std::string("step35_requests_finished_total{reason=\"") + finish_reason_name(FinishReason(r)) + "\"} " +
+           std::to_string(s.requests_finished[r]) + "\n";
+  metric(out, "step35_requests_submitted_total", "counter", "engine requests submitted (one per choice)", double(s.requests_submitted));
+  metric(out, "step35_queue_depth", "gauge", "requests waiting to start", s.queue_depth);
+  metric(out, "step35_running_sequences", "gauge", "sequences being stepped", s.running);
+  metric(out, "step35_prompt_tokens_total", "counter", "prompt tokens computed (cache hits excluded)", double(s.prompt_tokens));
+  metric(out, "step35_prompt_tokens_cached_total", "counter", "prompt tokens reused from the prefix cache", double(s.prompt_tokens_cached));
+  metric(out, "step35_generated_tokens_total", "counter", "tokens generated", double(s.generated_tokens));
+  metric(out, "step35_steps_total", "counter", "forward passes", double(s.steps));
+  metric(out, "step35_kv_blocks_total", "gauge", "KV cache blocks in the pool", double(s.kv_blocks_total));
+  metric(out, "step35_kv_blocks_used", "gauge", "KV blocks held by running sequences", double(s.kv_blocks_used));
+  metric(out, "step35_kv_blocks_cached", "gauge", "idle KV blocks kept for prefix reuse (evictable)", double(s.kv_blocks_cached));
+  metric(out, "step35_kv_blocks_free", "gauge", "KV blocks neither used nor cached",
+         double(s.kv_blocks_total - s.kv_blocks_used - s.kv_blocks_cached));
+  metric(out, "step35_prefix_cache_lookups_total", "counter", "requests that looked up the prefix cache", double(s.prefix_lookups));
+  metric(out, "step35_prefix_cache_hits_total", "counter", "lookups that reused at least one block", double(s.prefix_hits));
+  metric(out, "step35_prefix_cache_hit_rate", "gauge", "hits / lookups",
+         s.prefix_lookups ? double(s.prefix_hits) / double(s.prefix_lookups) : 0.0);
+  metric(out, "step35_router_entropy_nats", "gauge", "mean entropy of the normalised weights of the selected experts (recent steps)", s.router_entropy);
+  metric(out, "step35_expert_activation_skew", "gauge", "max / mean expert activation count per MoE layer (recent steps)", s.expert_skew);
+  metric(out, "step35_distinct_experts_per_step", "gauge", "distinct routed experts per MoE layer per step (recent steps)", s.mean_distinct_experts);
+  metric(out, "step35_adaptive_tokens_total", "counter", "tokens routed with the adaptive expert policy", double(s.adaptive_tokens));
+  metric(out, "step35_adaptive_mean_experts", "gauge", "mean routed experts per adaptive token", s.adaptive_mean_k);
+  metric(out, "step35_mtp_steps_total", "counter", "MTP verification steps with drafts", double(s.mtp_steps));
+  metric(out, "step35_mtp_tokens_total", "counter", "tokens those MTP steps produced", double(s.mtp_tokens));
+  return out;
+}
+
+}  // namespace step35::server

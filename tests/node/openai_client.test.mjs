@@ -1,0 +1,106 @@
+// The official `openai` npm client against `step35 serve`: chat (plain, streamed, tools,
+// json_schema), completions, models, errors as the client's exception classes, the
+// step35 execute endpoint, and a clean SIGTERM exit. Starts the server itself and kills
+// it on every path.
+// usage: node openai_client.test.mjs STEP35_BINARY MODEL.gguf PORT
+import { spawn } from 'node:child_process';
+import assert from 'node:assert/strict';
+
+const [binary, model, port] = process.argv.slice(2);
+let OpenAI;
+try {
+  ({ default: OpenAI } = await import('openai'));
+} catch {
+  console.log('SKIP: tests/node/node_modules is missing (run scripts/install-deps.sh, which runs npm ci there)');
+  process.exit(77);
+}
+
+const server = spawn(binary, ['serve', '-m', model, '--port', port, '-t', '2', '--api-key', 'node-key'],
+                     { stdio: ['ignore', 'inherit', 'inherit'] });
+let exited = null;
+server.on('exit', (code, signal) => { exited = { code, signal }; });
+const killServer = () => { if (exited === null) server.kill('SIGKILL'); };
+process.on('exit', killServer);
+process.on('uncaughtException', (e) => { console.error(e); killServer(); process.exit(1); });
+process.on('unhandledRejection', (e) => { console.error(e); killServer(); process.exit(1); });
+
+const base = `http://127.0.0.1:${port}`;
+for (let i = 0; ; ++i) {
+  try {
+    if ((await fetch(`${base}/health`)).status === 200) break;
+  } catch {}
+  if (i > 200 || exited) throw new Error('server did not start');
+  await new Promise((r) => setTimeout(r, 50));
+}
+
+const client = new OpenAI({ baseURL: `${base}/v1`, apiKey: 'node-key', maxRetries: 0 });
+const messages = [{ role: 'user', content: 'Hello there' }];
+
+// Models.
+const models = await client.models.list();
+assert.equal(models.data.length, 1);
+
+// Chat, greedy, then the same streamed: same text, usage in the last chunk.
+const chat = await client.chat.completions.create({ model: 'm', messages, temperature: 0, max_tokens: 16 });
+assert.equal(chat.choices[0].finish_reason, 'length');
+assert.equal(chat.usage.completion_tokens, 16);
+const stream = await client.chat.completions.create({
+  model: 'm', messages, temperature: 0, max_tokens: 16, stream: true, stream_options: { include_usage: true },
+});
+let text = '';
+let usage = null;
+for await (const chunk of stream) {
+  for (const c of chunk.choices) text += c.delta.content ?? '';
+  if (chunk.usage) usage = chunk.usage;
+}
+assert.equal(text, chat.choices[0].message.content);
+assert.equal(usage.completion_tokens, 16);
+
+// Forced tool call: parsed arguments with the declared types.
+const tools = [{
+  type: 'function',
+  function: {
+    name: 'get_weather',
+    parameters: { type: 'object', properties: { city: { type: 'string', enum: ['Paris', 'Oslo'] },
+                                                days: { type: 'integer', minimum: 1, maximum: 9 } },
+                  required: ['city', 'days'] },
+  },
+}];
+const called = await client.chat.completions.create({
+  model: 'm', messages, temperature: 0, max_tokens: 200, tools, tool_choice: 'required',
+});
+const call = called.choices[0].message.tool_calls[0];
+assert.equal(call.function.name, 'get_weather');
+const args = JSON.parse(call.function.arguments);
+assert.ok(['Paris', 'Oslo'].includes(args.city));
+assert.ok(Number.isInteger(args.days));
+
+// json_schema: the content parses and has the required members.
+const structured = await client.chat.completions.create({
+  model: 'm', messages, temperature: 0, max_tokens: 1000,
+  response_format: { type: 'json_schema', json_schema: { name: 'a', schema: {
+    type: 'object', properties: { ok: { type: 'boolean' } }, required: ['ok'], additionalProperties: false } } },
+});
+assert.equal(typeof JSON.parse(structured.choices[0].message.content).ok, 'boolean');
+
+// Completions.
+const completion = await client.completions.create({ model: 'm', prompt: 'Once upon', max_tokens: 5, temperature: 0 });
+assert.equal(completion.usage.completion_tokens, 5);
+
+// The step35 execute endpoint through the client's generic POST.
+const executed = await client.post('/step35/execute', {
+  body: { messages, max_tokens: 4, routing_hint: 'low_latency', expert_policy: 'adaptive' },
+});
+assert.equal(executed.step35.expert_policy_applied, 'adaptive');
+
+// Errors as the client's exception classes.
+await assert.rejects(client.chat.completions.create({ model: 'm', messages, temperature: 'hot' }),
+                     (e) => e instanceof OpenAI.BadRequestError);
+const anonymous = new OpenAI({ baseURL: `${base}/v1`, apiKey: 'wrong', maxRetries: 0 });
+await assert.rejects(anonymous.models.list(), (e) => e instanceof OpenAI.AuthenticationError);
+
+// SIGTERM: exit status 0.
+server.kill('SIGTERM');
+for (let i = 0; exited === null && i < 400; ++i) await new Promise((r) => setTimeout(r, 25));
+assert.deepEqual(exited, { code: 0, signal: null });
+console.log('openai client test: all checks passed');
