@@ -1,12 +1,7 @@
 // libFuzzer entry point: arbitrary bytes as a JSON Schema for make_json_constraint and
-// json_schema_validate. Not part of the CMake build (needs clang's -fsanitize=fuzzer).
-//
-// Build and run from the repository root (clang 14+):
-//   clang++ -std=c++20 -O1 -g -fsanitize=fuzzer,address,undefined -Isrc fuzz/fuzz_json_schema.cpp \
-//     src/runtime/{grammar,regex_grammar,grammar_constraint,json_schema_compile,json_schema_validate,json_constraint,thread_pool}.cpp \
-//     src/tokenizer/{tokenizer,unicode,unicode_data}.cpp src/gguf/{gguf,gguf_writer}.cpp src/tensor/*.cpp \
-//     -lpthread -o fuzz_json_schema
-//   ./fuzz_json_schema -max_len=4096 fuzz/corpus/json_schema
+// json_schema_validate. Built by CMake with -DSTEP35_FUZZ=ON (see fuzz/run.sh):
+//   fuzz/run.sh 60            # every target, 60 s each
+//   build-fuzz/bin/fuzz_json_schema -max_len=4096 fuzz/corpus/json_schema
 //
 // Besides "no crash, no hang, no exception other than std::invalid_argument", it checks
 // the constraint's promise: a generation driven by the input (random choices, then the

@@ -2,7 +2,9 @@
 # Installs step35's build and test dependencies from Debian 12's packages.
 set -euo pipefail
 pkgs=(cmake g++ make git python3 libgtest-dev libgmock-dev libbenchmark-dev nlohmann-json3-dev
-      libcpp-httplib-dev)
+      libcpp-httplib-dev
+      # fuzzing (-DSTEP35_FUZZ=ON: clang's libFuzzer + sanitizer runtimes) and curl for bench/soak.sh
+      clang libclang-rt-14-dev llvm curl)
 missing=()
 for p in "${pkgs[@]}"; do dpkg -s "$p" >/dev/null 2>&1 || missing+=("$p"); done
 if [ ${#missing[@]} -ne 0 ]; then

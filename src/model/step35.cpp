@@ -33,8 +33,18 @@ std::string shape_str(const int64_t* ne, uint32_t n) {
 // Loading
 
 std::unique_ptr<Model> Model::load(const std::string& path, const LoadOptions& opts) {
+  return load_parsed(gguf::File::open(path), opts);
+}
+
+std::unique_ptr<Model> Model::load_buffer(const uint8_t* data, size_t size, const std::string& name,
+                                          const LoadOptions& opts) {
+  return load_parsed(gguf::File::parse_buffer(data, size, name), opts);
+}
+
+std::unique_ptr<Model> Model::load_parsed(std::unique_ptr<gguf::File> file, const LoadOptions& opts) {
+  const std::string path = file->path();
   std::unique_ptr<Model> m(new Model());
-  m->file_ = gguf::File::open(path);
+  m->file_ = std::move(file);
   m->load_hparams();
   m->tokenizer_ = Tokenizer::from_gguf(*m->file_);
   m->load_tensors(opts);

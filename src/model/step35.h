@@ -95,6 +95,10 @@ class Model {
   // Throws gguf::Error with a one-line message for anything malformed or unsupported.
   static std::unique_ptr<Model> load(const std::string& path, const LoadOptions& opts);
   static std::unique_ptr<Model> load(const std::string& path) { return load(path, LoadOptions{}); }
+  // The same from a GGUF image in memory (tests and fuzzers). The model points into
+  // `data`, which must outlive it; `name` appears in error messages.
+  static std::unique_ptr<Model> load_buffer(const uint8_t* data, size_t size, const std::string& name,
+                                            const LoadOptions& opts);
 
   const HParams& hparams() const { return hp_; }
   const Tokenizer& tokenizer() const { return *tokenizer_; }
@@ -134,6 +138,7 @@ class Model {
 
  private:
   Model() = default;
+  static std::unique_ptr<Model> load_parsed(std::unique_ptr<gguf::File> file, const LoadOptions& opts);
   void load_hparams();
   void load_tensors(const LoadOptions& opts);
 

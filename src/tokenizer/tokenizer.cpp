@@ -610,6 +610,9 @@ void Tokenizer::bpe(std::string_view piece, std::vector<TokenId>& out) const {
 }
 
 std::vector<TokenId> Tokenizer::encode(std::string_view text, bool add_special, bool parse_special) const {
+  if (text.size() > kMaxEncodeBytes)
+    throw std::length_error("text of " + std::to_string(text.size()) + " bytes is too long to tokenize (at most " +
+                            std::to_string(kMaxEncodeBytes) + " bytes)");
   // Fragments of the text: raw byte ranges (id -1) or carved special tokens.
   struct Frag {
     TokenId id;

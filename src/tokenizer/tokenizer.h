@@ -30,6 +30,9 @@ class Tokenizer {
   // parse_special: carve CONTROL tokens out of the text (USER_DEFINED always are).
   // Arbitrary bytes are accepted (invalid UTF-8 included); the result always decodes
   // back to exactly the input bytes (plus the BOS text if added).
+  // Text longer than kMaxEncodeBytes is refused with std::length_error before it is read:
+  // every byte can become one token, and token counts and positions are int32.
+  static constexpr size_t kMaxEncodeBytes = size_t(1) << 30;
   std::vector<TokenId> encode(std::string_view text, bool add_special, bool parse_special) const;
 
   // Text of one token as raw bytes (byte-level mapping inverted). Control tokens give

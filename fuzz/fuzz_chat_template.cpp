@@ -1,0 +1,56 @@
+// libFuzzer target: arbitrary message JSON through the chat template (both formats).
+// Built by CMake with -DSTEP35_FUZZ=ON (see fuzz/run.sh).
+//
+// Input: a JSON value. An array is the messages; an object may carry "messages", "tools",
+// "template" (a string: the GGUF chat template source, which picks the format) and "bos".
+// Contract checked: bad messages or tools are rejected with std::invalid_argument (the
+// server turns that into a 400), never another exception, a crash or UB; a rendering
+// ends with the generation prompt when one was asked for.
+#include <cstdint>
+#include <cstdio>
+#include <cstdlib>
+#include <stdexcept>
+#include <string>
+
+#include <nlohmann/json.hpp>
+
+#include "tokenizer/chat_template.h"
+
+using namespace step35;
+
+namespace {
+
+[[noreturn]] void fail(const char* what, const std::string& detail) {
+  std::fprintf(stderr, "fuzz_chat_template: %s: %s\n", what, detail.c_str());
+  std::abort();
+}
+
+}  // namespace
+
+extern "C" int LLVMFuzzerTestOneInput(const uint8_t* data, size_t size) {
+  nlohmann::ordered_json in = nlohmann::ordered_json::parse(data, data + size, nullptr, false);
+  if (in.is_discarded()) return 0;
+  nlohmann::json messages = nlohmann::json::parse(in.dump(-1, ' ', false, nlohmann::json::error_handler_t::replace));
+  nlohmann::ordered_json tools = nlohmann::ordered_json::array();
+  std::string source, bos = "<s>";
+  if (in.is_object()) {
+    messages = messages.contains("messages") ? messages["messages"] : nlohmann::json();
+    if (in.contains("tools")) tools = in["tools"];
+    if (in.contains("template") && in["template"].is_string()) source = in["template"].get<std::string>();
+    if (in.contains("bos") && in["bos"].is_string()) bos = in["bos"].get<std::string>();
+  }
+  const bool gen_prompt = size % 2 == 0;
+  try {
+    const ChatTemplate tmpl(source, bos);
+    const std::vector<ChatMessage> msgs = ChatTemplate::messages_from_json(messages);
+    std::string out = tmpl.render(msgs, tools, gen_prompt);
+    // The nlohmann::json overload (sorted keys) must accept exactly the same tools.
+    (void)tmpl.render(msgs, nlohmann::json::parse(tools.dump(-1, ' ', false, nlohmann::json::error_handler_t::replace)),
+                      gen_prompt);
+    if (tmpl.renders_bos() && out.compare(0, bos.size(), bos) != 0) fail("rendering lost the BOS text", out.substr(0, 64));
+  } catch (const std::invalid_argument&) {
+  } catch (const std::exception& e) {
+    fail("non-invalid_argument exception", e.what());
+  }
+  return 0;
+}

@@ -1,0 +1,348 @@
+// Hostile HTTP against the real `step35 serve` on 127.0.0.1 (ports 19000-19499): malformed
+// and wrongly typed bodies, absurd numbers, prompts past the context, invalid UTF-8, 10 MB
+// bodies, slow-loris and idle connections, abrupt disconnects mid-stream, and cross-request
+// isolation through the prefix cache. Every case must get the right 4xx or a clean close,
+// and the server must keep serving others (checked after each group).
+#include <arpa/inet.h>
+#include <netinet/in.h>
+#include <poll.h>
+#include <signal.h>
+#include <sys/socket.h>
+#include <sys/wait.h>
+#include <unistd.h>
+
+#include <chrono>
+#include <cstdio>
+#include <string>
+#include <thread>
+#include <vector>
+
+#include <gtest/gtest.h>
+#include <httplib.h>
+#include <nlohmann/json.hpp>
+
+#include "support.h"
+
+namespace st = step35::testing;
+using nlohmann::json;
+using Clock = std::chrono::steady_clock;
+
+namespace {
+
+std::string micro_model() { return std::string(PROJECT_SOURCE_DIR) + "/fuzz/corpus/gguf/micro-f16.gguf"; }
+
+bool port_free(int port) {
+  const int fd = socket(AF_INET, SOCK_STREAM, 0);
+  sockaddr_in a{};
+  a.sin_family = AF_INET;
+  a.sin_port = htons(uint16_t(port));
+  a.sin_addr.s_addr = htonl(INADDR_LOOPBACK);
+  const bool ok = bind(fd, reinterpret_cast<sockaddr*>(&a), sizeof a) == 0;
+  close(fd);
+  return ok;
+}
+
+// `step35 serve` on the micro model (context 256), killed and reaped on every path out.
+class Server {
+ public:
+  explicit Server(std::vector<std::string> extra = {}) {
+    static int next = 19000 + int(getpid() % 400);
+    do port_ = next++; while (!port_free(port_) && next < 19500);
+    std::vector<std::string> args = {st::step35_binary(), "serve", "-m", micro_model(), "--port",
+                                     std::to_string(port_), "-t", "2", "-c", "256"};
+    args.insert(args.end(), extra.begin(), extra.end());
+    const std::string log = st::tmp_dir() + "/hostile_server_" + std::to_string(port_) + ".log";
+    pid_ = fork();
+    if (pid_ == 0) {
+      if (!std::freopen(log.c_str(), "w", stderr)) _exit(126);
+      std::vector<char*> argv;
+      for (auto& a : args) argv.push_back(a.data());
+      argv.push_back(nullptr);
+      execv(argv[0], argv.data());
+      _exit(127);
+    }
+    for (int i = 0; i < 300; ++i) {
+      auto r = client().Get("/health");
+      if (r && r->status == 200) return;
+      std::this_thread::sleep_for(std::chrono::milliseconds(50));
+    }
+    ADD_FAILURE() << "server did not become ready";
+  }
+  ~Server() {
+    kill(pid_, SIGKILL);
+    waitpid(pid_, nullptr, 0);
+  }
+  bool alive() const { return waitpid(pid_, nullptr, WNOHANG) == 0; }
+  int port() const { return port_; }
+  httplib::Client client(int timeout_s = 60) const {
+    httplib::Client c("127.0.0.1", port_);
+    c.set_read_timeout(timeout_s, 0);
+    c.set_connection_timeout(timeout_s, 0);
+    return c;
+  }
+  // POSTs raw bytes; the status (-1: no response) and the body.
+  int post(const std::string& path, const std::string& body, std::string* out = nullptr) const {
+    auto r = client().Post(path.c_str(), body, "application/json");
+    if (!r) return -1;
+    if (out) *out = r->body;
+    return r->status;
+  }
+  double metric(const std::string& name) const {
+    auto r = client().Get("/metrics");
+    if (!r) return -1;
+    const size_t at = r->body.find("\n" + name + " ");
+    return at == std::string::npos ? -1 : std::stod(r->body.substr(at + name.size() + 2));
+  }
+  // A short greedy chat completion works (the server still serves others).
+  void expect_serving(const std::string& context) const {
+    std::string out;
+    const json body = {{"messages", {{{"role", "user"}, {"content", "still there?"}}}}, {"max_tokens", 3},
+                       {"temperature", 0}};
+    EXPECT_EQ(post("/v1/chat/completions", body.dump(), &out), 200) << context << ": " << out;
+    EXPECT_TRUE(alive()) << context;
+  }
+
+ private:
+  int port_ = 0;
+  pid_t pid_ = -1;
+};
+
+// A raw TCP connection to the server (for what an HTTP client library will not send).
+class RawConn {
+ public:
+  explicit RawConn(int port) {
+    fd_ = socket(AF_INET, SOCK_STREAM, 0);
+    sockaddr_in a{};
+    a.sin_family = AF_INET;
+    a.sin_port = htons(uint16_t(port));
+    a.sin_addr.s_addr = htonl(INADDR_LOOPBACK);
+    connected_ = connect(fd_, reinterpret_cast<sockaddr*>(&a), sizeof a) == 0;
+  }
+  ~RawConn() { close_now(); }
+  bool connected() const { return connected_; }
+  bool send_all(const std::string& s) {
+    size_t at = 0;
+    while (at < s.size()) {
+      const ssize_t n = ::send(fd_, s.data() + at, s.size() - at, MSG_NOSIGNAL);
+      if (n <= 0) return false;
+      at += size_t(n);
+    }
+    return true;
+  }
+  // Reads what arrives within `ms`; false once the peer closed.
+  bool read_some(std::string* out, int ms) {
+    pollfd p{fd_, POLLIN, 0};
+    if (poll(&p, 1, ms) <= 0) return true;
+    char buf[4096];
+    const ssize_t n = ::recv(fd_, buf, sizeof buf, 0);
+    if (n <= 0) return false;
+    out->append(buf, size_t(n));
+    return true;
+  }
+  void close_now() {
+    if (fd_ >= 0) ::close(fd_);
+    fd_ = -1;
+  }
+
+ private:
+  int fd_ = -1;
+  bool connected_ = false;
+};
+
+json chat(const std::string& prompt, int max_tokens) {
+  return {{"messages", {{{"role", "user"}, {"content", prompt}}}}, {"max_tokens", max_tokens}, {"temperature", 0}};
+}
+
+}  // namespace
+
+TEST(ServerHostile, MalformedJsonWrongTypesMissingFields) {
+  Server s;
+  const std::vector<std::string> bodies = {
+      "", "{", "{not json", "[]", "null", "42", "\"str\"", "{\"messages\": }", std::string(100000, '['),
+      "{\"messages\": \"hi\"}", "{\"messages\": [1, 2]}", "{\"messages\": [{\"role\": 5, \"content\": \"x\"}]}",
+      "{\"messages\": [{\"role\": \"wizard\", \"content\": \"x\"}]}", "{\"messages\": [{\"content\": \"x\"}]}",
+      "{\"messages\": [{\"role\": \"user\", \"content\": {\"a\": 1}}]}", "{\"model\": \"x\"}",
+      "{\"messages\": [{\"role\": \"user\", \"content\": \"x\"}], \"stream\": \"yes\"}",
+      "{\"messages\": [{\"role\": \"user\", \"content\": \"x\"}], \"stop\": 7}",
+      "{\"messages\": [{\"role\": \"user\", \"content\": \"x\"}], \"tools\": \"all\"}",
+      "{\"messages\": [{\"role\": \"user\", \"content\": \"x\"}], \"tools\": [{\"type\": \"function\"}]}",
+      "{\"messages\": [{\"role\": \"user\", \"content\": \"x\"}], \"logit_bias\": [1]}",
+      "{\"messages\": [{\"role\": \"user\", \"content\": \"x\"}], \"max_tokens\": \"10\"}",
+      "{\"messages\": [{\"role\": \"user\", \"content\": \"x\"}], \"seed\": 1.5}",
+  };
+  for (const std::string& b : bodies) {
+    std::string out;
+    const int status = s.post("/v1/chat/completions", b, &out);
+    EXPECT_EQ(status, 400) << b.substr(0, 80) << " -> " << out.substr(0, 200);
+    if (status == 400) {
+      const json e = json::parse(out, nullptr, false);
+      EXPECT_TRUE(!e.is_discarded() && e.contains("error")) << out.substr(0, 200);
+    }
+  }
+  for (const char* path : {"/v1/completions", "/tokenize", "/v1/messages"}) {
+    std::string out;
+    EXPECT_EQ(s.post(path, "{\"prompt\": [[[", &out), 400) << path << ": " << out;
+    EXPECT_EQ(s.post(path, "{}", &out) / 100, 4) << path << ": " << out;
+  }
+  s.expect_serving("after malformed bodies");
+}
+
+TEST(ServerHostile, HugeAndNegativeNumbers) {
+  Server s;
+  struct Case {
+    const char* field;
+    json value;
+  };
+  const std::vector<Case> rejected = {
+      {"max_tokens", -1}, {"max_tokens", -9223372036854775807LL}, {"max_tokens", 1e300},
+      {"n", -1}, {"n", 0}, {"n", 1000000}, {"n", 4294967297LL},
+      {"top_k", -5}, {"top_k", 1e30}, {"temperature", -1}, {"temperature", 1e308},
+      {"top_p", -0.5}, {"top_p", 2}, {"top_logprobs", -1}, {"top_logprobs", 1000000},
+      {"frequency_penalty", 1e308}, {"seed", -1e300},
+  };
+  for (const Case& c : rejected) {
+    json body = chat("x", 4);
+    body[c.field] = c.value;
+    if (std::string(c.field) == "top_logprobs") body["logprobs"] = true;
+    std::string out;
+    EXPECT_EQ(s.post("/v1/chat/completions", body.dump(), &out), 400) << c.field << "=" << c.value.dump() << ": "
+                                                                       << out.substr(0, 200);
+  }
+  // max_tokens beyond the context is refused up front, naming the limit; at the limit it
+  // runs and stops at the context.
+  json big = chat("x", 4);
+  big["max_tokens"] = 2147483647;
+  std::string out;
+  ASSERT_EQ(s.post("/v1/chat/completions", big.dump(), &out), 400) << out.substr(0, 300);
+  EXPECT_EQ(json::parse(out)["error"]["param"], "max_tokens");
+  big["max_tokens"] = 256;
+  big["ignore_eos"] = true;
+  ASSERT_EQ(s.post("/v1/chat/completions", big.dump(), &out), 200) << out.substr(0, 300);
+  const json r = json::parse(out);
+  EXPECT_LE(r["usage"]["prompt_tokens"].get<int64_t>() + r["usage"]["completion_tokens"].get<int64_t>(), 256);
+  s.expect_serving("after absurd numbers");
+}
+
+TEST(ServerHostile, PromptLongerThanTheContextAndInvalidUtf8) {
+  Server s;
+  std::string out;
+  EXPECT_EQ(s.post("/v1/chat/completions", chat(std::string(5000, 'x') + " " + std::string(5000, 'q'), 4).dump(), &out),
+            400) << out.substr(0, 300);
+  EXPECT_NE(out.find("context"), std::string::npos) << out.substr(0, 300);
+  // Raw invalid UTF-8 inside a JSON string is invalid JSON (RFC 8259): 400, not a crash.
+  for (const std::string& bad : {std::string("\xff"), std::string("\xc3"), std::string("\xed\xa0\x80"),
+                                std::string("\xc0\xaf")}) {
+    const std::string body = "{\"messages\":[{\"role\":\"user\",\"content\":\"a" + bad + "b\"}],\"max_tokens\":2}";
+    EXPECT_EQ(s.post("/v1/chat/completions", body, &out), 400) << out.substr(0, 200);
+  }
+  // A lone surrogate escape is well-formed JSON text but not a character.
+  EXPECT_EQ(s.post("/v1/chat/completions",
+                   "{\"messages\":[{\"role\":\"user\",\"content\":\"\\ud800\"}],\"max_tokens\":2}", &out) / 100, 4)
+      << out.substr(0, 200);
+  s.expect_serving("after long prompts and invalid UTF-8");
+}
+
+TEST(ServerHostile, TenMegabyteBodyIs413) {
+  Server s;
+  const std::string body = "{\"messages\":[{\"role\":\"user\",\"content\":\"" + std::string(10 << 20, 'a') + "\"}]}";
+  std::string out;
+  EXPECT_EQ(s.post("/v1/chat/completions", body, &out), 413) << out.substr(0, 200);
+  // Declared but never sent: cpp-httplib drains a too-long body before it answers 413, so
+  // this connection waits for the read timeout (the slow-loris case); others are served.
+  RawConn c(s.port());
+  ASSERT_TRUE(c.connected());
+  c.send_all("POST /v1/chat/completions HTTP/1.1\r\nHost: x\r\nContent-Type: application/json\r\n"
+             "Content-Length: 10485760\r\n\r\n{");
+  s.expect_serving("while a declared 10 MB body is pending");
+  s.expect_serving("after 10 MB bodies");
+}
+
+TEST(ServerHostile, SlowLorisIsClosedAndOthersAreServed) {
+  Server s;
+  RawConn slow(s.port());
+  ASSERT_TRUE(slow.connected());
+  ASSERT_TRUE(slow.send_all("POST /v1/chat/completions HTTP/1.1\r\nHost: x\r\n"));
+  // Trickle header bytes for a few seconds; others are served meanwhile.
+  const std::string rest = "X-Slow: aaaaaaaaaaaaaaaa";
+  for (char ch : rest) {
+    if (!slow.send_all(std::string(1, ch))) break;
+    std::this_thread::sleep_for(std::chrono::milliseconds(100));
+  }
+  s.expect_serving("during a slow-loris client");
+  // Then it goes quiet: the server must drop it after its read timeout (30 s).
+  const auto t0 = Clock::now();
+  std::string got;
+  bool open = true;
+  while (open && Clock::now() - t0 < std::chrono::seconds(60)) open = slow.read_some(&got, 500);
+  EXPECT_FALSE(open) << "the server kept a stalled connection open for 60 s";
+  s.expect_serving("after a slow-loris client");
+}
+
+TEST(ServerHostile, ManyIdleConnectionsDoNotStarveOthers) {
+  Server s;
+  std::vector<std::unique_ptr<RawConn>> idle;
+  for (int i = 0; i < 200; ++i) {
+    idle.push_back(std::make_unique<RawConn>(s.port()));
+    ASSERT_TRUE(idle.back()->connected()) << i;
+  }
+  const auto t0 = Clock::now();
+  auto c = s.client(20);
+  auto r = c.Get("/health");
+  ASSERT_TRUE(r) << "no answer with 200 idle connections open";
+  EXPECT_EQ(r->status, 200);
+  const double secs = std::chrono::duration<double>(Clock::now() - t0).count();
+  EXPECT_LT(secs, 5.0) << "a request waited " << secs << " s behind idle connections";
+  s.expect_serving("with 200 idle connections");
+}
+
+TEST(ServerHostile, AbruptDisconnectMidStreamCancelsAndFreesKv) {
+  Server s;
+  const double cancelled_before = s.metric("step35_requests_finished_total{reason=\"cancelled\"}");
+  for (int round = 0; round < 3; ++round) {
+    json body = chat("tell me a long story", 200);
+    body["ignore_eos"] = true;
+    body["stream"] = true;
+    const std::string payload = body.dump();
+    RawConn c(s.port());
+    ASSERT_TRUE(c.connected());
+    c.send_all("POST /v1/chat/completions HTTP/1.1\r\nHost: x\r\nContent-Type: application/json\r\nContent-Length: " +
+               std::to_string(payload.size()) + "\r\n\r\n" + payload);
+    std::string got;
+    for (int i = 0; i < 100 && got.find("data: ") == std::string::npos; ++i)
+      if (!c.read_some(&got, 100)) break;
+    EXPECT_NE(got.find("data: "), std::string::npos) << got.substr(0, 300);
+    c.close_now();  // mid-stream
+  }
+  double used = -1, running = -1;
+  for (int i = 0; i < 200; ++i) {
+    used = s.metric("step35_kv_blocks_used");
+    running = s.metric("step35_running_sequences");
+    if (used == 0 && running == 0) break;
+    std::this_thread::sleep_for(std::chrono::milliseconds(50));
+  }
+  EXPECT_EQ(used, 0);
+  EXPECT_EQ(running, 0);
+  const double cancelled = s.metric("step35_requests_finished_total{reason=\"cancelled\"}");
+  EXPECT_GE(cancelled - std::max(cancelled_before, 0.0), 3) << "each disconnect is a logged cancel";
+  s.expect_serving("after abrupt disconnects");
+}
+
+TEST(ServerHostile, PrefixCacheNeverLeaksAnotherRequestsText) {
+  // B alone on a fresh server, then B after A on another: A shares B's prompt prefix (so the
+  // prefix cache serves B from A's blocks), and B's greedy output must not change.
+  const std::string shared = "You are a helpful assistant. The account number is ";
+  const json a = chat(shared + "ZEBRA-4411-SECRET. Repeat it back.", 24);
+  const json b = chat(shared + "unknown. Say hello.", 24);
+  std::string alone, after, out_a;
+  {
+    Server s;
+    ASSERT_EQ(s.post("/v1/chat/completions", b.dump(), &alone), 200) << alone;
+  }
+  Server s;
+  ASSERT_EQ(s.post("/v1/chat/completions", a.dump(), &out_a), 200) << out_a;
+  ASSERT_EQ(s.post("/v1/chat/completions", b.dump(), &after), 200) << after;
+  const json ja = json::parse(out_a), jb = json::parse(alone), jc = json::parse(after);
+  EXPECT_EQ(jb["choices"][0]["message"]["content"], jc["choices"][0]["message"]["content"]);
+  EXPECT_EQ(jc["choices"][0]["message"]["content"].get<std::string>().find("ZEBRA"), std::string::npos);
+  EXPECT_GT(s.metric("step35_prompt_tokens_cached_total"), 0) << "the prefix cache was not exercised";
+}
