@@ -16,5 +16,6 @@ int cmd_inspect(const Args& args);
 int cmd_make_tiny(const Args& args);
 int cmd_bench(const Args& args);
 int cmd_quantize(const Args& args);
+int cmd_ep_plan(const Args& args);
 
 }  // namespace step35::cli
