@@ -175,6 +175,7 @@ TEST(EpMpi, GreedyRunMatchesSingleProcess) {
                              (mtp ? " --mtp 2" : " --mtp 0");
     std::string ref, got, err;
     ASSERT_EQ(run_command(bin() + args, &ref, &err), 0) << err;
+    ASSERT_GT(ref.size(), 12u) << model;  // 12 tokens of text
     ASSERT_EQ(run_command(mpirun(2) + args + " --ep", &got, &err), 0) << model << "\n" << err;
     EXPECT_EQ(got, ref) << model;
   }
