@@ -207,3 +207,22 @@ TEST(EpMpi, PlannedPlacement) {
 }
 
 #endif
+
+#ifdef STEP35_HAVE_MPI
+// Two "hosts": one rank in each of two network namespaces joined by a veth pair, OpenMPI
+// over TCP on that link only (tests/scripts/ep_two_hosts.sh). Same JSON as one process.
+TEST(EpMpi, TwoHostsOverTcp) {
+  std::string why;
+  if (!have_mpirun(&why)) GTEST_SKIP() << why;
+  const std::string script = std::string(PROJECT_SOURCE_DIR) + "/tests/scripts/ep_two_hosts.sh";
+  for (const char* name : {"tiny-a-q4_k_m.gguf", "tiny-b-f32.gguf"}) {
+    const std::string args = " eval -m " + fixture_model(name) + " --tokens " + kTokens + " --all-logits --greedy 4 -t 1";
+    std::string ref, got, err;
+    ASSERT_EQ(run_command(bin() + args, &ref, &err), 0) << err;
+    const int rc = run_command(script + " " + bin() + args, &got, &err);
+    if (rc == 77) GTEST_SKIP() << "two-host test skipped: " << err;
+    ASSERT_EQ(rc, 0) << err;
+    EXPECT_EQ(got, ref) << name;
+  }
+}
+#endif

@@ -199,15 +199,18 @@ static int bench_main(const Args& args) {
     result["model_path"] = path;
     result["threads"] = threads;
     result["isa"] = kernels::isa_name(kernels::active_isa());
+    if (p.has("ep")) result["ep_ranks"] = ep.n_ranks();
     result["precision"] = prec == Precision::Native ? "native" : "exact";
     auto report = [&](const std::string& test, int64_t n_tok, const std::vector<double>& tps, const char* key) {
       const Stat s = stats_of(tps);
       if (json) {
         result[key] = {{"tokens", n_tok}, {"tok_per_s", s.mean}, {"stddev", s.stddev}, {"samples", tps}};
       } else {
-        std::printf("| %s | %s | %.2f M | CPU (%s) | %lld | %s | %.2f ± %.2f |\n", label.c_str(),
+        const std::string ep_text = p.has("ep") ? ", EP x" + std::to_string(ep.n_ranks()) : "";
+        std::printf("| %s | %s | %.2f M | CPU (%s%s) | %lld | %s | %.2f ± %.2f |\n", label.c_str(),
                     human_bytes(double(model->weight_bytes())).c_str(), double(n_params) / 1e6,
-                    kernels::isa_name(kernels::active_isa()), (long long)threads, test.c_str(), s.mean, s.stddev);
+                    kernels::isa_name(kernels::active_isa()), ep_text.c_str(), (long long)threads, test.c_str(), s.mean,
+                    s.stddev);
         std::fflush(stdout);
       }
     };
