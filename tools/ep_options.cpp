@@ -32,10 +32,7 @@ EpSetup::EpSetup(const ArgParser& p) : placement_path_(p.str("ep-placement")), r
 }
 
 EpSetup::~EpSetup() {
-  if (model_) {
-    model_->set_expert_executor(nullptr);
-    model_->set_expert_observer(nullptr);
-  }
+  // (The model, declared after this object, is gone by now: it is not touched here.)
   if (recorder_ && !record_path_.empty()) {
     try {
       write_text_file(record_path_, recorder_->counts().to_json());
@@ -60,7 +57,6 @@ int EpSetup::follow(const std::string& model_path, int n_threads) {
 }
 
 void EpSetup::attach(Model& model) {
-  model_ = &model;
   if (!record_path_.empty()) {
     recorder_ = std::make_unique<Recorder>();
     model.set_expert_observer(recorder_.get());

@@ -32,7 +32,9 @@ class EpSetup {
   int n_ranks() const { return mpi_ ? mpi_->n_ranks() : 1; }
   // Ranks > 0: load the model quietly and compute experts for rank 0 until it is done.
   int follow(const std::string& model_path, int n_threads);
-  // Rank 0 (or no --ep): install the executor and the expert-count recorder on `model`.
+  // Rank 0 (or no --ep): install the executor and the expert-count recorder on `model`,
+  // which must not be used for forward passes after this object is destroyed (declare
+  // the EpSetup before the model).
   void attach(Model& model);
 
  private:
@@ -41,7 +43,6 @@ class EpSetup {
   std::unique_ptr<ExpertExecutor> executor_;
   std::unique_ptr<Recorder> recorder_;
   std::string placement_path_, record_path_;
-  Model* model_ = nullptr;
 };
 
 }  // namespace step35::cli

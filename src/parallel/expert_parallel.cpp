@@ -63,11 +63,15 @@ class MpiExpertExecutor final : public ExpertExecutor {
  public:
   MpiExpertExecutor(const Model& m, ExpertPlacement p, int n_ranks)
       : m_(m), placement_(std::move(p)), work_(size_t(n_ranks)) {}
+  // A forward pass that failed between begin() and finish() leaves replies on the way:
+  // take them, so the followers are back in their receive for the shutdown message.
+  ~MpiExpertExecutor() override { drain(); }
 
   bool is_local(int il, int32_t e) const override { return placement_.owner(il, e) == 0; }
 
   void begin(int il, const kernels::ActRows& acts, const std::vector<std::vector<int32_t>>& expert_tokens,
              Precision precision) override {
+    drain();  // (replies of an earlier block whose forward pass failed before finish())
     const int64_t X = m_.hparams().n_expert;
     for (size_t r = 1; r < work_.size(); ++r) {
       RankWork& w = work_[r];
@@ -134,6 +138,11 @@ class MpiExpertExecutor final : public ExpertExecutor {
   }
 
  private:
+  void drain() {
+    for (RankWork& w : work_)
+      if (w.request != MPI_REQUEST_NULL) MPI_Wait(&w.request, MPI_STATUS_IGNORE);
+  }
+
   const Model& m_;
   ExpertPlacement placement_;
   std::vector<RankWork> work_;
