@@ -104,6 +104,17 @@ TEST(EpPlan, CountsRoundTripAndCli) {
   EXPECT_EQ(run_command(bin() + " ep-plan --counts /nonexistent -n 2 -o " + out, nullptr, &se), 1);
 }
 
+TEST(EpCli, OptionErrors) {
+  std::string se;
+  const std::string m = " -m " + fixture_model("tiny-a-f32.gguf") + " --tokens 1,2";
+  EXPECT_EQ(run_command(bin() + " eval" + m + " --ep-placement /nonexistent", nullptr, &se), 2);
+  EXPECT_NE(se.find("--ep-placement needs --ep"), std::string::npos) << se;
+  // --record-experts works without --ep too.
+  const std::string counts = tmp_dir() + "/ep_cli_counts.json";
+  ASSERT_EQ(run_command(bin() + " eval" + m + " --record-experts " + counts, nullptr, &se), 0) << se;
+  EXPECT_EQ(ExpertCounts::from_json(read_text_file(counts)).n_expert, 16);
+}
+
 #ifndef STEP35_HAVE_MPI
 
 TEST(EpMpi, BuiltWithout) {
