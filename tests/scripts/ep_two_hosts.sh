@@ -44,9 +44,9 @@ exec ip netns exec \$ns sh -c "\$*"
 AGENT
 chmod +x "$dir/agent"
 
-OMPI_ALLOW_RUN_AS_ROOT=1 OMPI_ALLOW_RUN_AS_ROOT_CONFIRM=1 \
+ASAN_OPTIONS=detect_leaks=0 OMPI_ALLOW_RUN_AS_ROOT=1 OMPI_ALLOW_RUN_AS_ROOT_CONFIRM=1 \
   timeout 300 ip netns exec "$a" mpirun -np 2 --host 10.251.0.1:1,10.251.0.2:1 \
   --mca plm_rsh_agent "$dir/agent" --mca btl tcp,self \
   --mca btl_tcp_if_include 10.251.0.0/24 --mca oob_tcp_if_include 10.251.0.0/24 \
-  --mca mpi_yield_when_idle 1 \
+  --mca mpi_yield_when_idle 1 -x ASAN_OPTIONS \
   "$bin" "$@" --ep
