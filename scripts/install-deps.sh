@@ -4,7 +4,9 @@ set -euo pipefail
 pkgs=(cmake g++ make git python3 libgtest-dev libgmock-dev libbenchmark-dev nlohmann-json3-dev
       libcpp-httplib-dev
       # fuzzing (-DSTEP35_FUZZ=ON: clang's libFuzzer + sanitizer runtimes) and curl for bench/soak.sh
-      clang libclang-rt-14-dev llvm curl)
+      clang libclang-rt-14-dev llvm curl
+      # optional: expert parallelism (--ep) and its tests
+      openmpi-bin libopenmpi-dev)
 missing=()
 for p in "${pkgs[@]}"; do dpkg -s "$p" >/dev/null 2>&1 || missing+=("$p"); done
 if [ ${#missing[@]} -ne 0 ]; then

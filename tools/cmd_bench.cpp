@@ -15,6 +15,7 @@
 #include "args.h"
 #include "commands.h"
 #include "common.h"
+#include "ep_options.h"
 #include "model/session.h"
 #include "runtime/sampler.h"
 #include "runtime/speculative.h"
@@ -150,6 +151,7 @@ static int bench_main(const Args& args) {
                                         "to measure speed at a realistic acceptance with random-weight heads");
   p.flag("--verify-cost", "", "measure one trunk pass over K+1 tokens (K = 0..3) at a decode position, relative "
                                "to a single-token step, with the distinct experts the tokens touch");
+  add_ep_flags(p);
   if (!p.parse(args)) return 0;
 
   const auto n_prompt_list = parse_list(p.str("n-prompt", "512"), "-p", 0, 1 << 20);
@@ -163,7 +165,10 @@ static int bench_main(const Args& args) {
 
   std::string path = p.str("model");
   if (path.empty()) path = builtin_tiny_model_path();
+  EpSetup ep(p);
+  if (ep.is_follower()) return ep.follow(path, int(threads_list.front()));
   auto model = load_model(path, json);
+  ep.attach(*model);
   const HParams& hp = model->hparams();
   const int64_t max_prompt = *std::max_element(n_prompt_list.begin(), n_prompt_list.end());
   const int64_t max_gen = *std::max_element(n_gen_list.begin(), n_gen_list.end());
@@ -194,15 +199,18 @@ static int bench_main(const Args& args) {
     result["model_path"] = path;
     result["threads"] = threads;
     result["isa"] = kernels::isa_name(kernels::active_isa());
+    if (p.has("ep")) result["ep_ranks"] = ep.n_ranks();
     result["precision"] = prec == Precision::Native ? "native" : "exact";
     auto report = [&](const std::string& test, int64_t n_tok, const std::vector<double>& tps, const char* key) {
       const Stat s = stats_of(tps);
       if (json) {
         result[key] = {{"tokens", n_tok}, {"tok_per_s", s.mean}, {"stddev", s.stddev}, {"samples", tps}};
       } else {
-        std::printf("| %s | %s | %.2f M | CPU (%s) | %lld | %s | %.2f ± %.2f |\n", label.c_str(),
+        const std::string ep_text = p.has("ep") ? ", EP x" + std::to_string(ep.n_ranks()) : "";
+        std::printf("| %s | %s | %.2f M | CPU (%s%s) | %lld | %s | %.2f ± %.2f |\n", label.c_str(),
                     human_bytes(double(model->weight_bytes())).c_str(), double(n_params) / 1e6,
-                    kernels::isa_name(kernels::active_isa()), (long long)threads, test.c_str(), s.mean, s.stddev);
+                    kernels::isa_name(kernels::active_isa()), ep_text.c_str(), (long long)threads, test.c_str(), s.mean,
+                    s.stddev);
         std::fflush(stdout);
       }
     };

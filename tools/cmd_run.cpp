@@ -7,6 +7,7 @@
 #include "model/session.h"
 #include "commands.h"
 #include "common.h"
+#include "ep_options.h"
 #include "runtime/sampler.h"
 #include "runtime/speculative.h"
 #include "runtime/thread_pool.h"
@@ -41,6 +42,7 @@ static int run_main(const Args& args) {
   p.flag("--exact", "", "F32 activations on the exact stored weights (default: round activations as llama.cpp does)");
   p.flag("--mtp", "K", "MTP speculative decoding: drafts per step 0..3, or auto (chosen per step from acceptance "
                        "and measured cost; never slower than plain decoding)", "auto when the model has MTP blocks (0 with --seed and sampling)");
+  add_ep_flags(p);
   if (!p.parse(args)) return 0;
 
   std::string prompt = p.str("prompt");
@@ -68,18 +70,21 @@ static int run_main(const Args& args) {
   sp.frequency_penalty = float(p.f64("frequency-penalty", 0.0, -100.0, 100.0));
   sp.seed = p.has("seed") ? uint64_t(p.i64("seed", 0, 0, INT64_MAX)) : std::random_device{}();
 
+  EpSetup ep(p);
   std::string path = p.str("model");
   const bool builtin = path.empty();
   if (builtin) {
     path = builtin_tiny_model_path();
-    std::fprintf(stderr,
+    if (!ep.is_follower()) std::fprintf(stderr,
                  "note: no -m given, using the built-in tiny model (%s). It has RANDOM weights, so its "
                  "text is gibberish. For real output download a Step-3.5-Flash GGUF and run: step35 run "
                  "-m Step-3.5-Flash-Q4_K_S-00001-of-0000N.gguf -p \"...\"\n",
                  path.c_str());
   }
+  if (ep.is_follower()) return ep.follow(path, n_threads);
   const double t_load0 = now_seconds();
   auto model = load_model(path);
+  ep.attach(*model);
   const double t_load = now_seconds() - t_load0;
   const Tokenizer& tok = model->tokenizer();
 

@@ -17,5 +17,6 @@ int cmd_make_tiny(const Args& args);
 int cmd_bench(const Args& args);
 int cmd_quantize(const Args& args);
 int cmd_serve(const Args& args);
+int cmd_ep_plan(const Args& args);
 
 }  // namespace step35::cli

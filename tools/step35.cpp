@@ -21,6 +21,7 @@ static void print_usage() {
                "  bench      measure prompt and generation speed, memory bandwidth and the decode roofline\n"
                "  quantize   convert a GGUF to Q4_K_M, Q8_0, ... like llama-quantize\n"
                "  serve      OpenAI-compatible HTTP server with continuous batching\n"
+               "  ep-plan    balance experts over ranks for expert parallelism (--ep) from recorded counts\n"
                "\n"
                "run 'step35 <command> --help' for a command's options.\n");
 }
@@ -41,6 +42,7 @@ int main(int argc, char** argv) {
     if (cmd == "bench") return cmd_bench(args);
     if (cmd == "quantize") return cmd_quantize(args);
     if (cmd == "serve") return cmd_serve(args);
+    if (cmd == "ep-plan") return cmd_ep_plan(args);
   } catch (const std::exception& e) {
     std::fprintf(stderr, "step35 %s: error: %s\n", cmd.c_str(), e.what());
     return 1;

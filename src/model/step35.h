@@ -12,6 +12,7 @@
 #include <vector>
 
 #include "gguf/gguf.h"
+#include "model/expert_executor.h"
 #include "runtime/batch.h"
 #include "runtime/kv_cache.h"
 #include "tensor/kernels.h"
@@ -131,6 +132,12 @@ class Model {
   // rows are the block's output before the head's norm (the next block's input).
   void forward_mtp(int k, KvPool& kv, const std::vector<SeqChunk>& chunks, const float* h_in, BatchOutput& out,
                    Workspace& ws, ThreadPool& pool, const ForwardOptions& opts = {}) const;
+  // Expert parallelism: routed experts that `x` does not compute locally are handed to it
+  // (nullptr: all local, the default). The observer sees every MoE block's expert counts.
+  // Neither is owned; both must outlive the forward passes that use them.
+  void set_expert_executor(ExpertExecutor* x) { experts_ = x; }
+  void set_expert_observer(ExpertCountObserver* o) { expert_observer_ = o; }
+
   KvLayerShape mtp_kv_layer(int k) const {
     const LayerHParams& L = hp_.layers[size_t(hp_.n_layer + k)];
     return {L.is_swa, L.n_head_kv, hp_.head_dim_k, hp_.head_dim_v};
@@ -151,6 +158,8 @@ class Model {
   std::vector<float> rope_freqs_;  // empty if absent
   int32_t n_mtp_loaded_ = 0;
   uint64_t weight_bytes_ = 0;
+  ExpertExecutor* experts_ = nullptr;
+  ExpertCountObserver* expert_observer_ = nullptr;
 
   friend class ForwardPass;
 };

@@ -525,12 +525,21 @@ void ForwardPass::moe_ffn(int il) {
   }
   rs.distinct_experts_sum += distinct;
   if (distinct > 0) rs.skew_sum += double(max_count) / (double(total) / double(distinct));
+  if (m_.expert_observer_) m_.expert_observer_->observe(il, counts, X);
   ++moe_index_;
 
   int32_t* slot_row = ws_.slot_row.get(size_t(T * K));
+  int64_t* first_row = ws_.expert_first_row.get(size_t(X));
   int64_t n_rows = 0;
-  for (int64_t e = 0; e < X; ++e)
+  for (int64_t e = 0; e < X; ++e) {
+    first_row[e] = n_rows;
     for (int32_t slot : ws_.expert_slots[size_t(e)]) slot_row[slot] = int32_t(n_rows++);
+  }
+  // Expert parallelism: hand the other processes' experts over first, so they compute
+  // while this one computes its own experts and the shared expert.
+  ExpertExecutor* remote = m_.experts_;
+  auto local = [&](int64_t e) { return !remote || remote->is_local(il, int32_t(e)); };
+  if (remote) remote->begin(il, acts_for(W.ffn_gate_exps), ws_.expert_tokens, prec_);
 
   float* gu = ws_.gu.get(size_t(2 * std::max<int64_t>(n_rows, 1) * F));
   const bool has_shared = W.ffn_up_shexp.present();
@@ -543,6 +552,10 @@ void ForwardPass::moe_ffn(int il) {
     for (int64_t e = 0; e < X; ++e) {
       const auto& toks = ws_.expert_tokens[size_t(e)];
       if (toks.empty()) continue;
+      if (!local(e)) {
+        row += int64_t(toks.size());
+        continue;
+      }
       kernels::ActRows x = all;
       x.idx = toks.data();
       x.n_tok = int64_t(toks.size());
@@ -561,7 +574,14 @@ void ForwardPass::moe_ffn(int il) {
   const kernels::ActType at = kernels::act_type(W.ffn_down_exps.type, prec_);
   const size_t stride = kernels::act_row_bytes(at, F);
   uint8_t* act = ws_.down_act.get(stride * size_t(std::max<int64_t>(n_rows, 1)));
+  uint8_t* row_local = nullptr;  // with remote experts: whether row r is computed here
+  if (remote) {
+    row_local = ws_.row_local.get(size_t(std::max<int64_t>(n_rows, 1)));
+    for (int64_t e = 0; e < X; ++e)
+      std::fill_n(row_local + first_row[e], ws_.expert_tokens[size_t(e)].size(), uint8_t(local(e)));
+  }
   for_each_row(n_rows, pool_, 32, [&](int64_t r) {
+    if (row_local && !row_local[r]) return;
     kernels::swiglu_convert(at, gu + r * F, gu + (n_rows + r) * F, F, L.clamp_exp, 1, F, act + size_t(r) * stride);
   });
   kernels::ActType sat = kernels::ActType::F32;
@@ -584,6 +604,10 @@ void ForwardPass::moe_ffn(int il) {
     for (int64_t e = 0; e < X; ++e) {
       const int64_t n = int64_t(ws_.expert_tokens[size_t(e)].size());
       if (n == 0) continue;
+      if (!local(e)) {
+        row += n;
+        continue;
+      }
       kernels::ActRows x;
       x.type = at;
       x.data = act + size_t(row) * stride;
@@ -602,6 +626,7 @@ void ForwardPass::moe_ffn(int il) {
     add_job(W.ffn_down_shexp, x, shared_out, E);
   }
   run_matmuls(ws_.jobs, pool_);
+  if (remote) remote->finish(il, ws_.expert_tokens, first_row, down);
 
   // Weighted sum in top-k order (the order llama.cpp adds them in), then the shared expert.
   float* out = ws_.tmp.get(size_t(T * E));

@@ -58,6 +58,8 @@ struct Workspace {
   std::vector<std::vector<int32_t>> expert_tokens;  // per expert: batch token indices
   std::vector<std::vector<int32_t>> expert_slots;   // per expert: (token*K + slot)
   Scratch<int32_t> slot_row;              // (token*K + slot) -> row in gu/down
+  Scratch<int64_t> expert_first_row;      // per expert: its first row in gu/down
+  Scratch<uint8_t> row_local;             // expert parallelism: row computed in this process
   Scratch<uint8_t> o_act, down_act, shared_act;
   ActCache acts;                          // of the current normed input (attention or FFN)
   ActCache o_acts;

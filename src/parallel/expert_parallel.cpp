@@ -1,0 +1,300 @@
+#include "parallel/expert_parallel.h"
+
+#include <cstdio>
+#include <cstring>
+#include <stdexcept>
+#include <string>
+#include <vector>
+
+#include "model/step35.h"
+#include "model/workspace.h"
+#include "runtime/thread_pool.h"
+
+#ifdef STEP35_HAVE_MPI
+#include <mpi.h>
+#endif
+
+namespace step35 {
+
+#ifndef STEP35_HAVE_MPI
+
+bool mpi_built() { return false; }
+std::unique_ptr<ExpertParallel> ExpertParallel::start() {
+  throw std::runtime_error("built without MPI (install libopenmpi-dev and rebuild for --ep)");
+}
+ExpertParallel::~ExpertParallel() = default;
+std::unique_ptr<ExpertExecutor> ExpertParallel::executor(const Model&, ExpertPlacement) { return nullptr; }
+void ExpertParallel::follow(const Model&, ThreadPool&) {}
+void ExpertParallel::abort_all(int code) { std::exit(code); }
+
+#else
+
+bool mpi_built() { return true; }
+
+namespace {
+
+// Message tags: rank 0 -> follower work / shutdown, follower -> rank 0 down rows.
+constexpr int kTagWork = 1, kTagShutdown = 2, kTagRows = 3;
+
+// A work message: this header, then n_groups (expert, n_rows) int32 pairs, then n_pairs
+// int32 indices into the packed activation rows, padded to 8 bytes, then n_packed rows
+// of act_stride bytes. The reply is n_pairs rows of n_embd floats, group by group.
+struct WorkHeader {
+  int64_t layer, n_packed, act_type, act_stride, precision, n_groups, n_pairs;
+};
+
+size_t padded(size_t n) { return (n + 7) / 8 * 8; }
+
+void check(int rc, const char* what) {
+  if (rc != MPI_SUCCESS) throw std::runtime_error(std::string("MPI error in ") + what);
+}
+
+// Per-rank scratch of the executor on rank 0.
+struct RankWork {
+  std::vector<int32_t> groups, pair_rows;  // as in the message
+  std::vector<int32_t> packed_of;          // batch row -> packed row (-1: not sent)
+  std::vector<int32_t> packed_src;         // packed row -> batch row
+  std::vector<uint8_t> msg;
+  std::vector<float> rows;                 // reply
+  MPI_Request request = MPI_REQUEST_NULL;
+};
+
+class MpiExpertExecutor final : public ExpertExecutor {
+ public:
+  MpiExpertExecutor(const Model& m, ExpertPlacement p, int n_ranks)
+      : m_(m), placement_(std::move(p)), work_(size_t(n_ranks)) {}
+  // A forward pass that failed between begin() and finish() leaves replies on the way:
+  // take them, so the followers are back in their receive for the shutdown message.
+  ~MpiExpertExecutor() override { drain(); }
+
+  bool is_local(int il, int32_t e) const override { return placement_.owner(il, e) == 0; }
+
+  void begin(int il, const kernels::ActRows& acts, const std::vector<std::vector<int32_t>>& expert_tokens,
+             Precision precision) override {
+    drain();  // (replies of an earlier block whose forward pass failed before finish())
+    const int64_t X = m_.hparams().n_expert;
+    for (size_t r = 1; r < work_.size(); ++r) {
+      RankWork& w = work_[r];
+      w.groups.clear();
+      w.pair_rows.clear();
+      w.packed_src.clear();
+      w.packed_of.assign(size_t(acts.n_tok), -1);
+      for (int64_t e = 0; e < X; ++e) {
+        const auto& toks = expert_tokens[size_t(e)];
+        if (toks.empty() || placement_.owner(il, int32_t(e)) != int32_t(r)) continue;
+        w.groups.push_back(int32_t(e));
+        w.groups.push_back(int32_t(toks.size()));
+        for (int32_t t : toks) {
+          int32_t& p = w.packed_of[size_t(t)];
+          if (p < 0) {
+            p = int32_t(w.packed_src.size());
+            w.packed_src.push_back(t);
+          }
+          w.pair_rows.push_back(p);
+        }
+      }
+      if (w.groups.empty()) continue;
+      WorkHeader h{il, int64_t(w.packed_src.size()), int64_t(acts.type), int64_t(acts.stride), int64_t(precision),
+                   int64_t(w.groups.size() / 2), int64_t(w.pair_rows.size())};
+      const size_t ints = (w.groups.size() + w.pair_rows.size()) * sizeof(int32_t);
+      const size_t bytes = sizeof h + padded(ints) + w.packed_src.size() * acts.stride;
+      if (bytes > size_t(INT32_MAX)) throw std::runtime_error("expert parallelism: a batch's message exceeds 2 GiB; use a smaller batch");
+      w.msg.assign(bytes, 0);
+      uint8_t* q = w.msg.data();
+      std::memcpy(q, &h, sizeof h);
+      q += sizeof h;
+      std::memcpy(q, w.groups.data(), w.groups.size() * sizeof(int32_t));
+      std::memcpy(q + w.groups.size() * sizeof(int32_t), w.pair_rows.data(), w.pair_rows.size() * sizeof(int32_t));
+      q += padded(ints);
+      for (size_t i = 0; i < w.packed_src.size(); ++i) {
+        const size_t src = size_t(acts.idx ? acts.idx[w.packed_src[i]] : w.packed_src[i]);
+        std::memcpy(q + i * acts.stride, acts.data + src * acts.stride, acts.stride);
+      }
+      // A blocking send: the follower waits in its receive, so this returns as soon as
+      // the data is across, and the follower computes while rank 0 goes on.
+      check(MPI_Send(w.msg.data(), int(bytes), MPI_BYTE, int(r), kTagWork, MPI_COMM_WORLD), "MPI_Send");
+      const size_t n_floats = w.pair_rows.size() * size_t(m_.hparams().n_embd);
+      if (n_floats > size_t(INT32_MAX)) throw std::runtime_error("expert parallelism: reply exceeds 2^31 floats");
+      w.rows.resize(n_floats);
+      check(MPI_Irecv(w.rows.data(), int(n_floats), MPI_FLOAT, int(r), kTagRows, MPI_COMM_WORLD, &w.request), "MPI_Irecv");
+    }
+  }
+
+  void finish(int, const std::vector<std::vector<int32_t>>& expert_tokens, const int64_t* first_row,
+              float* down) override {
+    const size_t E = size_t(m_.hparams().n_embd);
+    for (size_t r = 1; r < work_.size(); ++r) {
+      RankWork& w = work_[r];
+      if (w.request == MPI_REQUEST_NULL) continue;
+      check(MPI_Wait(&w.request, MPI_STATUS_IGNORE), "MPI_Wait");
+      const float* src = w.rows.data();
+      for (size_t g = 0; g < w.groups.size(); g += 2) {
+        const int32_t e = w.groups[g];
+        const size_t n = expert_tokens[size_t(e)].size();
+        std::memcpy(down + size_t(first_row[e]) * E, src, n * E * sizeof(float));
+        src += n * E;
+      }
+    }
+  }
+
+ private:
+  void drain() {
+    for (RankWork& w : work_)
+      if (w.request != MPI_REQUEST_NULL) MPI_Wait(&w.request, MPI_STATUS_IGNORE);
+  }
+
+  const Model& m_;
+  ExpertPlacement placement_;
+  std::vector<RankWork> work_;
+};
+
+// One work message on a follower: gate/up products, SwiGLU into the down projections'
+// activation format, down products; the same kernels and order of operations per row as
+// ForwardPass::moe_ffn, so every row is bitwise what rank 0 would have computed.
+void compute_work(const Model& m, const std::vector<uint8_t>& msg, std::vector<float>& rows, Workspace& ws,
+                  ThreadPool& pool) {
+  WorkHeader h;
+  if (msg.size() < sizeof h) throw std::runtime_error("expert parallelism: short work message");
+  std::memcpy(&h, msg.data(), sizeof h);
+  const HParams& hp = m.hparams();
+  if (h.layer < 0 || h.layer >= int64_t(hp.layers.size()) || !hp.layers[size_t(h.layer)].is_moe)
+    throw std::runtime_error("expert parallelism: work for a block that is not MoE");
+  const LayerHParams& L = hp.layers[size_t(h.layer)];
+  const LayerWeights& W = m.layer(int(h.layer));
+  const int64_t E = hp.n_embd, F = L.n_ff_exp;
+  const size_t ints = size_t(2 * h.n_groups + h.n_pairs) * sizeof(int32_t);
+  if (msg.size() != sizeof h + padded(ints) + size_t(h.n_packed * h.act_stride))
+    throw std::runtime_error("expert parallelism: work message of the wrong size");
+  const int32_t* groups = reinterpret_cast<const int32_t*>(msg.data() + sizeof h);
+  const int32_t* pair_rows = groups + 2 * h.n_groups;
+  const uint8_t* act_in = msg.data() + sizeof h + padded(ints);
+  const auto prec = Precision(h.precision);
+  const int64_t n_rows = h.n_pairs;
+
+  float* gu = ws.gu.get(size_t(2 * std::max<int64_t>(n_rows, 1) * F));
+  ws.jobs.clear();
+  int64_t row = 0;
+  for (int64_t g = 0; g < h.n_groups; ++g) {
+    const int32_t e = groups[2 * g], n = groups[2 * g + 1];
+    if (e < 0 || e >= hp.n_expert || n <= 0 || row + n > n_rows)
+      throw std::runtime_error("expert parallelism: malformed work message");
+    MatJob j;
+    j.x.type = kernels::ActType(h.act_type);
+    j.x.data = act_in;
+    j.x.stride = size_t(h.act_stride);
+    j.x.idx = pair_rows + row;
+    j.x.n_tok = n;
+    j.ldy = F;
+    j.w = W.ffn_gate_exps.matrix(e);
+    j.y = gu + row * F;
+    ws.jobs.push_back(j);
+    j.w = W.ffn_up_exps.matrix(e);
+    j.y = gu + (n_rows + row) * F;
+    ws.jobs.push_back(j);
+    row += n;
+  }
+  if (row != n_rows) throw std::runtime_error("expert parallelism: malformed work message");
+  for (int64_t i = 0; i < n_rows; ++i)
+    if (pair_rows[i] < 0 || pair_rows[i] >= h.n_packed) throw std::runtime_error("expert parallelism: malformed work message");
+  if (kernels::act_type(W.ffn_gate_exps.type, prec) != kernels::ActType(h.act_type))
+    throw std::runtime_error("expert parallelism: activation format does not match this rank's model file");
+  run_matmuls(ws.jobs, pool);
+
+  const kernels::ActType at = kernels::act_type(W.ffn_down_exps.type, prec);
+  const size_t stride = kernels::act_row_bytes(at, F);
+  uint8_t* act = ws.down_act.get(stride * size_t(std::max<int64_t>(n_rows, 1)));
+  auto swiglu = [&](int64_t r0, int64_t r1, int) {
+    for (int64_t r = r0; r < r1; ++r)
+      kernels::swiglu_convert(at, gu + r * F, gu + (n_rows + r) * F, F, L.clamp_exp, 1, F, act + size_t(r) * stride);
+  };
+  if (n_rows < 32 || pool.n_threads() == 1)
+    swiglu(0, n_rows, 0);
+  else
+    pool.parallel_for(n_rows, swiglu);
+
+  rows.resize(size_t(std::max<int64_t>(n_rows, 1) * E));
+  ws.jobs.clear();
+  row = 0;
+  for (int64_t g = 0; g < h.n_groups; ++g) {
+    const int32_t e = groups[2 * g], n = groups[2 * g + 1];
+    MatJob j;
+    j.x.type = at;
+    j.x.data = act + size_t(row) * stride;
+    j.x.stride = stride;
+    j.x.n_tok = n;
+    j.w = W.ffn_down_exps.matrix(e);
+    j.y = rows.data() + row * E;
+    j.ldy = E;
+    ws.jobs.push_back(j);
+    row += n;
+  }
+  run_matmuls(ws.jobs, pool);
+}
+
+}  // namespace
+
+std::unique_ptr<ExpertParallel> ExpertParallel::start() {
+  int inited = 0;
+  MPI_Initialized(&inited);
+  if (!inited) {
+    // Rank 0 may call MPI from whichever thread runs the forward pass, one at a time.
+    int provided = 0;
+    check(MPI_Init_thread(nullptr, nullptr, MPI_THREAD_SERIALIZED, &provided), "MPI_Init_thread");
+    if (provided < MPI_THREAD_SERIALIZED) {
+      MPI_Finalize();
+      throw std::runtime_error("this MPI library does not support MPI_THREAD_SERIALIZED");
+    }
+  }
+  std::unique_ptr<ExpertParallel> ep(new ExpertParallel());
+  MPI_Comm_rank(MPI_COMM_WORLD, &ep->rank_);
+  MPI_Comm_size(MPI_COMM_WORLD, &ep->n_ranks_);
+  return ep;
+}
+
+ExpertParallel::~ExpertParallel() {
+  if (rank_ == 0)
+    for (int r = 1; r < n_ranks_; ++r) MPI_Send(nullptr, 0, MPI_BYTE, r, kTagShutdown, MPI_COMM_WORLD);
+  MPI_Finalize();
+}
+
+void ExpertParallel::abort_all(int code) { MPI_Abort(MPI_COMM_WORLD, code); std::exit(code); }
+
+std::unique_ptr<ExpertExecutor> ExpertParallel::executor(const Model& model, ExpertPlacement placement) {
+  if (placement.n_ranks() != n_ranks_)
+    throw std::invalid_argument("the expert placement is for " + std::to_string(placement.n_ranks()) +
+                                " ranks, this job has " + std::to_string(n_ranks_));
+  if (placement.n_expert() != model.hparams().n_expert)
+    throw std::invalid_argument("the expert placement is for " + std::to_string(placement.n_expert()) +
+                                " experts, the model has " + std::to_string(model.hparams().n_expert));
+  return std::make_unique<MpiExpertExecutor>(model, std::move(placement), n_ranks_);
+}
+
+void ExpertParallel::follow(const Model& model, ThreadPool& pool) {
+  Workspace ws;
+  std::vector<uint8_t> msg;
+  std::vector<float> rows;
+  try {
+    for (;;) {
+      MPI_Status st;
+      check(MPI_Probe(0, MPI_ANY_TAG, MPI_COMM_WORLD, &st), "MPI_Probe");
+      int n = 0;
+      MPI_Get_count(&st, MPI_BYTE, &n);
+      msg.resize(size_t(n));
+      check(MPI_Recv(msg.data(), n, MPI_BYTE, 0, st.MPI_TAG, MPI_COMM_WORLD, MPI_STATUS_IGNORE), "MPI_Recv");
+      if (st.MPI_TAG == kTagShutdown) return;
+      if (st.MPI_TAG != kTagWork) throw std::runtime_error("expert parallelism: unexpected message");
+      compute_work(model, msg, rows, ws, pool);
+      WorkHeader h;
+      std::memcpy(&h, msg.data(), sizeof h);
+      check(MPI_Send(rows.data(), int(h.n_pairs * model.hparams().n_embd), MPI_FLOAT, 0, kTagRows, MPI_COMM_WORLD),
+            "MPI_Send");
+    }
+  } catch (const std::exception& e) {
+    std::fprintf(stderr, "step35 rank %d: error: %s\n", rank_, e.what());
+    abort_all(1);
+  }
+}
+
+#endif
+
+}  // namespace step35
