@@ -2,6 +2,7 @@
 #include "args.h"
 #include "commands.h"
 #include "common.h"
+#include "ep_options.h"
 #include "server/server.h"
 
 namespace step35::cli {
@@ -33,7 +34,10 @@ static int serve_main(const Args& args) {
   p.flag("--exact", "", "F32 activations on the exact stored weights (default: round activations as llama.cpp does)");
   p.flag("--http-threads", "N", "HTTP worker threads", "enough for every running and queued request");
   p.flag("--shutdown-grace", "S", "on SIGTERM, seconds in-flight requests may finish before they are cancelled", "10");
+  add_ep_flags(p);
   if (!p.parse(args)) return 0;
+  // With --ep under mpirun, ranks > 0 only compute their experts for rank 0, which serves.
+  EpSetup ep(p);
 
   server::ServerOptions o;
   o.model_path = p.str("model");
@@ -68,6 +72,8 @@ static int serve_main(const Args& args) {
   e.prefix_cache = !p.has("no-prefix-cache");
   e.mtp = int32_t(p.i64("mtp", 0, 0, 3));
   e.precision = p.has("exact") ? Precision::Exact : Precision::Native;
+  if (ep.is_follower()) return ep.follow(o.model_path, e.n_threads);
+  o.on_model_loaded = [&ep](Model& model) { ep.attach(model); };
   return server::serve(o);
 }
 

@@ -256,6 +256,7 @@ int serve(const ServerOptions& options) {
   try {
     Model::LoadOptions lo;
     ctx.model = Model::load(options.model_path, lo);
+    if (options.on_model_loaded) options.on_model_loaded(*ctx.model);
     const Tokenizer& tok = ctx.model->tokenizer();
     ctx.chat_template = std::make_unique<ChatTemplate>(
         ctx.model->file().opt_str("tokenizer.chat_template").value_or(""),

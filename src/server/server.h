@@ -4,6 +4,7 @@
 #pragma once
 
 #include <cstdint>
+#include <functional>
 #include <string>
 
 #include "runtime/engine.h"
@@ -25,6 +26,9 @@ struct ServerOptions {
   int32_t adaptive_min_k = 4;
   double shutdown_grace_s = 10;    // SIGTERM: how long in-flight requests may finish
   EngineOptions engine;
+  // Called once the model is loaded, before the engine's first forward pass (e.g. to
+  // install the expert-parallel executor of `--ep`).
+  std::function<void(Model&)> on_model_loaded;
 };
 
 // Loads the model, serves until SIGTERM/SIGINT, returns the exit status (0 after a
