@@ -42,14 +42,14 @@ bool port_free(int port) {
   return ok;
 }
 
-// `step35 serve` on the micro model (context 256), killed and reaped on every path out.
+// `step35 serve` (by default on the micro model, context 256), killed and reaped on every path out.
 class Server {
  public:
-  explicit Server(std::vector<std::string> extra = {}) {
+  explicit Server(std::vector<std::string> extra = {}, const std::string& model = micro_model(), int ctx = 256) {
     static int next = 19000 + int(getpid() % 400);
     do port_ = next++; while (!port_free(port_) && next < 19500);
-    std::vector<std::string> args = {st::step35_binary(), "serve", "-m", micro_model(), "--port",
-                                     std::to_string(port_), "-t", "2", "-c", "256"};
+    std::vector<std::string> args = {st::step35_binary(), "serve", "-m", model, "--port",
+                                     std::to_string(port_), "-t", "2", "-c", std::to_string(ctx)};
     args.insert(args.end(), extra.begin(), extra.end());
     const std::string log = st::tmp_dir() + "/hostile_server_" + std::to_string(port_) + ".log";
     pid_ = fork();
@@ -296,10 +296,12 @@ TEST(ServerHostile, ManyIdleConnectionsDoNotStarveOthers) {
 }
 
 TEST(ServerHostile, AbruptDisconnectMidStreamCancelsAndFreesKv) {
-  Server s;
+  // A fixture model with a long context, so that each request is still generating when its
+  // client goes away (the micro model finishes 200 tokens in milliseconds).
+  Server s({}, st::fixture_model("tiny-a-f32.gguf"), 4096);
   const double cancelled_before = s.metric("step35_requests_finished_total{reason=\"cancelled\"}");
   for (int round = 0; round < 3; ++round) {
-    json body = chat("tell me a long story", 200);
+    json body = chat("tell me a long story", 4000);
     body["ignore_eos"] = true;
     body["stream"] = true;
     const std::string payload = body.dump();
