@@ -8,7 +8,8 @@
 # env:   LLAMA_BIN (default /tmp/peer/llama.cpp/build/bin), BIN (default build/bin),
 #        THREADS (default 2), CLIENTS (default 1,4,8,16), REQUESTS per client (default 3),
 #        PROMPT_WORDS (default 16), MAX_TOKENS (default 128), LLAMA_NP (default 8),
-#        STEP35_PARALLEL (default 16), CTX per sequence (default 1024), PORT (default 18480)
+#        STEP35_PARALLEL (default 16), CTX per sequence (default 1024), PORT (default 18480;
+#        step35 uses PORT+1), SKIP_LLAMA (set: measure step35 only)
 set -euo pipefail
 here="$(cd "$(dirname "$0")/.." && pwd)"
 LLAMA_BIN="${LLAMA_BIN:-/tmp/peer/llama.cpp/build/bin}"
@@ -43,6 +44,7 @@ load() {
 
 echo "model: $model; threads $THREADS; prompts of $PROMPT_WORDS words, $MAX_TOKENS generated tokens each"
 echo
+if [ -z "${SKIP_LLAMA:-}" ]; then
 echo "## llama-server -np $LLAMA_NP"
 "$LLAMA_BIN/llama-server" -m "$model" -t "$THREADS" -np "$LLAMA_NP" -c $((CTX * LLAMA_NP)) \
   --host 127.0.0.1 --port "$PORT" > /tmp/compare_serve.llama.log 2>&1 &
@@ -50,6 +52,8 @@ server_pid=$!
 wait_ready
 load
 cleanup; server_pid=""
+fi
+PORT=$((PORT + 1))  # the peer's socket may linger a moment after it exits
 echo
 echo "## step35 serve --parallel $STEP35_PARALLEL"
 "$BIN/step35" serve -m "$model" -t "$THREADS" --parallel "$STEP35_PARALLEL" -c "$CTX" \
