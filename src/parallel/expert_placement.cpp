@@ -149,7 +149,9 @@ ExpertPlacement plan_placement(const ExpertCounts& counts, int32_t n_ranks) {
   ExpertPlacement p(n_ranks, counts.n_expert);
   const int32_t X = counts.n_expert;
   const int32_t cap = (X + n_ranks - 1) / n_ranks;
-  for (const auto& [il, c] : counts.layers) {
+  for (const auto& [il, layer_counts] : counts.layers) {
+    // A named reference: clang before 16 cannot capture a structured binding in a lambda.
+    const auto& c = layer_counts;
     std::vector<int32_t> order(static_cast<size_t>(X));
     std::iota(order.begin(), order.end(), 0);
     std::stable_sort(order.begin(), order.end(), [&](int32_t a, int32_t b) { return c[size_t(a)] > c[size_t(b)]; });
