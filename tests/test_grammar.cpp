@@ -6,7 +6,9 @@
 // GCC 12 reports a false -Wmaybe-uninitialized inside libstdc++'s <regex> (the reference
 // matcher below) when optimising with the sanitizers on.
 #if defined(__GNUC__) && !defined(__clang__)
+#if defined(__GNUC__) && !defined(__clang__)
 #pragma GCC diagnostic ignored "-Wmaybe-uninitialized"
+#endif
 #endif
 
 #include <algorithm>
@@ -433,7 +435,6 @@ TEST(TokenTrie, SpecialTokensOnlyWhereTheGrammarHasTheirText) {
   EXPECT_TRUE(allowed[size_t(open)]);
   EXPECT_FALSE(allowed[size_t(close)]);
   EXPECT_FALSE(allowed[size_t(think)]);
-  EXPECT_TRUE(allowed[size_t(id_of("<"))] || true);  // the tag may also be spelled in text
   c.accept(open);
   ASSERT_FALSE(c.failed());
   for (char ch : std::string("\n<function=f>\n<parameter=x>\n42\n</parameter>\n</function>\n")) {

@@ -4,7 +4,9 @@
 #define STEP35_X86_AVX512 1
 // GCC 12's AVX-512 headers trip its own uninitialized-variable warnings (false positives).
 #pragma GCC diagnostic ignored "-Wuninitialized"
+#if defined(__GNUC__) && !defined(__clang__)
 #pragma GCC diagnostic ignored "-Wmaybe-uninitialized"
+#endif
 #include "tensor/kernels_x86.inc"
 
 namespace step35::kernels {

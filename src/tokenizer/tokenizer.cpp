@@ -353,7 +353,7 @@ uint64_t pair_key(int32_t left, int32_t right) {
 const char* const kEogSpellings[] = {
     "<|im_end|>",
     "<|endoftext|>",
-    "<\xEF\xBD\x9C" "end\xE2\x96\x81of\xE2\x96\x81sentence\xEF\xBD\x9C>",  // <｜end▁of▁sentence｜>
+    ("<\xEF\xBD\x9C" "end\xE2\x96\x81of\xE2\x96\x81sentence\xEF\xBD\x9C>"),  // <｜end▁of▁sentence｜>
     "<|eot_id|>",
 };
 
