@@ -3,7 +3,9 @@
 // through the same contracts the fuzz targets check, in the normal and sanitizer builds:
 //   gguf           parse + model load end in success or gguf::Error;
 //   tokenizer      encode/decode round trip on arbitrary bytes;
-//   chat_template  messages render or are refused with std::invalid_argument.
+//   chat_template  messages render or are refused with std::invalid_argument;
+//   server_requests  request bodies are planned within limits or refused with a 4xx
+//                    (fuzz/server_request_contract.h).
 #include <algorithm>
 #include <filesystem>
 #include <stdexcept>
@@ -15,6 +17,7 @@
 
 #include "gguf/gguf.h"
 #include "model/step35.h"
+#include "server_request_contract.h"
 #include "support.h"
 #include "tokenizer/chat_template.h"
 #include "tokenizer/tokenizer.h"
@@ -100,4 +103,18 @@ TEST(Regressions, ChatTemplateInputs) {
     }
   }
   EXPECT_GE(rendered, 4u) << "the valid seeds no longer render";
+}
+
+TEST(Regressions, ServerRequestInputs) {
+  const auto files = inputs("server_requests");
+  ASSERT_GE(files.size(), 9u);
+  server::ServerContext& ctx = fuzzing::request_context(STEP35_FIXTURES_DIR);
+  for (const fs::path& p : files) {
+    const std::vector<uint8_t> b = st::read_bytes(p.string());
+    try {
+      EXPECT_EQ(fuzzing::check_server_request(ctx, b.data(), b.size()), "") << p;
+    } catch (const std::exception& e) {
+      ADD_FAILURE() << p << ": an exception other than ApiError: " << e.what();
+    }
+  }
 }

@@ -35,8 +35,22 @@ std::string block_text(const json& content, const std::string& where) {
   return out;
 }
 
+
+const char* stop_reason(const GenerateEvent& ev, const ChoiceText& t) {
+  if (t.stopped()) return "stop_sequence";
+  if (!t.tool_calls().empty() && ev.reason == FinishReason::Stop) return "tool_use";
+  return ev.reason == FinishReason::Stop ? "end_turn" : "max_tokens";
+}
+
+void throw_if_failed(const GenerateEvent& ev) {
+  if (ev.reason == FinishReason::Timeout) throw ApiError(408, "the request timed out");
+  if (ev.reason == FinishReason::Error) throw ApiError(500, "generation failed: " + ev.error);
+}
+
+}  // namespace
+
 // The Anthropic body as an OpenAI chat body.
-json to_openai(const json& body) {
+json anthropic_to_openai(const json& body) {
   Fields f(body);
   f.only({"model", "messages", "system", "max_tokens", "stop_sequences", "temperature", "top_p", "top_k", "stream",
           "tools", "tool_choice", "metadata", "thinking"});
@@ -129,21 +143,8 @@ json to_openai(const json& body) {
   return out;
 }
 
-const char* stop_reason(const GenerateEvent& ev, const ChoiceText& t) {
-  if (t.stopped()) return "stop_sequence";
-  if (!t.tool_calls().empty() && ev.reason == FinishReason::Stop) return "tool_use";
-  return ev.reason == FinishReason::Stop ? "end_turn" : "max_tokens";
-}
-
-void throw_if_failed(const GenerateEvent& ev) {
-  if (ev.reason == FinishReason::Timeout) throw ApiError(408, "the request timed out");
-  if (ev.reason == FinishReason::Error) throw ApiError(500, "generation failed: " + ev.error);
-}
-
-}  // namespace
-
 void handle_messages(ServerContext& ctx, const json& body, httplib::Response& res) {
-  ChatPlan plan = plan_chat(ctx, to_openai(body));
+  ChatPlan plan = plan_chat(ctx, anthropic_to_openai(body));
   const Tokenizer& tok = ctx.tokenizer();
   auto run = std::make_shared<GenerationRun>(*ctx.engine, replicate(plan.request, 1));
   auto texts = std::make_shared<std::vector<ChoiceText>>();

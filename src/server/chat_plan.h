@@ -29,4 +29,31 @@ struct ChatPlan {
 // Validates an OpenAI chat body (ApiError 400 naming the field) and plans it.
 ChatPlan plan_chat(ServerContext& ctx, const nlohmann::json& body);
 
+// The validation and planning step of the other endpoints, split from their handlers so
+// each can be tested and fuzzed on its own (fuzz/fuzz_server_requests.cpp): every one
+// either returns a plan within the server's limits or throws ApiError.
+
+// POST /v1/completions.
+struct CompletionsPlan {
+  GenerateRequest request;
+  int n = 1;
+  bool stream = false;
+  bool include_usage = false;
+  bool echo = false;
+  std::vector<std::string> stops;
+  std::string model;
+};
+CompletionsPlan plan_completions(ServerContext& ctx, const nlohmann::json& body);
+
+// POST /v1/messages: the Anthropic body in the OpenAI chat shape (then planned by plan_chat).
+nlohmann::json anthropic_to_openai(const nlohmann::json& body);
+
+// POST /v1/step35/execute: reads and removes the three step35 fields; the rest of the body
+// is a chat request.
+ExecuteOptions take_execute_options(ServerContext& ctx, nlohmann::json& body);
+
+// POST /tokenize and /detokenize: the whole answer.
+nlohmann::json tokenize_response(const ServerContext& ctx, const nlohmann::json& body);
+nlohmann::json detokenize_response(const ServerContext& ctx, const nlohmann::json& body);
+
 }  // namespace step35::server

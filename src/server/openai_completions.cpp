@@ -2,6 +2,7 @@
 #include <chrono>
 
 #include "server/api_error.h"
+#include "server/chat_plan.h"
 #include "server/generation.h"
 #include "server/request_validation.h"
 #include "server/server_context.h"
@@ -53,35 +54,45 @@ json completion_logprobs(const Tokenizer& tok, const std::vector<GenerateEvent>&
 
 }  // namespace
 
-void handle_completions(ServerContext& ctx, const json& body, httplib::Response& res) {
+CompletionsPlan plan_completions(ServerContext& ctx, const json& body) {
   Fields f(body);
   f.only({"model", "prompt", "stream", "stream_options", "max_tokens", "temperature", "top_p", "top_k", "min_p", "seed",
           "stop", "n", "presence_penalty", "frequency_penalty", "repetition_penalty", "repeat_last_n", "logprobs",
           "echo", "user", "ignore_eos"});
   if (!f.has("prompt")) throw ApiError(400, "'prompt' is required", "prompt");
-  GenerateRequest r;
+  CompletionsPlan plan;
+  GenerateRequest& r = plan.request;
   r.prompt = prompt_tokens(ctx, f.raw("prompt"));
   r.sampling = sampling_from(f);
   const int64_t ctx_max = ctx.engine->options().n_ctx;
   r.max_tokens = int32_t(f.integer("max_tokens", 0, ctx_max).value_or(16));
-  const int n = int(f.integer("n", 1, ctx.options.max_n).value_or(1));
-  const bool stream = f.boolean("stream").value_or(false);
-  bool include_usage = false;
+  plan.n = int(f.integer("n", 1, ctx.options.max_n).value_or(1));
+  plan.stream = f.boolean("stream").value_or(false);
   if (const json* so = f.object("stream_options")) {
     Fields s(*so, "stream_options.");
     s.only({"include_usage"});
-    include_usage = s.boolean("include_usage").value_or(false);
+    plan.include_usage = s.boolean("include_usage").value_or(false);
   }
-  const auto stops = f.strings_or_string("stop", 4);
+  plan.stops = f.strings_or_string("stop", 4);
   const int32_t n_logprobs = int32_t(f.integer("logprobs", 0, 20).value_or(-1));
   r.want_logprobs = n_logprobs >= 0;
   r.n_top_logprobs = std::max(n_logprobs, 0);
-  const bool echo = f.boolean("echo").value_or(false);
-  if (echo && stream) throw ApiError(400, "'echo' is not supported with 'stream'", "echo");
+  plan.echo = f.boolean("echo").value_or(false);
+  if (plan.echo && plan.stream) throw ApiError(400, "'echo' is not supported with 'stream'", "echo");
   r.ignore_eos = f.boolean("ignore_eos").value_or(false);
   f.string("user");
-  const std::string model = f.string("model").value_or(ctx.options.model_id);
+  plan.model = f.string("model").value_or(ctx.options.model_id);
   r.timeout_s = ctx.options.timeout_s;
+  return plan;
+}
+
+void handle_completions(ServerContext& ctx, const json& body, httplib::Response& res) {
+  CompletionsPlan plan = plan_completions(ctx, body);
+  GenerateRequest& r = plan.request;
+  const int n = plan.n;
+  const bool stream = plan.stream, include_usage = plan.include_usage, echo = plan.echo;
+  const auto& stops = plan.stops;
+  const std::string& model = plan.model;
   const Tokenizer& tok = ctx.tokenizer();
   const std::string echo_text = echo ? tok.decode(r.prompt, false) : "";
   if (r.max_tokens == 0) {

@@ -13,7 +13,7 @@ json parse_body(const std::string& body) {
   json j;
   try {
     j = json::parse(body);
-  } catch (const json::parse_error& e) {
+  } catch (const json::exception& e) {  // parse_error, and out_of_range for numbers past double
     throw ApiError(400, std::string("the request body is not valid JSON: ") + e.what());
   }
   if (!j.is_object()) throw ApiError(400, "the request body must be a JSON object");

@@ -3,6 +3,7 @@
 // expert_policy (routed-expert policy). The response's "step35" object says what was
 // applied.
 #include "server/api_error.h"
+#include "server/chat_plan.h"
 #include "server/request_validation.h"
 #include "server/server_context.h"
 
@@ -10,7 +11,7 @@ namespace step35::server {
 
 using nlohmann::json;
 
-void handle_execute(ServerContext& ctx, json body, httplib::Response& res) {
+ExecuteOptions take_execute_options(ServerContext& ctx, json& body) {
   ExecuteOptions exec;
   {
     Fields f(body);
@@ -29,6 +30,11 @@ void handle_execute(ServerContext& ctx, json body, httplib::Response& res) {
   body.erase("routing_hint");
   body.erase("context_window");
   body.erase("expert_policy");
+  return exec;
+}
+
+void handle_execute(ServerContext& ctx, json body, httplib::Response& res) {
+  ExecuteOptions exec = take_execute_options(ctx, body);
   handle_chat(ctx, std::move(body), &exec, res);
   if (!exec.routing_hint.empty()) ctx.metrics.count_routing(exec.routing_hint != "vision_language");
 }
