@@ -19,7 +19,7 @@ clients=${SOAK_CLIENTS:-4}
 work=$(mktemp -d /tmp/step35-soak.XXXXXX)
 url=http://127.0.0.1:$port
 
-"$bin" serve -m "$model" --host 127.0.0.1 --port "$port" -t 2 -c 512 --parallel 4 --timeout 60 \
+"$bin" serve -m "$model" --host 127.0.0.1 --port "$port" -t 2 -c 4096 --parallel 4 --timeout 60 \
   2>"$work/server.log" &
 server=$!
 cleanup() {
@@ -51,7 +51,7 @@ client() {
       2|3) kind=stream
            body="{\"messages\":[{\"role\":\"user\",\"content\":\"stream $id $i\"}],\"max_tokens\":$(( 8 + i % 24 )),\"stream\":true}" ;;
       4) kind=cancel
-         body="{\"messages\":[{\"role\":\"user\",\"content\":\"cancel $id $i\"}],\"max_tokens\":400,\"ignore_eos\":true,\"stream\":true}" ;;
+         body="{\"messages\":[{\"role\":\"user\",\"content\":\"cancel $id $i\"}],\"max_tokens\":4000,\"ignore_eos\":true,\"stream\":true}" ;;
       5) kind=malformed
          case $(( i % 4 )) in
            0) body='{"messages": [' ;;
