@@ -113,6 +113,8 @@ echo "client: completed $completed  errored $errored  cancelled $cancelled  malf
 echo "server: accepted $accepted  completed $fin_done  errored $fin_err  cancelled $fin_cancel"
 echo "latency p99 (normal requests): ${p99} s"
 echo "rss kB: first $rss_first  max $rss_max  last $rss_last  (samples: $(wc -l <"$work/rss"))"
+# Ten evenly spaced samples, to tell a plateau (allocator pools warming up) from a leak.
+echo "rss kB over time: $(awk '{a[NR]=$1} END {for (k = 1; k <= 10; ++k) printf "%s ", a[int((NR - 1) * k / 10) + 1]}' "$work/rss")"
 echo "kv blocks in use after load: $kv_used  running sequences: $running"
 fail=0
 [ "${kv_used%.*}" = 0 ] || { echo "FAIL: KV blocks still in use after the load"; fail=1; }
