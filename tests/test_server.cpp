@@ -17,6 +17,7 @@
 #include <nlohmann/json.hpp>
 
 #include "runtime/json_constraint.h"
+#include "serve_process.h"
 #include "support.h"
 
 using namespace step35::testing;
@@ -26,76 +27,24 @@ namespace {
 
 const std::string kModel = "tiny-a-q8_0.gguf";
 
-bool port_free(int port) {
-  const int fd = socket(AF_INET, SOCK_STREAM, 0);
-  sockaddr_in a{};
-  a.sin_family = AF_INET;
-  a.sin_port = htons(uint16_t(port));
-  a.sin_addr.s_addr = htonl(INADDR_LOOPBACK);
-  const bool ok = bind(fd, reinterpret_cast<sockaddr*>(&a), sizeof a) == 0;
-  close(fd);
-  return ok;
-}
-
-// A `step35 serve` child process; killed (and reaped) on every path out of a test.
-class ServerProcess {
+// `step35 serve` on the tiny-a fixture with one thread (ports 18000-18999), plus an HTTP
+// client for it.
+class ServerProcess : public ServeProcess {
  public:
-  explicit ServerProcess(std::vector<std::string> extra = {}) {
-    static int next = 18000 + int(getpid() % 500);
-    do port_ = next++; while (!port_free(port_) && next < 19000);
-    std::vector<std::string> args = {step35_binary(), "serve", "-m", fixture_model(kModel), "--port",
-                                     std::to_string(port_), "-t", "1"};
-    args.insert(args.end(), extra.begin(), extra.end());
-    log_ = tmp_dir() + "/server_" + std::to_string(port_) + ".log";
-    pid_ = fork();
-    if (pid_ == 0) {
-      FILE* f = std::freopen(log_.c_str(), "w", stderr);
-      (void)f;
-      std::vector<char*> argv;
-      for (auto& a : args) argv.push_back(a.data());
-      argv.push_back(nullptr);
-      execv(argv[0], argv.data());
-      _exit(127);
-    }
-    httplib::Client c("127.0.0.1", port_);
-    for (int i = 0; i < 300; ++i) {
-      auto r = c.Get("/health");
-      if (r && r->status == 200) return;
-      std::this_thread::sleep_for(std::chrono::milliseconds(50));
-    }
-    ADD_FAILURE() << "server did not become ready";
-  }
-  ~ServerProcess() {
-    if (pid_ > 0) {
-      kill(pid_, SIGKILL);
-      waitpid(pid_, nullptr, 0);
-    }
-  }
-  // SIGTERM, then the exit status (-1 if it had to be killed).
-  int terminate() {
-    kill(pid_, SIGTERM);
-    for (int i = 0; i < 400; ++i) {
-      int st = 0;
-      if (waitpid(pid_, &st, WNOHANG) == pid_) {
-        pid_ = -1;
-        return WIFEXITED(st) ? WEXITSTATUS(st) : -1;
-      }
-      std::this_thread::sleep_for(std::chrono::milliseconds(50));
-    }
-    return -1;
-  }
-  int port() const { return port_; }
+  explicit ServerProcess(std::vector<std::string> extra = {})
+      : ServeProcess(args(std::move(extra)), 18000, 19000, "server") {}
   httplib::Client client() const {
-    httplib::Client c("127.0.0.1", port_);
+    httplib::Client c("127.0.0.1", port());
     c.set_read_timeout(120, 0);
     return c;
   }
-  std::string url(const std::string& path) const { return "http://127.0.0.1:" + std::to_string(port_) + path; }
 
  private:
-  int port_ = 0;
-  pid_t pid_ = -1;
-  std::string log_;
+  static std::vector<std::string> args(std::vector<std::string> extra) {
+    std::vector<std::string> a = {"-m", fixture_model(kModel), "-t", "1"};
+    a.insert(a.end(), extra.begin(), extra.end());
+    return a;
+  }
 };
 
 json post(const ServerProcess& s, const std::string& path, const json& body, int* status = nullptr,

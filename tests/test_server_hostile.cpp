@@ -21,6 +21,7 @@
 #include <httplib.h>
 #include <nlohmann/json.hpp>
 
+#include "serve_process.h"
 #include "support.h"
 
 namespace st = step35::testing;
@@ -31,51 +32,13 @@ namespace {
 
 std::string micro_model() { return std::string(PROJECT_SOURCE_DIR) + "/fuzz/corpus/gguf/micro-f16.gguf"; }
 
-bool port_free(int port) {
-  const int fd = socket(AF_INET, SOCK_STREAM, 0);
-  sockaddr_in a{};
-  a.sin_family = AF_INET;
-  a.sin_port = htons(uint16_t(port));
-  a.sin_addr.s_addr = htonl(INADDR_LOOPBACK);
-  const bool ok = bind(fd, reinterpret_cast<sockaddr*>(&a), sizeof a) == 0;
-  close(fd);
-  return ok;
-}
-
-// `step35 serve` (by default on the micro model, context 256), killed and reaped on every path out.
-class Server {
+// `step35 serve` (by default on the micro model, context 256, 2 threads; ports 19000-19499).
+class Server : public st::ServeProcess {
  public:
-  explicit Server(std::vector<std::string> extra = {}, const std::string& model = micro_model(), int ctx = 256) {
-    static int next = 19000 + int(getpid() % 400);
-    do port_ = next++; while (!port_free(port_) && next < 19500);
-    std::vector<std::string> args = {st::step35_binary(), "serve", "-m", model, "--port",
-                                     std::to_string(port_), "-t", "2", "-c", std::to_string(ctx)};
-    args.insert(args.end(), extra.begin(), extra.end());
-    const std::string log = st::tmp_dir() + "/hostile_server_" + std::to_string(port_) + ".log";
-    pid_ = fork();
-    if (pid_ == 0) {
-      if (!std::freopen(log.c_str(), "w", stderr)) _exit(126);
-      std::vector<char*> argv;
-      for (auto& a : args) argv.push_back(a.data());
-      argv.push_back(nullptr);
-      execv(argv[0], argv.data());
-      _exit(127);
-    }
-    for (int i = 0; i < 300; ++i) {
-      auto r = client().Get("/health");
-      if (r && r->status == 200) return;
-      std::this_thread::sleep_for(std::chrono::milliseconds(50));
-    }
-    ADD_FAILURE() << "server did not become ready";
-  }
-  ~Server() {
-    kill(pid_, SIGKILL);
-    waitpid(pid_, nullptr, 0);
-  }
-  bool alive() const { return waitpid(pid_, nullptr, WNOHANG) == 0; }
-  int port() const { return port_; }
+  explicit Server(std::vector<std::string> extra = {}, const std::string& model = micro_model(), int ctx = 256)
+      : ServeProcess(args(model, ctx, std::move(extra)), 19000, 19500, "hostile_server") {}
   httplib::Client client(int timeout_s = 60) const {
-    httplib::Client c("127.0.0.1", port_);
+    httplib::Client c("127.0.0.1", port());
     c.set_read_timeout(timeout_s, 0);
     c.set_connection_timeout(timeout_s, 0);
     return c;
@@ -103,8 +66,11 @@ class Server {
   }
 
  private:
-  int port_ = 0;
-  pid_t pid_ = -1;
+  static std::vector<std::string> args(const std::string& model, int ctx, std::vector<std::string> extra) {
+    std::vector<std::string> a = {"-m", model, "-t", "2", "-c", std::to_string(ctx)};
+    a.insert(a.end(), extra.begin(), extra.end());
+    return a;
+  }
 };
 
 // A raw TCP connection to the server (for what an HTTP client library will not send).
