@@ -247,18 +247,34 @@ TEST(AdaptiveK, ZeroAcceptanceMeansNearlyAllStepsArePlain) {
     a.record(k, 0, c.trunk(k), c.draft_cost * k);
     speculative += k > 0;
   }
-  // Only probes speculate, with one draft each, and they get rarer: 16, +32, +64, +128, ...
+  // Only probes speculate, with one draft each, and they get rarer: +32, +64, +128, ...
+  // The first waits until two decode steps (its assumed cost) fit the probe budget.
   EXPECT_EQ(uint64_t(speculative), a.probes());
   EXPECT_LE(speculative, 8);
   EXPECT_EQ(a.paying_probes(), 0u);
   ASSERT_GE(probe_steps.size(), 5u);
-  EXPECT_EQ(probe_steps[0], int(AdaptiveK::kFirstProbeStep) - 1);
+  EXPECT_EQ(probe_steps[0], int(std::lround(2.0 / AdaptiveK::kProbeBudget)));
   for (size_t i = 1; i < probe_steps.size(); ++i) {
     const int gap = probe_steps[i] - probe_steps[i - 1];
     EXPECT_EQ(gap, std::min<int>(int(AdaptiveK::kFirstProbeGap) << (i - 1), int(AdaptiveK::kMaxProbeGap))) << i;
   }
   EXPECT_EQ(a.best_k(), 0);
   EXPECT_LT(a.acceptance(1), 0.2);
+}
+
+TEST(AdaptiveK, ProbesStayWithinTheirBudgetWhenCatchUpIsDear) {
+  AdaptiveK a(3);
+  int speculative = 0;
+  for (int step = 0; step < 20000; ++step) {
+    const int32_t k = a.choose();
+    // Each probe's drafting is mostly catch-up and costs six decode steps.
+    a.record(k, 0, 1.0 + 0.5 * k, 6.0 * k, /*draft_caught_up=*/k > 0);
+    speculative += k > 0;
+  }
+  EXPECT_GT(speculative, 0);
+  EXPECT_NEAR(a.probe_overhead_s(), 6.5 * speculative, 1e-6);
+  EXPECT_LE(a.probe_overhead_s(), AdaptiveK::kProbeBudget * a.elapsed_s());
+  EXPECT_EQ(a.best_k(), 0);
 }
 
 TEST(AdaptiveK, SpeculatesWhenItPays) {

@@ -235,6 +235,7 @@ static int bench_main(const Args& args) {
       SpeculationStats spec_total;
       uint64_t plain_steps = 0, probes = 0, paying_probes = 0;
       nlohmann::json cost_model;  // what the adaptive controller learned in the last repetition
+      std::unique_ptr<SpeculativeDecoder> spec_dec;
       for (int r = 0; r <= reps; ++r) {
         if (mtp.max_k == 0) {
           session.cache().clear();
@@ -248,8 +249,13 @@ static int bench_main(const Args& args) {
           if (r > 0) tps.push_back(double(n_gen) / dt);
           continue;
         }
-        // Speculative: greedy decoding from one random token, n_gen tokens produced.
-        SpeculativeDecoder dec(*model, n_ctx + 4, std::min<int32_t>(n_batch, n_ctx), prec, mtp.max_k, mtp.adaptive);
+        // Speculative: greedy decoding from one random token, n_gen tokens produced. One
+        // decoder for all repetitions (as the plain test reuses its session), reset each time.
+        if (!spec_dec)
+          spec_dec = std::make_unique<SpeculativeDecoder>(*model, n_ctx + 4, std::min<int32_t>(n_batch, n_ctx), prec,
+                                                          mtp.max_k, mtp.adaptive);
+        SpeculativeDecoder& dec = *spec_dec;
+        dec.reset();
         SamplingParams sp;
         sp.temperature = 0;
         sp.seed = uint64_t(r);

@@ -116,7 +116,7 @@ void MtpDrafter::release(MtpState& st) {
 // back).
 void MtpDrafter::sync(MtpState& st, int32_t n_pos, int32_t window) {
   release(st);
-  int32_t r = std::max(n_pos - std::clamp(window > 0 ? window : kSyncWindow, 1, kSyncWindow), st.trunk.first() == 0 ? 0 : st.trunk.first() + 1);
+  int32_t r = std::max(n_pos - std::clamp(window, 1, kSyncWindow), st.trunk.first() == 0 ? 0 : st.trunk.first() + 1);
   if (!st.trunk.has(r - 1, n_pos)) r = n_pos;  // only the last row (always kept)
   for (int32_t b = 0; b < n_blocks_; ++b) st.base[size_t(b)] = n_blocks_ == 1 ? r : r + b;
   st.synced = st.trunk.has(r - 1, n_pos);
@@ -133,8 +133,12 @@ void MtpDrafter::draft(std::vector<Job>& jobs, ThreadPool& pool, Workspace& ws, 
     st.q.clear();
     job.k = std::clamp(job.k, 0, max_k_);
     if (job.k == 0) continue;
+    // Blocks that fell further behind than the catch-up window (speculation paused) start
+    // again from the window instead of recomputing everything since they stopped.
+    const int32_t window = job.catch_up_window > 0 ? std::min(job.catch_up_window, kSyncWindow) : kSyncWindow;
     const int32_t f0 = st.base[0] + st.kv[0].n_pos;
-    if (!st.synced || f0 > job.n_pos || !st.trunk.has(f0 - 1, job.n_pos)) sync(st, job.n_pos, job.catch_up_window);
+    if (!st.synced || f0 > job.n_pos || job.n_pos - f0 > window || !st.trunk.has(f0 - 1, job.n_pos))
+      sync(st, job.n_pos, window);
     if (!st.synced) job.k = 0;
     if (job.sampler) saved[j] = job.sampler->save_history();
   }
@@ -387,6 +391,9 @@ int32_t AdaptiveK::choose() {
   const int32_t best = best_k();
   if (best > 0) return last_ = best;
   if (step_ < next_probe_) return last_ = 0;
+  // Before the first probe its cost is unknown: assume two decode steps.
+  const double expected = last_probe_overhead_s_ >= 0 ? last_probe_overhead_s_ : 2.0 * trunk_[0];
+  if (probe_overhead_s_ + expected > kProbeBudget * elapsed_s_) return last_ = 0;
   // Speculation does not look worth it: try one draft to see whether that still holds.
   last_probe_ = probe_pending_ = true;
   probe_accepted_ = 0;
@@ -406,6 +413,7 @@ void AdaptiveK::record_acceptance(int32_t k, int32_t accepted) {
 void AdaptiveK::record_cost(int32_t k, double trunk_s, double draft_s, bool draft_caught_up) {
   k = std::clamp(k, 0, max_k_);
   running_mean(trunk_[k], trunk_n_[k], trunk_s);
+  elapsed_s_ += trunk_s + draft_s;
   if (k > 0) {
     if (!draft_caught_up) {
       running_mean(draft_, draft_n_, draft_s / double(k));
@@ -419,6 +427,8 @@ void AdaptiveK::record_cost(int32_t k, double trunk_s, double draft_s, bool draf
   if (k == 0) return;  // no draft could be made: try again at the next chance
   // A probe pays when its own step beat plain decoding (drafting counted at its in-step
   // cost), or when what it taught makes speculation the better choice.
+  last_probe_overhead_s_ = std::max(0.0, trunk_s + draft_s - double(1 + probe_accepted_) * trunk_[0]);
+  probe_overhead_s_ += last_probe_overhead_s_;
   const double cost = trunk_s + double(k) * draft_cost();
   const bool paid = double(1 + probe_accepted_) * trunk_[0] >= cost || best_k() > 0;
   if (paid) {
@@ -454,6 +464,16 @@ SpeculativeDecoder::~SpeculativeDecoder() { drafter_.release(state_); }
 int32_t SpeculativeDecoder::n_pos() const { return session_->n_pos(); }
 int32_t SpeculativeDecoder::n_ctx() const { return session_->n_ctx(); }
 const KvCache& SpeculativeDecoder::cache() const { return session_->cache(); }
+
+void SpeculativeDecoder::reset() {
+  session_->cache().clear();
+  drafter_.release(state_);
+  drafter_.init(state_);
+  state_.stats = SpeculationStats{};
+  adaptive_k_ = AdaptiveK(drafter_.max_k());
+  tokens_.clear();
+  plain_steps_ = 0;
+}
 
 void SpeculativeDecoder::prefill(const int32_t* tokens, int32_t n, std::vector<float>& logits, ThreadPool& pool) {
   const int32_t chunk = session_->cache().max_batch();

@@ -154,15 +154,21 @@ int32_t verify_drafts(Sampler& sampler, const float* rows, size_t n_vocab, const
 // caches were in step with the trunk, so catch-up work after a pause does not inflate it.
 // When K = 0 is best the controller probes speculation now and then (K = 1 by default) to
 // notice a change in acceptance; a probe that does not pay doubles the wait before the next
-// one (kFirstProbeGap, 2x, ... up to kMaxProbeGap steps), a paying probe resets it.
+// one (kFirstProbeGap, 2x, ... up to kMaxProbeGap steps), a paying probe resets it. A probe
+// catches the MTP caches up over only kProbeCatchUp positions: recomputing more costs more
+// than the probe itself (each position is a pass through the MTP block). Probes are also
+// held to a budget: what they cost beyond plain decoding of the tokens they produced (as
+// measured, catch-up included) stays within kProbeBudget of the decode time so far, so
+// that turning MTP on costs at most that much when drafts are never accepted.
 class AdaptiveK {
  public:
-  static constexpr uint64_t kFirstProbeStep = 16;  // plain steps before the first probe
+  static constexpr uint64_t kFirstProbeStep = 32;  // plain steps before the first probe
   static constexpr uint64_t kFirstProbeGap = 32;
   static constexpr uint64_t kMaxProbeGap = 1024;
   // MTP-cache catch-up window for a probe (MtpDrafter::Job::catch_up_window): a probe after
   // a long pause would otherwise recompute the default window of positions in the blocks.
-  static constexpr int32_t kProbeCatchUp = 16;
+  static constexpr int32_t kProbeCatchUp = 4;
+  static constexpr double kProbeBudget = 0.02;
 
   explicit AdaptiveK(int32_t max_k);
   int32_t choose();  // K for the next step
@@ -191,6 +197,8 @@ class AdaptiveK {
   uint64_t paying_probes() const { return paying_probes_; }
   uint64_t probe_gap() const { return probe_gap_; }
   uint64_t steps() const { return step_; }
+  double probe_overhead_s() const { return probe_overhead_s_; }  // probes' cost beyond plain decoding
+  double elapsed_s() const { return elapsed_s_; }                // all recorded pass time
 
  private:
   int32_t max_k_;
@@ -203,6 +211,7 @@ class AdaptiveK {
   double draft_rough_ = 0;       // per draft including catch-up (used only while draft_ is unknown)
   uint64_t step_ = 0, next_probe_ = kFirstProbeStep, probe_gap_ = kFirstProbeGap;
   uint64_t probes_ = 0, paying_probes_ = 0;
+  double elapsed_s_ = 0, probe_overhead_s_ = 0, last_probe_overhead_s_ = -1;
   int32_t last_ = 0;
   bool last_probe_ = false, probe_pending_ = false;
   int32_t probe_accepted_ = 0;
@@ -218,6 +227,10 @@ class SpeculativeDecoder {
                      bool adaptive);
   ~SpeculativeDecoder();
 
+  // Starts a new sequence in the same memory (no KV, MTP state, statistics or learned
+  // controller state carried over); benchmarks use it so that repetitions do not time
+  // fresh allocations being faulted in.
+  void reset();
   // Runs the prompt and returns the logits of its last position.
   void prefill(const int32_t* tokens, int32_t n, std::vector<float>& logits, ThreadPool& pool);
   // One step from the pending (sampled, not yet run) token: appends the tokens it produced
