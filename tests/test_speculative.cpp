@@ -268,7 +268,7 @@ TEST(AdaptiveK, ProbesStayWithinTheirBudgetWhenCatchUpIsDear) {
   for (int step = 0; step < 20000; ++step) {
     const int32_t k = a.choose();
     // Each probe's drafting is mostly catch-up and costs six decode steps.
-    a.record(k, 0, 1.0 + 0.5 * k, 6.0 * k, /*draft_caught_up=*/k > 0);
+    a.record(k, 0, 1.0 + 0.5 * k, 6.0 * k, /*catch_up=*/k > 0 ? 4 : 0);
     speculative += k > 0;
   }
   EXPECT_GT(speculative, 0);
@@ -339,10 +339,10 @@ TEST(AdaptiveK, CostModelIsMonotoneAndIgnoresCatchUpInDraftCost) {
   EXPECT_EQ(a.choose(), 0);
   a.record(0, 0, 1.0, 0);
   // A probe whose drafting was mostly catch-up work, then in-step drafting.
-  a.record_cost(1, 1.6, 5.0, /*draft_caught_up=*/true);
-  EXPECT_NEAR(a.draft_cost(), 5.0, 1e-9);  // only a rough bound while nothing better is known
-  a.record_cost(1, 1.6, 0.2, false);
-  a.record_cost(1, 1.6, 4.0, true);
+  a.record_cost(1, 1.6, 5.0, /*catch_up=*/4);
+  EXPECT_NEAR(a.draft_cost(), 1.0, 1e-9);  // shared over the 5 positions, while nothing better is known
+  a.record_cost(1, 1.6, 0.2, 0);
+  a.record_cost(1, 1.6, 4.0, 12);
   EXPECT_NEAR(a.draft_cost(), 0.2, 1e-9);
   // Unmeasured K extrapolate from c_0 and c_1; a noisy c_2 below c_1 does not make the
   // model prefer it.

@@ -324,7 +324,7 @@ class BatchEngine final : public Engine {
 
   // Drafts the next step's tokens for every decoding request that speculates.
   void draft_next(double* draft_s) {
-    draft_caught_up_ = false;
+    draft_catch_up_ = 0;
     if (!drafter_ || drafter_->max_k() == 0) return;
     int32_t n_decoding = 0;
     for (auto& r : running_) n_decoding += !r->prefilling();
@@ -335,6 +335,9 @@ class BatchEngine final : public Engine {
     for (auto& rp : running_) {
       Request& r = *rp;
       if (!r.mtp_ready || r.prefilling()) continue;
+      // Not stepped this time (a low_latency prompt ran alone): its drafts still stand, and
+      // drafting again would find the blocks ahead of the trunk and force a catch-up.
+      if (!r.mtp.drafts.empty()) continue;
       // Drafts must fit the context and the request's remaining tokens.
       int32_t kk = std::min(k, r.req.n_ctx - r.kv.n_pos - 2);
       if (r.req.max_tokens >= 0) kk = std::min(kk, r.req.max_tokens - r.n_generated - 1);
@@ -359,7 +362,7 @@ class BatchEngine final : public Engine {
       for (auto& j : mtp_jobs_) j.st->drafts.clear(), j.st->q.clear(), j.st->synced = false;
     }
     *draft_s = now_s() - t0;
-    draft_caught_up_ = drafter_->catch_up_tokens() > 0;
+    draft_catch_up_ = drafter_->catch_up_tokens();
   }
 
   void fill_logprobs(const Request& r, const float* lg, int32_t next, GenerateEvent& ev) {
@@ -604,7 +607,7 @@ class BatchEngine final : public Engine {
     // drafts of the next step with the K chosen from the updated model.
     // Steps with prompt chunks say nothing about the cost of verification.
     if (drafter_ && drafter_->max_k() > 0 && prefill_tokens == 0)
-      adaptive_k_->record_cost(step_k, trunk_s, draft_s_last_, draft_caught_up_);
+      adaptive_k_->record_cost(step_k, trunk_s, draft_s_last_, draft_catch_up_);
     double draft_s = 0;
     draft_next(&draft_s);
     draft_s_last_ = draft_s;
@@ -709,7 +712,7 @@ class BatchEngine final : public Engine {
   uint64_t newest_seen_id_ = 0;  // the newest request intake() has taken in
   int32_t fixed_k_ = -1;  // --mtp K (not auto)
   double draft_s_last_ = 0;
-  bool draft_caught_up_ = false;  // the last drafting included MTP-cache catch-up
+  int64_t draft_catch_up_ = 0;  // positions the last drafting recomputed to catch up
   std::deque<RoutingStats> routing_window_;
   uint64_t adaptive_experts_total_ = 0;
 

@@ -410,17 +410,15 @@ void AdaptiveK::record_acceptance(int32_t k, int32_t accepted) {
   if (probe_pending_) probe_accepted_ = std::max(probe_accepted_, std::min(accepted, k));
 }
 
-void AdaptiveK::record_cost(int32_t k, double trunk_s, double draft_s, bool draft_caught_up) {
+void AdaptiveK::record_cost(int32_t k, double trunk_s, double draft_s, int64_t catch_up) {
   k = std::clamp(k, 0, max_k_);
   running_mean(trunk_[k], trunk_n_[k], trunk_s);
   elapsed_s_ += trunk_s + draft_s;
   if (k > 0) {
-    if (!draft_caught_up) {
+    if (catch_up <= 0)
       running_mean(draft_, draft_n_, draft_s / double(k));
-    } else if (draft_n_ == 0) {
-      uint64_t n = 0;
-      running_mean(draft_rough_, n, draft_s / double(k));  // an upper bound until an in-step sample
-    }
+    else if (draft_n_ == 0)
+      running_mean(draft_rough_, draft_rough_n_, draft_s / double(k + catch_up));
   }
   if (!probe_pending_) return;
   probe_pending_ = false;
@@ -533,7 +531,7 @@ void SpeculativeDecoder::step(int32_t pending, Sampler& sampler, std::vector<int
   } else {
     ++plain_steps_;
   }
-  adaptive_k_.record(k_used, accepted, t2 - t1, t1 - t0, k_used > 0 && drafter_.catch_up_tokens() > 0);
+  adaptive_k_.record(k_used, accepted, t2 - t1, t1 - t0, k_used > 0 ? drafter_.catch_up_tokens() : 0);
 }
 
 }  // namespace step35

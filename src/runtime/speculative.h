@@ -150,8 +150,11 @@ int32_t verify_drafts(Sampler& sampler, const float* rows, size_t n_vocab, const
 // Costs are learned, never assumed, because they change with the kernels and the machine:
 // plain steps measure c_0; steps with K drafts measure c_K; an unmeasured c_K is
 // extrapolated linearly from c_0 and the largest measured K (c_0 (1 + K) before any), and
-// the model is kept monotone in K. The draft cost is learned only from steps whose MTP
-// caches were in step with the trunk, so catch-up work after a pause does not inflate it.
+// the model is kept monotone in K. The draft cost is learned from steps whose MTP caches
+// were in step with the trunk, so catch-up work after a pause does not inflate it; until
+// such a step exists, a step with catch-up gives an estimate with its time shared evenly
+// over the positions it ran (optimistic, as catch-up positions skip the vocabulary
+// projection, so a wrong guess leads to a measured step rather than to never trying).
 // When K = 0 is best the controller probes speculation now and then (K = 1 by default) to
 // notice a change in acceptance; a probe that does not pay doubles the wait before the next
 // one (kFirstProbeGap, 2x, ... up to kMaxProbeGap steps), a paying probe resets it. A probe
@@ -173,15 +176,16 @@ class AdaptiveK {
   explicit AdaptiveK(int32_t max_k);
   int32_t choose();  // K for the next step
   // Records one step: k drafts were run, `accepted` of them accepted; seconds spent in the
-  // trunk pass and in drafting; whether drafting included MTP-cache catch-up work.
-  void record(int32_t k, int32_t accepted, double trunk_s, double draft_s, bool draft_caught_up = false) {
+  // trunk pass and in drafting; positions the drafting recomputed to catch the MTP caches
+  // up (MtpDrafter::catch_up_tokens()).
+  void record(int32_t k, int32_t accepted, double trunk_s, double draft_s, int64_t catch_up = 0) {
     record_acceptance(k, accepted);
-    record_cost(k, trunk_s, draft_s, draft_caught_up);
+    record_cost(k, trunk_s, draft_s, catch_up);
   }
   // The same in two parts, for a batch of sequences sharing one pass: the acceptance of
   // each sequence, and the pass costs once.
   void record_acceptance(int32_t k, int32_t accepted);
-  void record_cost(int32_t k, double trunk_s, double draft_s, bool draft_caught_up = false);
+  void record_cost(int32_t k, double trunk_s, double draft_s, int64_t catch_up = 0);
 
   // The learned model.
   double acceptance(int32_t pos) const;        // a_pos estimate, pos 1..3
@@ -208,7 +212,8 @@ class AdaptiveK {
   uint64_t trunk_n_[4] = {};     // samples behind trunk_
   double draft_ = 0;             // seconds per draft step, running mean (in-step drafting only)
   uint64_t draft_n_ = 0;
-  double draft_rough_ = 0;       // per draft including catch-up (used only while draft_ is unknown)
+  double draft_rough_ = 0;       // per draft from steps with catch-up (used only while draft_ is unknown)
+  uint64_t draft_rough_n_ = 0;
   uint64_t step_ = 0, next_probe_ = kFirstProbeStep, probe_gap_ = kFirstProbeGap;
   uint64_t probes_ = 0, paying_probes_ = 0;
   double elapsed_s_ = 0, probe_overhead_s_ = 0, last_probe_overhead_s_ = -1;
