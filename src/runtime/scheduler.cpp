@@ -161,7 +161,7 @@ class BatchEngine final : public Engine {
  private:
   static constexpr int32_t kLowLatencyExtraSlots = 2;  // low_latency may run beyond n_parallel
   static constexpr size_t kRoutingWindow = 64;         // steps behind the MoE health metrics
-  static constexpr int32_t kPrefillChunkWhileDecoding = 64;  // prompt tokens per step beside decodes
+  static constexpr int32_t kPrefillChunkWhileDecoding = 32;  // prompt tokens per step beside decodes
 
   // A prompt pass and a decode step over a throwaway sequence: the weights the first
   // requests need are paged in and the work buffers grown before anyone waits on them.
