@@ -62,8 +62,12 @@ std::string random_prompt(std::mt19937& rng, int words) {
   return s;
 }
 
-// One streaming chat completion; counts content/reasoning deltas as tokens and reads the
-// final usage when the server sends it.
+// One streaming chat completion. TTFT is the time to the first chunk that carries a choice
+// (the server sends it when the first token is generated; its text may be empty or held
+// back by the output parser). TPOT is the time from that chunk to the last one, divided by
+// the generated tokens after the first, counted from the final usage: counting deltas
+// would be wrong, since a token can decode to no text (the random-weight model emits
+// reserved tokens) and a delta can carry several tokens.
 RequestResult stream_one(const Options& o, const std::string& path, const nlohmann::json& body) {
   RequestResult r;
   httplib::Client cli(o.host, o.port);
@@ -76,7 +80,7 @@ RequestResult stream_one(const Options& o, const std::string& path, const nlohma
   if (!o.api_key.empty()) req.headers.emplace("Authorization", "Bearer " + o.api_key);
   req.body = body.dump();
   std::string buffer;
-  int deltas = 0, usage_tokens = -1;
+  int text_deltas = 0, usage_tokens = -1;
   double t_first = 0, t_last = 0;
   const double t0 = now_s();
   req.content_receiver = [&](const char* data, size_t n, uint64_t, uint64_t) {
@@ -93,21 +97,20 @@ RequestResult stream_one(const Options& o, const std::string& path, const nlohma
       if (j.is_discarded()) continue;
       if (j.contains("usage") && j["usage"].is_object() && j["usage"].contains("completion_tokens"))
         usage_tokens = j["usage"]["completion_tokens"].get<int>();
-      if (!j.contains("choices") || j["choices"].empty()) continue;
+      if (!j.contains("choices") || !j["choices"].is_array() || j["choices"].empty()) continue;
+      const double t = now_s();
+      if (t_first == 0) t_first = t;
+      t_last = t;
       const auto& c = j["choices"][0];
-      bool has_text = false;
       if (c.contains("delta")) {
         const auto& dl = c["delta"];
         for (const char* k : {"content", "reasoning_content"})
-          if (dl.contains(k) && dl[k].is_string() && !dl[k].get<std::string>().empty()) has_text = true;
+          if (dl.contains(k) && dl[k].is_string() && !dl[k].get<std::string>().empty()) {
+            ++text_deltas;
+            break;
+          }
       } else if (c.contains("text") && c["text"].is_string() && !c["text"].get<std::string>().empty()) {
-        has_text = true;
-      }
-      if (has_text) {
-        const double t = now_s();
-        if (deltas == 0) t_first = t;
-        t_last = t;
-        ++deltas;
+        ++text_deltas;
       }
     }
     return true;
@@ -123,9 +126,10 @@ RequestResult stream_one(const Options& o, const std::string& path, const nlohma
     return r;
   }
   r.total = now_s() - t0;
-  r.tokens = usage_tokens >= 0 ? usage_tokens : deltas;
-  r.ttft = deltas > 0 ? t_first - t0 : r.total;
-  r.tpot = deltas > 1 ? (t_last - t_first) / double(deltas - 1) : 0;
+  // Without usage (a server that does not send it) the text deltas are the best count.
+  r.tokens = usage_tokens >= 0 ? usage_tokens : text_deltas;
+  r.ttft = t_first > 0 ? t_first - t0 : r.total;
+  r.tpot = r.tokens > 1 && t_first > 0 ? (t_last - t_first) / double(r.tokens - 1) : 0;
   r.ok = r.tokens > 0;
   if (!r.ok) r.error = "no tokens";
   return r;

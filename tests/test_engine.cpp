@@ -182,7 +182,10 @@ TEST(Engine, CancelTimeoutAndClosedSinkReleaseEverything) {
   long_req.ignore_eos = true;
   const uint64_t id = engine->submit(long_req, cancelled.sink());
   GenerateRequest t = long_req;
-  t.timeout_s = 0.05;
+  // Far shorter than its generation takes, even with fast kernels (the tiny model makes
+  // 200 tokens in tens of milliseconds).
+  t.timeout_s = 0.01;
+  t.max_tokens = -1;  // until the context is full
   engine->submit(t, timed_out.sink());
   closed.stop_after = 3;
   engine->submit(long_req, closed.sink());
@@ -314,6 +317,81 @@ TEST(Engine, ShutdownEndsEveryRequest) {
     EXPECT_EQ(c->final_event.reason, FinishReason::Cancelled);
   }
   EXPECT_THROW(engine->submit(greedy_request(prompt(5, 1), 2), nullptr), QueueFullError);
+}
+
+// Issue 7: a low_latency prompt is not merged into a pass over other work; it runs alone
+// in the first step that can see it, and prompt chunks beside running decodes stay small.
+TEST(Engine, LowLatencyPromptRunsAloneInTheNextStep) {
+  std::mutex mu;
+  std::vector<StepTrace> traces;
+  EngineOptions o = options(4);
+  o.n_batch = 256;
+  o.on_step = [&](const StepTrace& t) {
+    std::lock_guard<std::mutex> lock(mu);
+    traces.push_back(t);
+  };
+  auto engine = make_engine(model(), o);
+  Collector decoding, long_a, long_b, urgent;
+  GenerateRequest first = greedy_request(prompt(8, 1), 60);
+  first.ignore_eos = true;
+  engine->submit(first, decoding.sink());
+  for (int i = 0; i < 1000; ++i) {  // until it decodes
+    {
+      std::lock_guard<std::mutex> lock(decoding.mu);
+      if (decoding.tokens.size() >= 2) break;
+    }
+    std::this_thread::sleep_for(std::chrono::milliseconds(2));
+  }
+  GenerateRequest la = greedy_request(prompt(200, 2), 10), lb = greedy_request(prompt(180, 3), 10);
+  la.ignore_eos = lb.ignore_eos = true;
+  engine->submit(la, long_a.sink());
+  engine->submit(lb, long_b.sink());
+  const std::vector<int32_t> ll_prompt = prompt(20, 4);
+  GenerateRequest ll = greedy_request(ll_prompt, 5);
+  ll.priority = Priority::LowLatency;
+  const uint64_t ll_id = engine->submit(ll, urgent.sink());
+  for (Collector* c : {&decoding, &long_a, &long_b, &urgent}) ASSERT_TRUE(c->wait());
+  EXPECT_EQ(urgent.tokens, greedy_alone(ll_prompt, 5));
+
+  std::lock_guard<std::mutex> lock(mu);
+  bool saw_ll = false, mixed = false;
+  for (const StepTrace& t : traces) {
+    int32_t prefill_tokens = 0, decodes = 0;
+    for (const auto& c : t.chunks) c.prefill ? prefill_tokens += c.n_tokens : ++decodes;
+    if (decodes > 0 && prefill_tokens > 0) mixed = true;
+    if (decodes > 0) {
+      EXPECT_LE(prefill_tokens, 32) << "prompt chunks beside decodes";
+    }
+    if (!saw_ll && t.newest_request_id >= ll_id) {
+      saw_ll = true;
+      ASSERT_EQ(t.chunks.size(), 1u) << "the low_latency prompt shares its step";
+      EXPECT_EQ(t.chunks[0].request_id, ll_id);
+      EXPECT_TRUE(t.chunks[0].prefill);
+      EXPECT_EQ(t.chunks[0].n_tokens, int32_t(ll_prompt.size()));
+    }
+  }
+  EXPECT_TRUE(saw_ll);
+  EXPECT_TRUE(mixed);  // the long prompts did run beside the decoding request, in small chunks
+}
+
+TEST(Engine, WarmUpRunsBeforeTheFirstRequestAndLeavesNoTrace) {
+  EngineOptions o = options(2);
+  o.warm_up = true;
+  std::atomic<int> steps_seen{0};
+  o.on_step = [&](const StepTrace&) { ++steps_seen; };  // requests' steps only
+  auto engine = make_engine(model(), o);
+  EngineStats s = engine->stats();
+  EXPECT_EQ(s.steps, 0u);
+  EXPECT_EQ(s.kv_blocks_used, 0);
+  EXPECT_EQ(steps_seen.load(), 0);
+  const std::vector<int32_t> p = prompt(12, 9);
+  Collector c;
+  engine->submit(greedy_request(p, 8), c.sink());
+  ASSERT_TRUE(c.wait());
+  EXPECT_EQ(c.tokens, greedy_alone(p, 8));
+  wait_idle(*engine);
+  EXPECT_EQ(engine->stats().kv_blocks_used, 0);
+  EXPECT_GT(steps_seen.load(), 0);
 }
 
 }  // namespace

@@ -4,6 +4,7 @@
 // (chi-square); adaptive K falls back to plain decoding when drafts are never accepted.
 #include <gtest/gtest.h>
 
+#include <algorithm>
 #include <cmath>
 #include <map>
 #include <random>
@@ -92,7 +93,9 @@ TEST_P(GreedyMtp, EqualsPlainDecodingTokenForToken) {
       EXPECT_EQ(with_oracle, plain) << GetParam() << " prompt " << len << " --mtp " << k << " (oracle drafts)";
       EXPECT_GT(so.accepted[1], 0u);
       EXPECT_LT(so.accepted[1], so.drafted[1]);
-      if (k >= 2) EXPECT_GT(so.accepted[2], 0u);
+      if (k >= 2) {
+        EXPECT_GT(so.accepted[2], 0u);
+      }
       std::printf("[mtp] %s prompt %d k=%d: %.2f tokens/step, acceptance %.2f %.2f %.2f\n", GetParam().c_str(), len, k,
                   st.mean_tokens_per_step(), st.acceptance(1), st.acceptance(2), st.acceptance(3));
     }
@@ -226,31 +229,127 @@ TEST(SpeculativeSampling, ModelStepFollowsTheTrunkDistribution) {
   std::printf("[spec] model: chi2 %.2f (dof %d)\n", stat, dof);
 }
 
-TEST(AdaptiveK, FallsBackToPlainDecodingWithoutAcceptance) {
+// Costs in units of one decode step: a (K+1)-token pass costs 1 + verify_slope K, each
+// draft draft_cost.
+struct FakeCosts {
+  double verify_slope, draft_cost;
+  double trunk(int32_t k) const { return 1.0 + verify_slope * k; }
+};
+
+TEST(AdaptiveK, ZeroAcceptanceMeansNearlyAllStepsArePlain) {
   AdaptiveK a(3);
-  int chosen_nonzero = 0;
-  for (int step = 0; step < 2000; ++step) {
+  const FakeCosts c{0.5, 0.2};  // about what the benchmark model measures today
+  int speculative = 0;
+  std::vector<int> probe_steps;
+  for (int step = 0; step < 4000; ++step) {
     const int32_t k = a.choose();
-    // A K-draft pass costs 1 + 0.25 K; drafting 0.2 per draft; nothing is ever accepted.
-    a.record(k, 0, 1.0 + 0.25 * k, 0.2 * k);
-    if (step >= 200 && k > 0) ++chosen_nonzero;
+    if (a.last_was_probe()) probe_steps.push_back(step);
+    a.record(k, 0, c.trunk(k), c.draft_cost * k);
+    speculative += k > 0;
   }
-  EXPECT_LT(chosen_nonzero, 20);  // only rare exploration
+  // Only probes speculate, with one draft each, and they get rarer: +32, +64, +128, ...
+  // The first waits until two decode steps (its assumed cost) fit the probe budget.
+  EXPECT_EQ(uint64_t(speculative), a.probes());
+  EXPECT_LE(speculative, 8);
+  EXPECT_EQ(a.paying_probes(), 0u);
+  ASSERT_GE(probe_steps.size(), 5u);
+  EXPECT_EQ(probe_steps[0], int(std::lround(2.0 / AdaptiveK::kProbeBudget)));
+  for (size_t i = 1; i < probe_steps.size(); ++i) {
+    const int gap = probe_steps[i] - probe_steps[i - 1];
+    EXPECT_EQ(gap, std::min<int>(int(AdaptiveK::kFirstProbeGap) << (i - 1), int(AdaptiveK::kMaxProbeGap))) << i;
+  }
+  EXPECT_EQ(a.best_k(), 0);
+  EXPECT_LT(a.acceptance(1), 0.2);
+}
+
+TEST(AdaptiveK, ProbesStayWithinTheirBudgetWhenCatchUpIsDear) {
+  AdaptiveK a(3);
+  int speculative = 0;
+  for (int step = 0; step < 20000; ++step) {
+    const int32_t k = a.choose();
+    // Each probe's drafting is mostly catch-up and costs six decode steps.
+    a.record(k, 0, 1.0 + 0.5 * k, 6.0 * k, /*catch_up=*/k > 0 ? 4 : 0);
+    speculative += k > 0;
+  }
+  EXPECT_GT(speculative, 0);
+  EXPECT_NEAR(a.probe_overhead_s(), 6.5 * speculative, 1e-6);
+  EXPECT_LE(a.probe_overhead_s(), AdaptiveK::kProbeBudget * a.elapsed_s());
+  EXPECT_EQ(a.best_k(), 0);
 }
 
 TEST(AdaptiveK, SpeculatesWhenItPays) {
   AdaptiveK a(3);
   std::mt19937 rng(1);
   std::uniform_real_distribution<double> u(0, 1);
+  const FakeCosts c{0.15, 0.1};  // cheap verification: K = 3 pays most at 0.8 acceptance
   int sum_k = 0;
   for (int step = 0; step < 500; ++step) {
     const int32_t k = a.choose();
     int acc = 0;
     while (acc < k && u(rng) < 0.8) ++acc;
-    a.record(k, acc, 1.0 + 0.15 * k, 0.1 * k);
+    a.record(k, acc, c.trunk(k), c.draft_cost * k);
     if (step >= 100) sum_k += k;
   }
-  EXPECT_GT(sum_k / 400.0, 1.5);
+  EXPECT_GT(sum_k / 400.0, 2.0);
+  EXPECT_GE(a.best_k(), 2);
+  EXPECT_NEAR(a.acceptance(1), 0.8, 0.2);
+  for (int32_t k = 0; k <= 3; ++k) EXPECT_NEAR(a.verify_cost(k), c.trunk(k), 1e-9) << k;
+  EXPECT_NEAR(a.draft_cost(), 0.1, 1e-9);
+}
+
+TEST(AdaptiveK, StaysPlainWhenVerificationIsTooDearEvenWithHighAcceptance) {
+  AdaptiveK a(3);
+  const FakeCosts c{1.0, 0.3};  // every extra token costs a full step: never pays
+  int speculative = 0;
+  for (int step = 0; step < 2000; ++step) {
+    const int32_t k = a.choose();
+    a.record(k, k, c.trunk(k), c.draft_cost * k);  // every draft accepted
+    speculative += k > 0;
+  }
+  EXPECT_EQ(a.best_k(), 0);
+  EXPECT_EQ(uint64_t(speculative), a.probes());
+  EXPECT_LE(speculative, 10);
+}
+
+TEST(AdaptiveK, BackoffGrowsWhileProbesFailAndResetsOnAPayingProbe) {
+  AdaptiveK a(3);
+  const FakeCosts c{0.3, 0.1};
+  bool accepting = false;
+  uint64_t gap_before = 0;
+  int first_speculative_after_switch = -1;
+  for (int step = 0; step < 3000; ++step) {
+    if (step == 1000) {
+      accepting = true;  // the text became predictable
+      gap_before = a.probe_gap();
+    }
+    const int32_t k = a.choose();
+    a.record(k, accepting ? k : 0, c.trunk(k), c.draft_cost * k);
+    if (accepting && k > 0 && first_speculative_after_switch < 0) first_speculative_after_switch = step;
+  }
+  EXPECT_GE(gap_before, 256u);  // backed off while nothing was accepted
+  ASSERT_GE(first_speculative_after_switch, 1000);
+  EXPECT_LE(first_speculative_after_switch, 1000 + int(gap_before));
+  EXPECT_GE(a.paying_probes(), 1u);
+  EXPECT_EQ(a.probe_gap(), AdaptiveK::kFirstProbeGap);
+  EXPECT_GT(a.best_k(), 0);
+}
+
+TEST(AdaptiveK, CostModelIsMonotoneAndIgnoresCatchUpInDraftCost) {
+  AdaptiveK a(3);
+  EXPECT_EQ(a.choose(), 0);
+  a.record(0, 0, 1.0, 0);
+  // A probe whose drafting was mostly catch-up work, then in-step drafting.
+  a.record_cost(1, 1.6, 5.0, /*catch_up=*/4);
+  EXPECT_NEAR(a.draft_cost(), 1.0, 1e-9);  // shared over the 5 positions, while nothing better is known
+  a.record_cost(1, 1.6, 0.2, 0);
+  a.record_cost(1, 1.6, 4.0, 12);
+  EXPECT_NEAR(a.draft_cost(), 0.2, 1e-9);
+  // Unmeasured K extrapolate from c_0 and c_1; a noisy c_2 below c_1 does not make the
+  // model prefer it.
+  EXPECT_NEAR(a.verify_cost(3), 1.0 + 3 * 0.6, 1e-9);
+  a.record_cost(2, 1.2, 0.4, false);
+  for (int32_t k = 1; k <= 3; ++k) EXPECT_GE(a.verify_cost(k), a.verify_cost(k - 1)) << k;
+  EXPECT_NEAR(a.verify_cost(2), 1.6, 1e-9);
 }
 
 }  // namespace

@@ -233,7 +233,9 @@ static int bench_main(const Args& args) {
       if (n_gen <= 0) continue;
       std::vector<double> tps;
       SpeculationStats spec_total;
-      uint64_t plain_steps = 0;
+      uint64_t plain_steps = 0, probes = 0, paying_probes = 0;
+      nlohmann::json cost_model;  // what the adaptive controller learned in the last repetition
+      std::unique_ptr<SpeculativeDecoder> spec_dec;
       for (int r = 0; r <= reps; ++r) {
         if (mtp.max_k == 0) {
           session.cache().clear();
@@ -247,8 +249,13 @@ static int bench_main(const Args& args) {
           if (r > 0) tps.push_back(double(n_gen) / dt);
           continue;
         }
-        // Speculative: greedy decoding from one random token, n_gen tokens produced.
-        SpeculativeDecoder dec(*model, n_ctx + 4, std::min<int32_t>(n_batch, n_ctx), prec, mtp.max_k, mtp.adaptive);
+        // Speculative: greedy decoding from one random token, n_gen tokens produced. One
+        // decoder for all repetitions (as the plain test reuses its session), reset each time.
+        if (!spec_dec)
+          spec_dec = std::make_unique<SpeculativeDecoder>(*model, n_ctx + 4, std::min<int32_t>(n_batch, n_ctx), prec,
+                                                          mtp.max_k, mtp.adaptive);
+        SpeculativeDecoder& dec = *spec_dec;
+        dec.reset();
         SamplingParams sp;
         sp.temperature = 0;
         sp.seed = uint64_t(r);
@@ -268,6 +275,30 @@ static int bench_main(const Args& args) {
           tps.push_back(double(n_done) / dt);
           spec_total.add(dec.stats());
           plain_steps += dec.plain_steps();
+          const AdaptiveK& a = dec.adaptive();
+          probes += a.probes();
+          paying_probes += a.paying_probes();
+          const double c0 = a.verify_cost(0);
+          nlohmann::json verify = nlohmann::json::array(), rel = nlohmann::json::array(),
+                         measured = nlohmann::json::array(), expected = nlohmann::json::array(),
+                         speedup = nlohmann::json::array();
+          for (int32_t k = 0; k <= dec.max_k(); ++k) {
+            verify.push_back(a.verify_cost(k) * 1e3);
+            rel.push_back(c0 > 0 ? a.verify_cost(k) / c0 : 0.0);
+            measured.push_back(a.verify_measured(k));
+            expected.push_back(a.expected_tokens(k));
+            speedup.push_back(c0 > 0 ? a.rate(k) * c0 : 0.0);
+          }
+          cost_model = {{"verify_ms", verify},
+                        {"verify_relative", rel},
+                        {"verify_measured", measured},
+                        {"draft_ms", a.draft_cost() * 1e3},
+                        {"draft_relative", c0 > 0 ? a.draft_cost() / c0 : 0.0},
+                        {"acceptance", {a.acceptance(1), a.acceptance(2), a.acceptance(3)}},
+                        {"expected_tokens", expected},
+                        {"predicted_speedup", speedup},
+                        {"best_k", a.best_k()},
+                        {"probe_gap", a.probe_gap()}};
         }
       }
       report("tg" + std::to_string(n_gen), n_gen, tps, "tg");
@@ -279,6 +310,11 @@ static int bench_main(const Args& args) {
                             {"plain_steps", plain_steps},
                             {"mean_tokens_per_step", spec_total.mean_tokens_per_step()},
                             {"acceptance", {spec_total.acceptance(1), spec_total.acceptance(2), spec_total.acceptance(3)}}};
+        if (mtp.adaptive) {
+          m["probes"] = probes;
+          m["paying_probes"] = paying_probes;
+          m["cost_model"] = cost_model;
+        }
         if (json)
           result["mtp"] = m;
         else

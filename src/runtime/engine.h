@@ -93,6 +93,19 @@ class RequestError : public std::invalid_argument {
   using std::invalid_argument::invalid_argument;
 };
 
+// What one forward pass of the scheduler carried (EngineOptions::on_step, for tests and
+// diagnostics).
+struct StepTrace {
+  struct Chunk {
+    uint64_t request_id = 0;
+    Priority priority = Priority::Normal;
+    int32_t n_tokens = 0;
+    bool prefill = false;  // a prompt chunk (else a decode token, with any drafts)
+  };
+  uint64_t newest_request_id = 0;  // every request submitted up to this id was visible to the step
+  std::vector<Chunk> chunks;
+};
+
 struct EngineOptions {
   int32_t n_threads = 1;
   int32_t n_ctx = 4096;           // longest sequence (prompt + generation)
@@ -105,6 +118,11 @@ struct EngineOptions {
   bool prefix_cache = true;
   int32_t mtp = 0;                // MTP drafts per step at most (0: off; needs MTP blocks)
   bool mtp_adaptive = true;       // choose K per step from acceptance and measured cost
+  // One forward pass over a short dummy prompt in make_engine(), so that the first real
+  // request does not pay for faulting in the weights and growing the work buffers.
+  bool warm_up = false;
+  // Called on the scheduler thread before every forward pass (keep it short).
+  std::function<void(const StepTrace&)> on_step;
 };
 
 struct EngineStats {

@@ -97,6 +97,7 @@ class BatchEngine final : public Engine {
     pool_ = std::make_unique<ThreadPool>(opts_.n_threads);
     ws_.precision = opts_.precision;
     free_slots_hint_ = opts_.n_parallel;
+    if (opts_.warm_up) warm_up();
     thread_ = std::thread([this] { loop(); });
   }
 
@@ -160,6 +161,32 @@ class BatchEngine final : public Engine {
  private:
   static constexpr int32_t kLowLatencyExtraSlots = 2;  // low_latency may run beyond n_parallel
   static constexpr size_t kRoutingWindow = 64;         // steps behind the MoE health metrics
+  static constexpr int32_t kPrefillChunkWhileDecoding = 32;  // prompt tokens per step beside decodes
+
+  // A prompt pass and a decode step over a throwaway sequence: the weights the first
+  // requests need are paged in and the work buffers grown before anyone waits on them.
+  // A prompt of spread-out token ids routes to many experts.
+  void warm_up() {
+    const int32_t n = std::max(1, std::min({32, max_chunk_, opts_.n_ctx - 2}));
+    const int32_t V = model_.hparams().n_vocab;
+    std::vector<int32_t> tokens;
+    for (int32_t i = 0; i <= n; ++i) tokens.push_back(int32_t((int64_t(i) * 7919 + 11) % V));
+    KvSeq seq;
+    if (!kv_->reserve_full(seq, n + 1)) return;
+    for (int pass = 0; pass < 2; ++pass) {
+      SeqChunk c;
+      c.seq = &seq;
+      c.tokens = tokens.data() + (pass == 0 ? 0 : n);
+      c.n_tokens = pass == 0 ? n : 1;
+      c.logits = pass == 0 ? LogitRows::Last : LogitRows::All;
+      c.want_hidden = drafter_ != nullptr;
+      chunks_.assign(1, c);
+      model_.forward(*kv_, chunks_, out_, ws_, *pool_, ForwardOptions{opts_.precision, nullptr});
+      kv_->trim_swa(seq);
+    }
+    kv_->free_seq(seq);
+    chunks_.clear();
+  }
 
   // ---- lifecycle of one request ------------------------------------------------------
 
@@ -297,6 +324,7 @@ class BatchEngine final : public Engine {
 
   // Drafts the next step's tokens for every decoding request that speculates.
   void draft_next(double* draft_s) {
+    draft_catch_up_ = 0;
     if (!drafter_ || drafter_->max_k() == 0) return;
     int32_t n_decoding = 0;
     for (auto& r : running_) n_decoding += !r->prefilling();
@@ -307,6 +335,9 @@ class BatchEngine final : public Engine {
     for (auto& rp : running_) {
       Request& r = *rp;
       if (!r.mtp_ready || r.prefilling()) continue;
+      // Not stepped this time (a low_latency prompt ran alone): its drafts still stand, and
+      // drafting again would find the blocks ahead of the trunk and force a catch-up.
+      if (!r.mtp.drafts.empty()) continue;
       // Drafts must fit the context and the request's remaining tokens.
       int32_t kk = std::min(k, r.req.n_ctx - r.kv.n_pos - 2);
       if (r.req.max_tokens >= 0) kk = std::min(kk, r.req.max_tokens - r.n_generated - 1);
@@ -317,6 +348,7 @@ class BatchEngine final : public Engine {
       job.n_pos = r.kv.n_pos;
       job.k = kk;
       job.sampler = r.sampler.get();
+      if (fixed_k_ < 0 && adaptive_k_->last_was_probe()) job.catch_up_window = AdaptiveK::kProbeCatchUp;
       if (r.req.expert_policy == ExpertPolicy::Adaptive)
         job.routing = RoutingPolicy{r.req.adaptive_mass, r.req.adaptive_min_k};
       mtp_jobs_.push_back(job);
@@ -330,6 +362,7 @@ class BatchEngine final : public Engine {
       for (auto& j : mtp_jobs_) j.st->drafts.clear(), j.st->q.clear(), j.st->synced = false;
     }
     *draft_s = now_s() - t0;
+    draft_catch_up_ = drafter_->catch_up_tokens();
   }
 
   void fill_logprobs(const Request& r, const float* lg, int32_t next, GenerateEvent& ev) {
@@ -361,7 +394,10 @@ class BatchEngine final : public Engine {
     std::vector<uint64_t> cancels;
     {
       std::lock_guard<std::mutex> lock(mu_);
-      for (auto& r : incoming_) queue_.push_back(std::move(r));
+      for (auto& r : incoming_) {
+        newest_seen_id_ = std::max(newest_seen_id_, r->id);
+        queue_.push_back(std::move(r));
+      }
       incoming_.clear();
       cancels.swap(cancels_);
     }
@@ -440,6 +476,9 @@ class BatchEngine final : public Engine {
     batch_reqs_.clear();
     int32_t budget = max_chunk_;
     for (Request* r : order) {
+      // A low_latency prompt runs alone: its first token then costs one prompt pass, not a
+      // pass that also carries every running sequence's decode token (decoders lose a step).
+      if (low_latency_prefill) break;
       if (r->prefilling() || budget == 0) continue;
       // The pending token, plus this step's drafts when the request speculates.
       r->step_tokens.assign(1, r->tokens.back());
@@ -464,8 +503,10 @@ class BatchEngine final : public Engine {
       batch_reqs_.push_back(r);
       --budget;
     }
-    // While sequences decode, prompts advance in smaller chunks to keep decode steps short.
-    const int32_t prefill_cap = chunks_.empty() ? max_chunk_ : std::max(32, max_chunk_ / 2);
+    // While sequences decode, prompts advance in small chunks so that decode steps stay
+    // short (the running users' time per token, and the wait of a low_latency request
+    // arriving mid-step, are bounded by one step).
+    const int32_t prefill_cap = chunks_.empty() ? max_chunk_ : std::min(max_chunk_, kPrefillChunkWhileDecoding);
     int32_t prefill_used = 0;
     for (Request* r : order) {
       if (!r->prefilling() || budget == 0) continue;
@@ -486,6 +527,14 @@ class BatchEngine final : public Engine {
       prefill_used += n;
     }
     if (chunks_.empty()) return;
+    if (opts_.on_step) {
+      StepTrace trace;
+      trace.newest_request_id = newest_seen_id_;
+      for (size_t c = 0; c < chunks_.size(); ++c)
+        trace.chunks.push_back({batch_reqs_[c]->id, batch_reqs_[c]->req.priority, chunks_[c].n_tokens,
+                                batch_reqs_[c]->prefilling()});
+      opts_.on_step(trace);
+    }
 
     // Sliding-window blocks come from the pool as positions advance; make room.
     int64_t need_swa = 0;
@@ -554,9 +603,13 @@ class BatchEngine final : public Engine {
           finish_running(i, reasons[d]);
           break;
         }
+    // This step's costs first (its drafts were made after the previous step), then the
+    // drafts of the next step with the K chosen from the updated model.
+    // Steps with prompt chunks say nothing about the cost of verification.
+    if (drafter_ && drafter_->max_k() > 0 && prefill_tokens == 0)
+      adaptive_k_->record_cost(step_k, trunk_s, draft_s_last_, draft_catch_up_);
     double draft_s = 0;
     draft_next(&draft_s);
-    if (drafter_ && drafter_->max_k() > 0) adaptive_k_->record_cost(step_k, trunk_s, draft_s_last_);
     draft_s_last_ = draft_s;
   }
 
@@ -656,8 +709,10 @@ class BatchEngine final : public Engine {
   std::unique_ptr<AdaptiveK> adaptive_k_;
   std::vector<MtpDrafter::Job> mtp_jobs_;
   int32_t last_k_ = 0;
+  uint64_t newest_seen_id_ = 0;  // the newest request intake() has taken in
   int32_t fixed_k_ = -1;  // --mtp K (not auto)
   double draft_s_last_ = 0;
+  int64_t draft_catch_up_ = 0;  // positions the last drafting recomputed to catch up
   std::deque<RoutingStats> routing_window_;
   uint64_t adaptive_experts_total_ = 0;
 

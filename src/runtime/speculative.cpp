@@ -114,9 +114,9 @@ void MtpDrafter::release(MtpState& st) {
 // Restarts every block's cache so that chain step k begins at position r + k, the
 // earliest r for which the trunk's hidden rows are still at hand (at most kSyncWindow
 // back).
-void MtpDrafter::sync(MtpState& st, int32_t n_pos) {
+void MtpDrafter::sync(MtpState& st, int32_t n_pos, int32_t window) {
   release(st);
-  int32_t r = std::max(n_pos - kSyncWindow, st.trunk.first() == 0 ? 0 : st.trunk.first() + 1);
+  int32_t r = std::max(n_pos - std::clamp(window, 1, kSyncWindow), st.trunk.first() == 0 ? 0 : st.trunk.first() + 1);
   if (!st.trunk.has(r - 1, n_pos)) r = n_pos;  // only the last row (always kept)
   for (int32_t b = 0; b < n_blocks_; ++b) st.base[size_t(b)] = n_blocks_ == 1 ? r : r + b;
   st.synced = st.trunk.has(r - 1, n_pos);
@@ -125,6 +125,7 @@ void MtpDrafter::sync(MtpState& st, int32_t n_pos) {
 void MtpDrafter::draft(std::vector<Job>& jobs, ThreadPool& pool, Workspace& ws, Precision precision) {
   const size_t E = size_t(model_.hparams().n_embd), V = size_t(model_.hparams().n_vocab);
   std::vector<Sampler::History> saved(jobs.size());
+  catch_up_tokens_ = 0;
   for (size_t j = 0; j < jobs.size(); ++j) {
     Job& job = jobs[j];
     MtpState& st = *job.st;
@@ -132,8 +133,12 @@ void MtpDrafter::draft(std::vector<Job>& jobs, ThreadPool& pool, Workspace& ws, 
     st.q.clear();
     job.k = std::clamp(job.k, 0, max_k_);
     if (job.k == 0) continue;
+    // Blocks that fell further behind than the catch-up window (speculation paused) start
+    // again from the window instead of recomputing everything since they stopped.
+    const int32_t window = job.catch_up_window > 0 ? std::min(job.catch_up_window, kSyncWindow) : kSyncWindow;
     const int32_t f0 = st.base[0] + st.kv[0].n_pos;
-    if (!st.synced || f0 > job.n_pos || !st.trunk.has(f0 - 1, job.n_pos)) sync(st, job.n_pos);
+    if (!st.synced || f0 > job.n_pos || job.n_pos - f0 > window || !st.trunk.has(f0 - 1, job.n_pos))
+      sync(st, job.n_pos, window);
     if (!st.synced) job.k = 0;
     if (job.sampler) saved[j] = job.sampler->save_history();
   }
@@ -171,6 +176,7 @@ void MtpDrafter::draft(std::vector<Job>& jobs, ThreadPool& pool, Workspace& ws, 
       c.want_hidden = true;
       c.routing = job.routing;
       c.pos_offset = st.base[size_t(b)];
+      catch_up_tokens_ += c.n_tokens - 1;  // in step, each chain step runs one new position
       chunks_.push_back(c);
       members.push_back(j);
     }
@@ -314,48 +320,122 @@ int32_t verify_drafts(Sampler& sampler, const float* rows, size_t n_vocab, const
 
 AdaptiveK::AdaptiveK(int32_t max_k) : max_k_(std::clamp(max_k, 0, kMaxDrafts)) {}
 
+namespace {
+// Running mean of the first samples, then an exponential average that follows drift
+// (another process on the cores, a different batch).
+void running_mean(double& v, uint64_t& n, double x) {
+  ++n;
+  const double a = std::max(1.0 / double(n), 0.1);
+  v += a * (x - v);
+}
+constexpr double kAcceptDecay = 0.97;  // acceptance counts forget with ~33 observations
+}  // namespace
+
+double AdaptiveK::acceptance(int32_t pos) const {
+  pos = std::clamp(pos, 1, kMaxDrafts);
+  // Position 1: a uniform prior (one hit in two trials); later positions lean on the
+  // estimate of the position before until they have observations of their own.
+  const double prior = pos == 1 ? 0.5 : acceptance(pos - 1);
+  return (hits_[pos] + 2.0 * prior) / (trials_[pos] + 2.0);
+}
+
+double AdaptiveK::verify_cost(int32_t k) const {
+  k = std::clamp(k, 0, max_k_);
+  const double c0 = trunk_[0];
+  if (trunk_n_[0] == 0) return 0;
+  // Slope per extra token from the largest K measured so far (one full step per extra
+  // token before any: pessimistic, so unmeasured K is not preferred by accident).
+  double slope = c0;
+  for (int32_t j = max_k_; j >= 1; --j)
+    if (trunk_n_[j] > 0) {
+      slope = std::max(0.0, (trunk_[j] - c0) / double(j));
+      break;
+    }
+  double v = c0;
+  for (int32_t i = 1; i <= k; ++i) v = std::max(v, trunk_n_[i] > 0 ? trunk_[i] : c0 + slope * double(i));
+  return v;
+}
+
+double AdaptiveK::draft_cost() const {
+  if (draft_n_ > 0) return draft_;
+  if (draft_rough_ > 0) return draft_rough_;
+  return trunk_[0];  // unknown: as dear as a decode step, until measured
+}
+
+double AdaptiveK::expected_tokens(int32_t k) const {
+  double e = 1, run = 1;
+  for (int32_t i = 1; i <= k; ++i) e += (run *= acceptance(i));
+  return e;
+}
+
+double AdaptiveK::rate(int32_t k) const {
+  const double cost = verify_cost(k) + double(k) * draft_cost();
+  return cost > 0 ? expected_tokens(k) / cost : 0;
+}
+
+int32_t AdaptiveK::best_k() const {
+  if (trunk_n_[0] == 0) return 0;
+  int32_t best = 0;
+  double best_rate = rate(0);
+  for (int32_t k = 1; k <= max_k_; ++k) {
+    const double r = rate(k);
+    if (r > best_rate) best = k, best_rate = r;
+  }
+  return best;
+}
+
 int32_t AdaptiveK::choose() {
   ++step_;
-  if (max_k_ == 0) return last_ = 0;
-  // Measure every option once: plain decoding first, then each K.
-  for (int32_t k = 0; k <= max_k_; ++k)
-    if (trunk_[k] <= 0) return last_ = k;
-  auto rate = [&](int32_t k) {
-    double expected = 1, run = 1;
-    for (int32_t i = 1; i <= k; ++i) expected += (run *= accept_[i]);
-    return expected / (trunk_[k] + double(k) * draft_);
-  };
-  int32_t best = 0;
-  for (int32_t k = 1; k <= max_k_; ++k)
-    if (rate(k) > rate(best)) best = k;
-  if (best > 0) {
-    explore_gap_ = 32;
-    next_explore_ = step_ + explore_gap_;
-    return last_ = best;
-  }
-  // Speculation does not pay now; look again now and then (less often each time it
-  // still does not), so a change in acceptance is noticed at a small cost.
-  if (step_ >= next_explore_) {
-    explore_gap_ = std::min<uint64_t>(explore_gap_ * 2, 1024);
-    next_explore_ = step_ + explore_gap_;
-    return last_ = 1;
-  }
-  return last_ = 0;
+  last_probe_ = false;
+  if (max_k_ == 0 || trunk_n_[0] == 0) return last_ = 0;  // plain steps measure c_0 first
+  const int32_t best = best_k();
+  if (best > 0) return last_ = best;
+  if (step_ < next_probe_) return last_ = 0;
+  // Before the first probe its cost is unknown: assume two decode steps.
+  const double expected = last_probe_overhead_s_ >= 0 ? last_probe_overhead_s_ : 2.0 * trunk_[0];
+  if (probe_overhead_s_ + expected > kProbeBudget * elapsed_s_) return last_ = 0;
+  // Speculation does not look worth it: try one draft to see whether that still holds.
+  last_probe_ = probe_pending_ = true;
+  probe_accepted_ = 0;
+  ++probes_;
+  return last_ = 1;
 }
 
 void AdaptiveK::record_acceptance(int32_t k, int32_t accepted) {
   k = std::clamp(k, 0, max_k_);
   for (int32_t i = 1; i <= k && i <= accepted + 1; ++i) {
-    const double hit = i <= accepted ? 1.0 : 0.0;
-    accept_[i] = 0.9 * accept_[i] + 0.1 * hit;
+    hits_[i] = kAcceptDecay * hits_[i] + (i <= accepted ? 1.0 : 0.0);
+    trials_[i] = kAcceptDecay * trials_[i] + 1.0;
   }
+  if (probe_pending_) probe_accepted_ = std::max(probe_accepted_, std::min(accepted, k));
 }
 
-void AdaptiveK::record_cost(int32_t k, double trunk_s, double draft_s) {
+void AdaptiveK::record_cost(int32_t k, double trunk_s, double draft_s, int64_t catch_up) {
   k = std::clamp(k, 0, max_k_);
-  auto ema = [](double& v, double x, double a) { v = v <= 0 ? x : (1 - a) * v + a * x; };
-  ema(trunk_[k], trunk_s, 0.1);
-  if (k > 0) ema(draft_, draft_s / double(k), 0.1);
+  running_mean(trunk_[k], trunk_n_[k], trunk_s);
+  elapsed_s_ += trunk_s + draft_s;
+  if (k > 0) {
+    if (catch_up <= 0)
+      running_mean(draft_, draft_n_, draft_s / double(k));
+    else if (draft_n_ == 0)
+      running_mean(draft_rough_, draft_rough_n_, draft_s / double(k + catch_up));
+  }
+  if (!probe_pending_) return;
+  probe_pending_ = false;
+  if (k == 0) return;  // no draft could be made: try again at the next chance
+  // A probe pays when its own step beat plain decoding (drafting counted at its in-step
+  // cost), or when what it taught makes speculation the better choice.
+  last_probe_overhead_s_ = std::max(0.0, trunk_s + draft_s - double(1 + probe_accepted_) * trunk_[0]);
+  probe_overhead_s_ += last_probe_overhead_s_;
+  const double cost = trunk_s + double(k) * draft_cost();
+  const bool paid = double(1 + probe_accepted_) * trunk_[0] >= cost || best_k() > 0;
+  if (paid) {
+    ++paying_probes_;
+    probe_gap_ = kFirstProbeGap;
+  } else if (probes_ > 1) {
+    probe_gap_ = std::min(probe_gap_ * 2, kMaxProbeGap);
+  }
+  next_probe_ = step_ + probe_gap_;
 }
 
 // ---------------------------------------------------------------------------------------
@@ -382,6 +462,16 @@ SpeculativeDecoder::~SpeculativeDecoder() { drafter_.release(state_); }
 int32_t SpeculativeDecoder::n_pos() const { return session_->n_pos(); }
 int32_t SpeculativeDecoder::n_ctx() const { return session_->n_ctx(); }
 const KvCache& SpeculativeDecoder::cache() const { return session_->cache(); }
+
+void SpeculativeDecoder::reset() {
+  session_->cache().clear();
+  drafter_.release(state_);
+  drafter_.init(state_);
+  state_.stats = SpeculationStats{};
+  adaptive_k_ = AdaptiveK(drafter_.max_k());
+  tokens_.clear();
+  plain_steps_ = 0;
+}
 
 void SpeculativeDecoder::prefill(const int32_t* tokens, int32_t n, std::vector<float>& logits, ThreadPool& pool) {
   const int32_t chunk = session_->cache().max_batch();
@@ -414,6 +504,7 @@ void SpeculativeDecoder::step(int32_t pending, Sampler& sampler, std::vector<int
     job.n_pos = N;
     job.k = k;
     job.sampler = &sampler;
+    if (adaptive_ && adaptive_k_.last_was_probe()) job.catch_up_window = AdaptiveK::kProbeCatchUp;
     drafter_.draft(jobs_, pool, *session_->workspace(), session_->precision());
   }
   const int32_t k_used = int32_t(state_.drafts.size());
@@ -440,7 +531,7 @@ void SpeculativeDecoder::step(int32_t pending, Sampler& sampler, std::vector<int
   } else {
     ++plain_steps_;
   }
-  adaptive_k_.record(k_used, accepted, t2 - t1, t1 - t0);
+  adaptive_k_.record(k_used, accepted, t2 - t1, t1 - t0, k_used > 0 ? drafter_.catch_up_tokens() : 0);
 }
 
 }  // namespace step35

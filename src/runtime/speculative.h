@@ -97,9 +97,16 @@ class MtpDrafter {
     int32_t k = 0;                    // drafts wanted (<= max_k)
     Sampler* sampler = nullptr;       // draws drafts from its distribution (greedy: argmax)
     RoutingPolicy routing;
+    // When the blocks' caches must catch up with the trunk, how many earlier positions they
+    // recompute at most (0: the default window). A short window makes an occasional probe
+    // cheap; the blocks then attend to fewer earlier positions.
+    int32_t catch_up_window = 0;
   };
   // Fills st->drafts / st->q for every job (fewer drafts than asked if a block cannot run).
   void draft(std::vector<Job>& jobs, ThreadPool& pool, Workspace& ws, Precision precision);
+  // Positions the last draft() recomputed to bring the blocks' caches up to the trunk
+  // (0 when every job was in step): such a call's time is mostly catch-up, not drafting.
+  int64_t catch_up_tokens() const { return catch_up_tokens_; }
 
   // After verification: the trunk went from n_pos_old to n_pos_new positions, having run
   // k_used drafts; rolls every block back to its canonical entries.
@@ -113,7 +120,7 @@ class MtpDrafter {
 
  private:
   int32_t block_of_step(int32_t k) const { return n_blocks_ == 1 ? 0 : k; }
-  void sync(MtpState& st, int32_t n_pos);
+  void sync(MtpState& st, int32_t n_pos, int32_t window);
 
   const Model& model_;
   int32_t max_k_ = 0, n_blocks_ = 0;
@@ -122,6 +129,7 @@ class MtpDrafter {
   std::vector<SeqChunk> chunks_;
   std::vector<float> h_in_;
   std::vector<std::vector<int32_t>> chunk_tokens_;
+  int64_t catch_up_tokens_ = 0;
 };
 
 // Decides how many drafts survive verification. rows: the trunk's logits for
@@ -134,35 +142,84 @@ int32_t verify_drafts(Sampler& sampler, const float* rows, size_t n_vocab, const
                       const std::vector<std::vector<Sampler::TokenProb>>& q, double synthetic_accept,
                       std::vector<int32_t>& out);
 
-// Chooses K per step from the running acceptance rates and measured pass costs, so that
-// speculation is used only when it pays: expected tokens per second of K drafts =
-// E[tokens | K] / (cost of a (K+1)-token trunk pass + K draft passes).
+// Chooses K per step (0 .. max_k) from the running acceptance rates and the pass costs it
+// measures at run time, so that speculation is used only when it pays: the expected
+// tokens per second of K drafts is
+//   E_K / (verify cost of a (K+1)-token trunk pass + K x draft cost),
+//   E_K = 1 + a_1 + a_1 a_2 + ... + a_1 ... a_K   (a_i: acceptance of draft i given i-1 accepted).
+// Costs are learned, never assumed, because they change with the kernels and the machine:
+// plain steps measure c_0; steps with K drafts measure c_K; an unmeasured c_K is
+// extrapolated linearly from c_0 and the largest measured K (c_0 (1 + K) before any), and
+// the model is kept monotone in K. The draft cost is learned from steps whose MTP caches
+// were in step with the trunk, so catch-up work after a pause does not inflate it; until
+// such a step exists, a step with catch-up gives an estimate with its time shared evenly
+// over the positions it ran (optimistic, as catch-up positions skip the vocabulary
+// projection, so a wrong guess leads to a measured step rather than to never trying).
+// When K = 0 is best the controller probes speculation now and then (K = 1 by default) to
+// notice a change in acceptance; a probe that does not pay doubles the wait before the next
+// one (kFirstProbeGap, 2x, ... up to kMaxProbeGap steps), a paying probe resets it. A probe
+// catches the MTP caches up over only kProbeCatchUp positions: recomputing more costs more
+// than the probe itself (each position is a pass through the MTP block). Probes are also
+// held to a budget: what they cost beyond plain decoding of the tokens they produced (as
+// measured, catch-up included) stays within kProbeBudget of the decode time so far, so
+// that turning MTP on costs at most that much when drafts are never accepted.
 class AdaptiveK {
  public:
+  static constexpr uint64_t kFirstProbeStep = 32;  // plain steps before the first probe
+  static constexpr uint64_t kFirstProbeGap = 32;
+  static constexpr uint64_t kMaxProbeGap = 1024;
+  // MTP-cache catch-up window for a probe (MtpDrafter::Job::catch_up_window): a probe after
+  // a long pause would otherwise recompute the default window of positions in the blocks.
+  static constexpr int32_t kProbeCatchUp = 4;
+  static constexpr double kProbeBudget = 0.02;
+
   explicit AdaptiveK(int32_t max_k);
-  int32_t choose();  // K for the next step (explores occasionally)
+  int32_t choose();  // K for the next step
   // Records one step: k drafts were run, `accepted` of them accepted; seconds spent in the
-  // trunk pass and in drafting.
-  void record(int32_t k, int32_t accepted, double trunk_s, double draft_s) {
+  // trunk pass and in drafting; positions the drafting recomputed to catch the MTP caches
+  // up (MtpDrafter::catch_up_tokens()).
+  void record(int32_t k, int32_t accepted, double trunk_s, double draft_s, int64_t catch_up = 0) {
     record_acceptance(k, accepted);
-    record_cost(k, trunk_s, draft_s);
+    record_cost(k, trunk_s, draft_s, catch_up);
   }
   // The same in two parts, for a batch of sequences sharing one pass: the acceptance of
   // each sequence, and the pass costs once.
   void record_acceptance(int32_t k, int32_t accepted);
-  void record_cost(int32_t k, double trunk_s, double draft_s);
-  double acceptance(int32_t pos) const { return accept_[size_t(pos)]; }
-  double trunk_cost(int32_t k) const { return trunk_[size_t(k)]; }
-  double draft_cost() const { return draft_; }
+  void record_cost(int32_t k, double trunk_s, double draft_s, int64_t catch_up = 0);
+
+  // The learned model.
+  double acceptance(int32_t pos) const;        // a_pos estimate, pos 1..3
+  double verify_cost(int32_t k) const;         // seconds per trunk pass of k+1 tokens (estimate, monotone)
+  bool verify_measured(int32_t k) const { return trunk_n_[size_t(k)] > 0; }
+  double draft_cost() const;                   // seconds per draft (estimate)
+  double expected_tokens(int32_t k) const;     // E_k
+  double rate(int32_t k) const;                // tokens per second with k drafts (estimate)
+  int32_t best_k() const;                      // argmax of rate() (0 while c_0 is unknown)
   int32_t last_choice() const { return last_; }
+  bool last_was_probe() const { return last_probe_; }
+  uint64_t probes() const { return probes_; }
+  uint64_t paying_probes() const { return paying_probes_; }
+  uint64_t probe_gap() const { return probe_gap_; }
+  uint64_t steps() const { return step_; }
+  double probe_overhead_s() const { return probe_overhead_s_; }  // probes' cost beyond plain decoding
+  double elapsed_s() const { return elapsed_s_; }                // all recorded pass time
 
  private:
   int32_t max_k_;
-  double accept_[4] = {0, 0.5, 0.5, 0.5};   // P(draft k accepted | drafts < k accepted)
-  double trunk_[4] = {0, 0, 0, 0};          // seconds per trunk pass of k+1 tokens (0 = unmeasured)
-  double draft_ = 0;                        // seconds per draft step
-  uint64_t step_ = 0, next_explore_ = 32, explore_gap_ = 32;
+  // Acceptance of draft position i: exponentially decayed hit and trial counts.
+  double hits_[4] = {}, trials_[4] = {};
+  double trunk_[4] = {};         // seconds per (k+1)-token trunk pass, running mean
+  uint64_t trunk_n_[4] = {};     // samples behind trunk_
+  double draft_ = 0;             // seconds per draft step, running mean (in-step drafting only)
+  uint64_t draft_n_ = 0;
+  double draft_rough_ = 0;       // per draft from steps with catch-up (used only while draft_ is unknown)
+  uint64_t draft_rough_n_ = 0;
+  uint64_t step_ = 0, next_probe_ = kFirstProbeStep, probe_gap_ = kFirstProbeGap;
+  uint64_t probes_ = 0, paying_probes_ = 0;
+  double elapsed_s_ = 0, probe_overhead_s_ = 0, last_probe_overhead_s_ = -1;
   int32_t last_ = 0;
+  bool last_probe_ = false, probe_pending_ = false;
+  int32_t probe_accepted_ = 0;
 };
 
 // Decoding of one sequence with optional MTP speculation (`step35 run`, `step35 bench`).
@@ -175,6 +232,10 @@ class SpeculativeDecoder {
                      bool adaptive);
   ~SpeculativeDecoder();
 
+  // Starts a new sequence in the same memory (no KV, MTP state, statistics or learned
+  // controller state carried over); benchmarks use it so that repetitions do not time
+  // fresh allocations being faulted in.
+  void reset();
   // Runs the prompt and returns the logits of its last position.
   void prefill(const int32_t* tokens, int32_t n, std::vector<float>& logits, ThreadPool& pool);
   // One step from the pending (sampled, not yet run) token: appends the tokens it produced

@@ -239,6 +239,9 @@ int serve(const ServerOptions& options) {
     ctx.think_end = tok.find_token("</think>");
     EngineOptions eo = options.engine;
     if (eo.n_ctx <= 0) eo.n_ctx = std::min(4096, ctx.model->hparams().n_ctx_train);
+    // Not ready until one forward pass has run: otherwise the first request's TTFT
+    // includes faulting in the weights.
+    eo.warm_up = true;
     ctx.engine = make_engine(*ctx.model, eo);
   } catch (...) {
     svr.stop();
