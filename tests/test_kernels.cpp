@@ -182,6 +182,60 @@ TEST_P(KernelTypes, InvariantToSplitsTokensAndIndex) {
   }
 }
 
+// The multi-row / multi-token tiles (Q4_K, Q6_K: 4 rows x up to 4 tokens) give every
+// (row, token) pair exactly the value of a one-row, one-token call and of the scalar
+// reference, for odd row counts and ranges, every token count 1..9 (partial token groups)
+// and index lists with repeats.
+TEST(Kernels, RowGroupsAndTilesMatchSingleRowSingleToken) {
+  IsaGuard guard;
+  for (DType t : {DType::Q4_K, DType::Q5_K, DType::Q6_K, DType::Q2_K, DType::Q3_K}) {
+    std::mt19937 rng(4242 + int(t));
+    const int64_t n_in = 768, n_out = 23, max_tok = 9;
+    RandomMatrix m(t, n_out, n_in, rng);
+    Acts a(ActType::Q8_K, max_tok, n_in, rng);
+    // Single row, single token, scalar level: the ground truth.
+    kernels::force_isa(Isa::Scalar);
+    std::vector<float> ref(size_t(max_tok * n_out));
+    for (int64_t k = 0; k < max_tok; ++k) {
+      ActRows one = a.rows;
+      one.data = a.rows.data + size_t(k) * a.rows.stride;
+      one.n_tok = 1;
+      for (int64_t o = 0; o < n_out; ++o) kernels::matmul(m.w, o, o + 1, one, &ref[size_t(k * n_out)], 0);
+    }
+    for (Isa isa : kernels::available_isas()) {
+      kernels::force_isa(isa);
+      for (int64_t k = 0; k < max_tok; ++k) {  // one row and one token per call at this level
+        ActRows one = a.rows;
+        one.data = a.rows.data + size_t(k) * a.rows.stride;
+        one.n_tok = 1;
+        for (int64_t o = 0; o < n_out; ++o) {
+          float v = -1.0f;
+          kernels::matmul(m.w, o, o + 1, one, &v - o, 0);
+          ASSERT_EQ(ref[size_t(k * n_out + o)], v) << dtype_name(t) << " " << kernels::isa_name(isa);
+        }
+      }
+      for (int64_t n_tok = 1; n_tok <= max_tok; ++n_tok) {
+        // Tokens through an index list with repeats, rows in odd ranges.
+        std::vector<int32_t> idx(static_cast<size_t>(n_tok));
+        for (int64_t j = 0; j < n_tok; ++j) idx[size_t(j)] = int32_t((j * 5 + 3) % max_tok);
+        ActRows x = a.rows;
+        x.idx = idx.data();
+        x.n_tok = n_tok;
+        for (int64_t step : {int64_t(1), int64_t(3), int64_t(7), n_out}) {
+          std::vector<float> y(size_t(n_tok * n_out), -1.0f);
+          for (int64_t o0 = 0; o0 < n_out; o0 += step)
+            kernels::matmul(m.w, o0, std::min(n_out, o0 + step), x, y.data(), n_out);
+          for (int64_t j = 0; j < n_tok; ++j)
+            for (int64_t o = 0; o < n_out; ++o)
+              ASSERT_EQ(ref[size_t(idx[size_t(j)] * n_out + o)], y[size_t(j * n_out + o)])
+                  << dtype_name(t) << " " << kernels::isa_name(isa) << " n_tok=" << n_tok << " step=" << step
+                  << " o=" << o << " j=" << j;
+        }
+      }
+    }
+  }
+}
+
 INSTANTIATE_TEST_SUITE_P(AllTypes, KernelTypes, ::testing::ValuesIn(kAllTypes),
                          [](const ::testing::TestParamInfo<DType>& i) { return std::string(dtype_name(i.param)); });
 
