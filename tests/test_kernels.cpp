@@ -5,6 +5,7 @@
 
 #include <cmath>
 #include <cstring>
+#include <limits>
 #include <random>
 #include <vector>
 
@@ -238,6 +239,41 @@ TEST(Kernels, RowGroupsAndTilesMatchSingleRowSingleToken) {
 
 INSTANTIATE_TEST_SUITE_P(AllTypes, KernelTypes, ::testing::ValuesIn(kAllTypes),
                          [](const ::testing::TestParamInfo<DType>& i) { return std::string(dtype_name(i.param)); });
+
+// The SIMD Q8_K rounding writes the same bytes as the scalar one at every level, on
+// normal values, exact .5 ties, repeated largest magnitudes of both signs, zeros, tiny
+// and huge values, infinities and NaNs.
+TEST(Kernels, Q8KQuantizerSameAtEveryIsa) {
+  IsaGuard guard;
+  std::mt19937 rng(31337);
+  std::normal_distribution<float> nd(0.0f, 1.0f);
+  const int64_t n = 256 * 12;
+  std::vector<float> x(static_cast<size_t>(n));
+  for (int64_t i = 0; i < n; ++i) x[size_t(i)] = nd(rng);
+  float* b = x.data();
+  for (int j = 0; j < 256; ++j) b[256 * 1 + j] = float(j % 255 - 127) * 0.5f;  // ties after scaling by -1
+  b[256 * 1 + 7] = 127.0f;                                                       // max = 127: iscale = -1
+  for (int j = 0; j < 256; ++j) b[256 * 2 + j] = 0.0f;                           // all zero
+  for (int j = 0; j < 256; ++j) b[256 * 3 + j] = nd(rng) * 1e-30f;               // tiny
+  b[256 * 4 + 10] = -5.0f, b[256 * 4 + 200] = 5.0f;                              // first of equal |max| wins
+  b[256 * 5 + 3] = std::numeric_limits<float>::quiet_NaN();                      // NaN among values
+  b[256 * 6 + 77] = std::numeric_limits<float>::infinity();                      // inf
+  for (int j = 0; j < 256; ++j) b[256 * 7 + j] = std::numeric_limits<float>::quiet_NaN();  // all NaN
+  for (int j = 0; j < 256; ++j) b[256 * 8 + j] = nd(rng) * 3e37f;                // huge
+  for (int j = 0; j < 256; ++j) b[256 * 9 + j] = -std::fabs(nd(rng));            // max negative
+  for (int j = 0; j < 256; ++j) b[256 * 10 + j] = float(int(rng() % 7) - 3);     // few distinct values
+  const size_t rb = kernels::act_row_bytes(ActType::Q8_K, n);
+  kernels::force_isa(Isa::Scalar);
+  std::vector<uint8_t> ref(rb, 0xAB);
+  kernels::convert_activations(ActType::Q8_K, x.data(), 1, n, n, ref.data());
+  for (Isa isa : kernels::available_isas()) {
+    kernels::force_isa(isa);
+    std::vector<uint8_t> got(rb, 0xAB);
+    kernels::convert_activations(ActType::Q8_K, x.data(), 1, n, n, got.data());
+    for (size_t i = 0; i < rb; ++i)
+      ASSERT_EQ(ref[i], got[i]) << kernels::isa_name(isa) << " byte " << i << " (block " << i / 292 << ")";
+  }
+}
 
 // ggml's Q8_K rule on a hand-made block: the largest magnitude (with its sign) maps to
 // -127, rounding is to nearest with ties to even, d = 1/iscale, bsums per 16.

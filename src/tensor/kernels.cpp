@@ -248,7 +248,13 @@ void convert_row(ActType t, const float* x, int64_t n, uint8_t* dst) {
       return;
     case ActType::Q8_0: quantize_act_q8_0(x, reinterpret_cast<ActQ8_0*>(dst), n); return;
     case ActType::Q8_1: quantize_act_q8_1(x, reinterpret_cast<ActQ8_1*>(dst), n); return;
-    case ActType::Q8_K: quantize_act_q8_K(x, reinterpret_cast<ActQ8_K*>(dst), n); return;
+    case ActType::Q8_K:
+      if (const auto q = active().quantize_q8_K) {
+        q(x, reinterpret_cast<ActQ8_K*>(dst), n);
+      } else {
+        quantize_act_q8_K(x, reinterpret_cast<ActQ8_K*>(dst), n);
+      }
+      return;
   }
 }
 

@@ -37,6 +37,8 @@ struct IsaKernels {
   VecDotFn vec_dot[40] = {};  // indexed by DType id (all supported ids are < 40)
   TileDotFn tile_dot[40] = {};  // null: the driver calls vec_dot per (row, token)
   int tile_tokens = 1;          // most tokens one tile_dot call takes (<= kMaxTileTokens)
+  // Q8_K activation rounding, bit-identical to quantize_act_q8_K (null: use that).
+  void (*quantize_q8_K)(const float* x, ActQ8_K* y, int64_t n) = nullptr;
   float (*dot_f32)(const float* a, const float* b, int64_t n) = nullptr;
   void (*axpy_f32)(float a, const float* x, float* y, int64_t n) = nullptr;
   void (*scale_f32)(float a, float* y, int64_t n) = nullptr;
