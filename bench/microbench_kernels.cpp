@@ -1,5 +1,6 @@
 // Micro-benchmarks of the kernels: matmul of one weight type at one ISA level for a few
-// token counts (decode = 1 token, prefill tiles = 8 / 64 tokens), activation conversion,
+// token counts (decode = 1 token, 2 / 4 = one multi-token tile, prefill = 8 / 64 tokens),
+// one MoE step's expert products, activation conversion,
 // and the attention helpers. Run: build/bin/step35_microbench [--benchmark_filter=q4_K]
 // Bytes/s counts weight bytes streamed (the decode roofline quantity).
 #include <benchmark/benchmark.h>
@@ -70,6 +71,28 @@ void bm_matmul(benchmark::State& st, DType t, Isa isa, Precision p) {
   st.counters["tok/s"] = benchmark::Counter(double(st.iterations()) * double(n_tok), benchmark::Counter::kIsRate);
 }
 
+// One MoE decode step's expert products as the bench model has them: 8 experts, each a
+// 256x1024 Q4_K gate and up matrix and a 1024x256 Q6_K down matrix, separately allocated
+// (small scattered matrices: what the tile kernels' software prefetch is for).
+void bm_moe_experts(benchmark::State& st, Isa isa) {
+  kernels::force_isa(isa);
+  const int64_t n_tok = st.range(0);
+  std::vector<Case> gate, up, down;
+  for (int e = 0; e < 8; ++e) {
+    gate.push_back(make_case(DType::Q4_K, Precision::Native, 256, 1024, n_tok));
+    up.push_back(make_case(DType::Q4_K, Precision::Native, 256, 1024, n_tok));
+    down.push_back(make_case(DType::Q6_K, Precision::Native, 1024, 256, n_tok));
+  }
+  int64_t bytes = 0;
+  for (int e = 0; e < 8; ++e) bytes += int64_t(gate[e].w.mat_bytes() + up[e].w.mat_bytes() + down[e].w.mat_bytes());
+  for (auto _ : st) {
+    for (std::vector<Case>* v : {&gate, &up, &down})
+      for (Case& c : *v) kernels::matmul(c.w, 0, c.w.n_out, c.x, c.y.data(), c.w.n_out);
+    benchmark::DoNotOptimize(down[7].y.data());
+  }
+  st.SetBytesProcessed(int64_t(st.iterations()) * bytes);
+}
+
 void bm_convert(benchmark::State& st, ActType t, Isa isa) {
   kernels::force_isa(isa);
   const int64_t n = 4096;
@@ -108,8 +131,10 @@ void register_all() {
     for (DType t : types) {
       benchmark::RegisterBenchmark(("matmul/" + std::string(dtype_name(t)) + "/" + in).c_str(), bm_matmul, t, isa,
                                    Precision::Native)
-          ->Arg(1)->Arg(8)->Arg(64)->Unit(benchmark::kMicrosecond);
+          ->Arg(1)->Arg(2)->Arg(4)->Arg(8)->Arg(64)->Unit(benchmark::kMicrosecond);
     }
+    benchmark::RegisterBenchmark(("moe_experts/" + in).c_str(), bm_moe_experts, isa)
+        ->Arg(1)->Arg(4)->Unit(benchmark::kMicrosecond);
     benchmark::RegisterBenchmark(("matmul_exact/q4_K/" + in).c_str(), bm_matmul, DType::Q4_K, isa, Precision::Exact)
         ->Arg(1)->Unit(benchmark::kMicrosecond);
     for (ActType a : {ActType::Q8_K, ActType::Q8_0, ActType::Q8_1, ActType::F16, ActType::BF16})

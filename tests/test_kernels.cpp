@@ -5,6 +5,7 @@
 
 #include <cmath>
 #include <cstring>
+#include <limits>
 #include <random>
 #include <vector>
 
@@ -182,8 +183,97 @@ TEST_P(KernelTypes, InvariantToSplitsTokensAndIndex) {
   }
 }
 
+// The multi-row / multi-token tiles (Q4_K, Q6_K: 4 rows x up to 4 tokens) give every
+// (row, token) pair exactly the value of a one-row, one-token call and of the scalar
+// reference, for odd row counts and ranges, every token count 1..9 (partial token groups)
+// and index lists with repeats.
+TEST(Kernels, RowGroupsAndTilesMatchSingleRowSingleToken) {
+  IsaGuard guard;
+  for (DType t : {DType::Q4_K, DType::Q5_K, DType::Q6_K, DType::Q2_K, DType::Q3_K}) {
+    std::mt19937 rng(4242 + int(t));
+    const int64_t n_in = 768, n_out = 23, max_tok = 9;
+    RandomMatrix m(t, n_out, n_in, rng);
+    Acts a(ActType::Q8_K, max_tok, n_in, rng);
+    // Single row, single token, scalar level: the ground truth.
+    kernels::force_isa(Isa::Scalar);
+    std::vector<float> ref(size_t(max_tok * n_out));
+    for (int64_t k = 0; k < max_tok; ++k) {
+      ActRows one = a.rows;
+      one.data = a.rows.data + size_t(k) * a.rows.stride;
+      one.n_tok = 1;
+      for (int64_t o = 0; o < n_out; ++o) kernels::matmul(m.w, o, o + 1, one, &ref[size_t(k * n_out)], 0);
+    }
+    for (Isa isa : kernels::available_isas()) {
+      kernels::force_isa(isa);
+      for (int64_t k = 0; k < max_tok; ++k) {  // one row and one token per call at this level
+        ActRows one = a.rows;
+        one.data = a.rows.data + size_t(k) * a.rows.stride;
+        one.n_tok = 1;
+        for (int64_t o = 0; o < n_out; ++o) {
+          float v = -1.0f;
+          kernels::matmul(m.w, o, o + 1, one, &v - o, 0);
+          ASSERT_EQ(ref[size_t(k * n_out + o)], v) << dtype_name(t) << " " << kernels::isa_name(isa);
+        }
+      }
+      for (int64_t n_tok = 1; n_tok <= max_tok; ++n_tok) {
+        // Tokens through an index list with repeats, rows in odd ranges.
+        std::vector<int32_t> idx(static_cast<size_t>(n_tok));
+        for (int64_t j = 0; j < n_tok; ++j) idx[size_t(j)] = int32_t((j * 5 + 3) % max_tok);
+        ActRows x = a.rows;
+        x.idx = idx.data();
+        x.n_tok = n_tok;
+        for (int64_t step : {int64_t(1), int64_t(3), int64_t(7), n_out}) {
+          std::vector<float> y(size_t(n_tok * n_out), -1.0f);
+          for (int64_t o0 = 0; o0 < n_out; o0 += step)
+            kernels::matmul(m.w, o0, std::min(n_out, o0 + step), x, y.data(), n_out);
+          for (int64_t j = 0; j < n_tok; ++j)
+            for (int64_t o = 0; o < n_out; ++o)
+              ASSERT_EQ(ref[size_t(idx[size_t(j)] * n_out + o)], y[size_t(j * n_out + o)])
+                  << dtype_name(t) << " " << kernels::isa_name(isa) << " n_tok=" << n_tok << " step=" << step
+                  << " o=" << o << " j=" << j;
+        }
+      }
+    }
+  }
+}
+
 INSTANTIATE_TEST_SUITE_P(AllTypes, KernelTypes, ::testing::ValuesIn(kAllTypes),
                          [](const ::testing::TestParamInfo<DType>& i) { return std::string(dtype_name(i.param)); });
+
+// The SIMD Q8_K rounding writes the same bytes as the scalar one at every level, on
+// normal values, exact .5 ties, repeated largest magnitudes of both signs, zeros, tiny
+// and huge values, infinities and NaNs.
+TEST(Kernels, Q8KQuantizerSameAtEveryIsa) {
+  IsaGuard guard;
+  std::mt19937 rng(31337);
+  std::normal_distribution<float> nd(0.0f, 1.0f);
+  const int64_t n = 256 * 12;
+  std::vector<float> x(static_cast<size_t>(n));
+  for (int64_t i = 0; i < n; ++i) x[size_t(i)] = nd(rng);
+  float* b = x.data();
+  for (int j = 0; j < 256; ++j) b[256 * 1 + j] = float(j % 255 - 127) * 0.5f;  // ties after scaling by -1
+  b[256 * 1 + 7] = 127.0f;                                                       // max = 127: iscale = -1
+  for (int j = 0; j < 256; ++j) b[256 * 2 + j] = 0.0f;                           // all zero
+  for (int j = 0; j < 256; ++j) b[256 * 3 + j] = nd(rng) * 1e-30f;               // tiny
+  b[256 * 4 + 10] = -5.0f, b[256 * 4 + 200] = 5.0f;                              // first of equal |max| wins
+  b[256 * 5 + 3] = std::numeric_limits<float>::quiet_NaN();                      // NaN among values
+  b[256 * 6 + 77] = std::numeric_limits<float>::infinity();                      // inf
+  for (int j = 0; j < 256; ++j) b[256 * 7 + j] = std::numeric_limits<float>::quiet_NaN();  // all NaN
+  for (int j = 0; j < 256; ++j) b[256 * 8 + j] = nd(rng) * 3e37f;                // huge
+  for (int j = 0; j < 256; ++j) b[256 * 9 + j] = -std::fabs(nd(rng));            // max negative
+  for (int j = 0; j < 256; ++j) b[256 * 10 + j] = float(int(rng() % 7) - 3);     // few distinct values
+  const size_t rb = kernels::act_row_bytes(ActType::Q8_K, n);
+  kernels::force_isa(Isa::Scalar);
+  std::vector<uint8_t> ref(rb, 0xAB);
+  kernels::convert_activations(ActType::Q8_K, x.data(), 1, n, n, ref.data());
+  for (Isa isa : kernels::available_isas()) {
+    kernels::force_isa(isa);
+    std::vector<uint8_t> got(rb, 0xAB);
+    kernels::convert_activations(ActType::Q8_K, x.data(), 1, n, n, got.data());
+    for (size_t i = 0; i < rb; ++i)
+      ASSERT_EQ(ref[i], got[i]) << kernels::isa_name(isa) << " byte " << i << " (block " << i / 292 << ")";
+  }
+}
 
 // ggml's Q8_K rule on a hand-made block: the largest magnitude (with its sign) maps to
 // -127, rounding is to nearest with ties to even, d = 1/iscale, bsums per 16.

@@ -248,7 +248,13 @@ void convert_row(ActType t, const float* x, int64_t n, uint8_t* dst) {
       return;
     case ActType::Q8_0: quantize_act_q8_0(x, reinterpret_cast<ActQ8_0*>(dst), n); return;
     case ActType::Q8_1: quantize_act_q8_1(x, reinterpret_cast<ActQ8_1*>(dst), n); return;
-    case ActType::Q8_K: quantize_act_q8_K(x, reinterpret_cast<ActQ8_K*>(dst), n); return;
+    case ActType::Q8_K:
+      if (const auto q = active().quantize_q8_K) {
+        q(x, reinterpret_cast<ActQ8_K*>(dst), n);
+      } else {
+        quantize_act_q8_K(x, reinterpret_cast<ActQ8_K*>(dst), n);
+      }
+      return;
   }
 }
 
@@ -322,6 +328,27 @@ void matmul(const WeightMatrix& w, int64_t o_begin, int64_t o_end, const ActRows
   if (x.type == native) {
     const VecDotFn dot = vec_dot_for(w.type);
     if (!dot) throw std::invalid_argument(std::string("matmul: no kernel for ") + dtype_name(w.type));
+    const IsaKernels& k = active();
+    if (const TileDotFn tile = k.tile_dot[unsigned(w.type)]) {
+      // Tiles of kTileRows rows; every group of up to tile_tokens tokens passes over a tile
+      // while its weights are in L1, in calls of up to kMaxTileRows rows each.
+      const int max_nt = k.tile_tokens;
+      const uint8_t* rows[kMaxTileRows];
+      const uint8_t* xs[kMaxTileTokens];
+      for (int64_t o0 = o_begin; o0 < o_end; o0 += kTileRows) {
+        const int64_t o1 = std::min(o_end, o0 + kTileRows);
+        for (int64_t t0 = 0; t0 < x.n_tok; t0 += max_nt) {
+          const int nt = int(std::min<int64_t>(max_nt, x.n_tok - t0));
+          for (int t = 0; t < nt; ++t) xs[t] = act_row(x, t0 + t);
+          for (int64_t r0 = o0; r0 < o1; r0 += kMaxTileRows) {
+            const int nr = int(std::min<int64_t>(kMaxTileRows, o1 - r0));
+            for (int r = 0; r < nr; ++r) rows[r] = w.row(r0 + r);
+            tile(w.n_in, rows, nr, xs, nt, y + t0 * ldy + r0, ldy);
+          }
+        }
+      }
+      return;
+    }
     if (x.n_tok == 1) {
       const uint8_t* xr = act_row(x, 0);
       for (int64_t o = o_begin; o < o_end; ++o) y[o] = dot(w.n_in, w.row(o), xr);

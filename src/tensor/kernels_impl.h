@@ -23,9 +23,22 @@ static_assert(sizeof(ActQ8_0) == 34 && sizeof(ActQ8_1) == 36 && sizeof(ActQ8_K) 
 // format fixed by the weight type, see act_type()).
 using VecDotFn = float (*)(int64_t n, const uint8_t* w, const uint8_t* x);
 
+// A tile of the matrix product: n_rows (1..4) weight rows w[r] against n_tok (1..the
+// level's tile_tokens) activation rows x[t], y[t*ldy + r] = vec_dot(n, w[r], x[t]) bit for
+// bit (each (row, token) value goes through the single-row kernel's float steps, in
+// lanes), so tiling never changes a result (the invariance contract of kernels.h).
+using TileDotFn = void (*)(int64_t n, const uint8_t* const* w, int n_rows, const uint8_t* const* x, int n_tok,
+                           float* y, int64_t ldy);
+constexpr int kMaxTileRows = 4;
+constexpr int kMaxTileTokens = 4;
+
 // Everything an ISA level implements. A null vec_dot entry falls back to the scalar one.
 struct IsaKernels {
   VecDotFn vec_dot[40] = {};  // indexed by DType id (all supported ids are < 40)
+  TileDotFn tile_dot[40] = {};  // null: the driver calls vec_dot per (row, token)
+  int tile_tokens = 1;          // most tokens one tile_dot call takes (<= kMaxTileTokens)
+  // Q8_K activation rounding, bit-identical to quantize_act_q8_K (null: use that).
+  void (*quantize_q8_K)(const float* x, ActQ8_K* y, int64_t n) = nullptr;
   float (*dot_f32)(const float* a, const float* b, int64_t n) = nullptr;
   void (*axpy_f32)(float a, const float* x, float* y, int64_t n) = nullptr;
   void (*scale_f32)(float a, float* y, int64_t n) = nullptr;
