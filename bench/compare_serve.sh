@@ -63,4 +63,4 @@ wait_ready
 load --probe-low-latency
 echo
 echo "step35 metrics after the run (distinct experts per step, MoE health):"
-curl -s "http://127.0.0.1:$PORT/metrics" | grep -E '^step35_(moe|expert|router|kv_blocks|prefix)' || true
+curl -s "http://127.0.0.1:$PORT/metrics" | grep -E '^step35_(moe|expert|distinct|router|kv_blocks|prefix)' || true

@@ -16,6 +16,7 @@
 #include <chrono>
 #include <cmath>
 #include <cstdio>
+#include <cstdlib>
 #include <mutex>
 #include <random>
 #include <string>
@@ -159,13 +160,40 @@ struct LevelResult {
   double wall = 0, tokens_per_s = 0;
   std::vector<double> ttft, tpot;
   int64_t tokens = 0;
+  // step35's distinct routed experts per MoE layer per step, sampled from /metrics while the
+  // level runs (the union of the batch's experts each step reads); < 0 when the server does
+  // not export it (llama-server).
+  double distinct_experts = -1;
 };
+
+// The value of one unlabelled Prometheus metric, or < 0 when absent.
+double scrape_metric(const Options& o, const std::string& name) {
+  httplib::Client cli(o.host, o.port);
+  cli.set_read_timeout(5, 0);
+  httplib::Headers headers;
+  if (!o.api_key.empty()) headers.emplace("Authorization", "Bearer " + o.api_key);
+  auto res = cli.Get("/metrics", headers);
+  if (!res || res->status != 200) return -1;
+  const size_t at = res->body.find("\n" + name + " ");
+  if (at == std::string::npos) return -1;
+  return std::atof(res->body.c_str() + at + name.size() + 2);
+}
 
 LevelResult run_level(const Options& o, int n_clients, uint32_t seed) {
   LevelResult lr;
   lr.clients = n_clients;
   std::mutex mu;
   std::vector<std::thread> threads;
+  std::atomic<bool> done{false};
+  std::vector<double> distinct;
+  std::thread sampler([&] {
+    while (!done.load()) {
+      const double v = scrape_metric(o, "step35_distinct_experts_per_step");
+      if (v < 0) return;
+      if (v > 0) distinct.push_back(v);
+      for (int i = 0; i < 10 && !done.load(); ++i) std::this_thread::sleep_for(std::chrono::milliseconds(50));
+    }
+  });
   const double t0 = now_s();
   for (int c = 0; c < n_clients; ++c) {
     threads.emplace_back([&, c] {
@@ -188,6 +216,11 @@ LevelResult run_level(const Options& o, int n_clients, uint32_t seed) {
   }
   for (auto& t : threads) t.join();
   lr.wall = now_s() - t0;
+  done = true;
+  sampler.join();
+  // The server's gauge averages a window of recent steps; the median of the samples taken
+  // while this level ran is that level's figure.
+  if (!distinct.empty()) lr.distinct_experts = percentile(distinct, 0.5);
   lr.tokens_per_s = double(lr.tokens) / lr.wall;
   return lr;
 }
@@ -271,8 +304,9 @@ int main(int argc, char** argv) {
 
   nlohmann::json report = nlohmann::json::array();
   if (!o.json) {
-    std::printf("| clients | requests ok/failed | tokens/s (aggregate) | TTFT p50 / p99 (ms) | TPOT p50 / p99 (ms) |\n");
-    std::printf("| ---: | ---: | ---: | ---: | ---: |\n");
+    std::printf("| clients | requests ok/failed | tokens/s (aggregate) | TTFT p50 / p99 (ms) | TPOT p50 / p99 (ms) | "
+                "distinct experts per MoE layer per step |\n");
+    std::printf("| ---: | ---: | ---: | ---: | ---: | ---: |\n");
   }
   for (size_t li = 0; li < o.clients.size(); ++li) {
     const LevelResult lr = run_level(o, o.clients[li], uint32_t(li + 1));
@@ -285,10 +319,14 @@ int main(int argc, char** argv) {
                       {"wall_s", lr.wall},
                       {"tokens_per_s", lr.tokens_per_s},
                       {"ttft_ms", {{"p50", t50}, {"p99", t99}}},
-                      {"tpot_ms", {{"p50", p50}, {"p99", p99}}}});
+                      {"tpot_ms", {{"p50", p50}, {"p99", p99}}},
+                      {"distinct_experts_per_step", lr.distinct_experts >= 0 ? nlohmann::json(lr.distinct_experts)
+                                                                            : nlohmann::json(nullptr)}});
     if (!o.json) {
-      std::printf("| %d | %d/%d | %.1f | %.0f / %.0f | %.1f / %.1f |\n", lr.clients, lr.ok, lr.failed, lr.tokens_per_s,
-                  t50, t99, p50, p99);
+      char distinct[32] = "—";
+      if (lr.distinct_experts >= 0) std::snprintf(distinct, sizeof distinct, "%.1f", lr.distinct_experts);
+      std::printf("| %d | %d/%d | %.1f | %.0f / %.0f | %.1f / %.1f | %s |\n", lr.clients, lr.ok, lr.failed,
+                  lr.tokens_per_s, t50, t99, p50, p99, distinct);
       std::fflush(stdout);
     }
   }
