@@ -100,6 +100,29 @@ double metric(const ServerProcess& s, const std::string& name) {
 
 }  // namespace
 
+// MTP statistics reach /metrics: steps, tokens, and drafts / accepted / acceptance rate per
+// draft position, consistent with each other (tiny-a has one MTP block).
+TEST(Server, MtpAcceptanceByPositionInMetrics) {
+  ServerProcess s({"--mtp", "2"});
+  int status = 0;
+  json r = post(s, "/v1/chat/completions", chat_body("Hello there", 24), &status);
+  ASSERT_EQ(status, 200) << r.dump();
+  const double steps = metric(s, "step35_mtp_steps_total"), tokens = metric(s, "step35_mtp_tokens_total");
+  EXPECT_GT(steps, 0);
+  EXPECT_GE(tokens, steps);
+  for (int k = 1; k <= 2; ++k) {
+    const std::string pos = "{position=\"" + std::to_string(k) + "\"}";
+    const double drafted = metric(s, "step35_mtp_drafts_total" + pos);
+    const double accepted = metric(s, "step35_mtp_accepted_total" + pos);
+    const double rate = metric(s, "step35_mtp_acceptance_rate" + pos);
+    EXPECT_GT(drafted, 0) << k;
+    EXPECT_GE(accepted, 0) << k;
+    EXPECT_LE(accepted, drafted) << k;
+    EXPECT_NEAR(rate, drafted > 0 ? accepted / drafted : 0, 1e-6) << k;
+  }
+  EXPECT_EQ(metric(s, "step35_mtp_drafts_total{position=\"3\"}"), 0);  // --mtp 2: no third draft
+}
+
 TEST(Server, GreedyChatEqualsRunAloneAndUnderLoad) {
   ServerProcess s({"--parallel", "9"});
   const std::string expected = run_greedy("Hello there", 24);

@@ -30,7 +30,8 @@ static int serve_main(const Args& args) {
   p.flag("--adaptive-mass", "X", "adaptive policy: keep top experts until their normalised weights reach X", "0.9");
   p.flag("--adaptive-min-k", "N", "adaptive policy: never fewer experts than N", "4");
   p.flag("--no-prefix-cache", "", "do not reuse KV blocks of identical prompt prefixes");
-  p.flag("--mtp", "K", "MTP speculative decoding drafts per step, 0..3 (needs a model with MTP blocks)", "0");
+  p.flag("--mtp", "K", "MTP speculative decoding: drafts per step 0..3, or auto (0..3 chosen per step from acceptance "
+         "and measured cost); needs a model with MTP blocks", "0");
   p.flag("--exact", "", "F32 activations on the exact stored weights (default: round activations as llama.cpp does)");
   p.flag("--http-threads", "N", "HTTP worker threads", "enough for every running and queued request");
   p.flag("--shutdown-grace", "S", "on SIGTERM, seconds in-flight requests may finish before they are cancelled", "10");
@@ -70,7 +71,16 @@ static int serve_main(const Args& args) {
   e.kv_bytes = p.i64("kv-mem", 0, 1, int64_t(1) << 30) << 20;
   e.batch_wait_ms = int32_t(p.i64("batch-wait-ms", 20, 0, 60000));
   e.prefix_cache = !p.has("no-prefix-cache");
-  e.mtp = int32_t(p.i64("mtp", 0, 0, 3));
+  const std::string mtp = p.str("mtp", "0");
+  if (mtp == "auto") {
+    e.mtp = 3;
+    e.mtp_adaptive = true;
+  } else if (mtp.size() == 1 && mtp[0] >= '0' && mtp[0] <= '3') {
+    e.mtp = mtp[0] - '0';
+    e.mtp_adaptive = false;
+  } else {
+    throw UsageError("--mtp expects 0, 1, 2, 3 or auto, got '" + mtp + "'");
+  }
   e.precision = p.has("exact") ? Precision::Exact : Precision::Native;
   if (ep.is_follower()) return ep.follow(o.model_path, e.n_threads);
   o.on_model_loaded = [&ep](Model& model) { ep.attach(model); };

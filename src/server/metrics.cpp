@@ -102,6 +102,24 @@ std::string ServerMetrics::render(const EngineStats& s, bool ready) const {
   metric(out, "step35_adaptive_mean_experts", "gauge", "mean routed experts per adaptive token", s.adaptive_mean_k);
   metric(out, "step35_mtp_steps_total", "counter", "MTP verification steps with drafts", double(s.mtp_steps));
   metric(out, "step35_mtp_tokens_total", "counter", "tokens those MTP steps produced", double(s.mtp_tokens));
+  // Per draft position k (1..3): drafts proposed, drafts accepted, and their ratio (the
+  // acceptance rate the adaptive-K controller works from).
+  struct PositionSeries {
+    const char *name, *type, *help;
+  };
+  const PositionSeries series[] = {
+      {"step35_mtp_drafts_total", "counter", "MTP drafts proposed, by draft position"},
+      {"step35_mtp_accepted_total", "counter", "MTP drafts accepted, by draft position"},
+      {"step35_mtp_acceptance_rate", "gauge", "accepted / proposed MTP drafts, by draft position"}};
+  for (int which = 0; which < 3; ++which) {
+    const PositionSeries& ps = series[which];
+    out += std::string("# HELP ") + ps.name + " " + ps.help + "\n# TYPE " + ps.name + " " + ps.type + "\n";
+    for (int k = 1; k <= 3; ++k) {
+      const double drafted = double(s.mtp_drafted[k]), accepted = double(s.mtp_accepted[k]);
+      const double value = which == 0 ? drafted : which == 1 ? accepted : (drafted > 0 ? accepted / drafted : 0.0);
+      out += std::string(ps.name) + "{position=\"" + std::to_string(k) + "\"} " + num(value) + "\n";
+    }
+  }
   return out;
 }
 
