@@ -136,6 +136,7 @@ TEST(Cli, BadInputGivesClearErrors) {
       {"run " + m + " -p hi --mtp 5", 2, "--mtp"},
       {"run -m '" + fixture_model("tiny-k-q4_k_m.gguf") + "' -p hi --mtp 2", 2, "no MTP"},
       {"bench " + m + " -p 0 -n 4 --mtp-synthetic-accept 0.5", 2, "--mtp"},
+      {"bench " + m + " -p 0 -n 4 --expert-policy loose", 2, "--expert-policy"},
   };
   for (const auto& c : cases) {
     std::string out, err;
@@ -180,6 +181,28 @@ TEST(Cli, ReadmeListsEveryFlag) {
     }
     EXPECT_GT(n_flags, 0u) << cmd;
   }
+}
+
+// The lossy adaptive expert policy through bench: fewer experts kept per token, and the
+// drift against the strict policy reported; a mass of 1 keeps every expert (no drift).
+TEST(Cli, BenchAdaptiveExpertPolicyReportsDrift) {
+  const std::string base = bin() + " bench -m '" + fixture_model("tiny-a-q8_0.gguf") + "' -p 8 -n 4 -r 1 -t 1 --json";
+  std::string out, err;
+  ASSERT_EQ(run_command(base + " --expert-policy adaptive --adaptive-mass 0.3 --adaptive-min-k 1", &out, &err), 0)
+      << err;
+  auto j = nlohmann::json::parse(out)["expert_policy"];
+  const int top_k = j["top_k"].get<int>();
+  ASSERT_GT(top_k, 1);
+  EXPECT_LT(j["experts_per_token"].get<double>(), double(top_k));
+  EXPECT_GE(j["experts_per_token"].get<double>(), 1.0);
+  EXPECT_GT(j["drift_max_abs"].get<double>(), 0.0);
+  EXPECT_GE(j["argmax_agreement"].get<double>(), 0.0);
+  EXPECT_LE(j["argmax_agreement"].get<double>(), 1.0);
+  ASSERT_EQ(run_command(base + " --expert-policy adaptive --adaptive-mass 1", &out, &err), 0) << err;
+  j = nlohmann::json::parse(out)["expert_policy"];
+  EXPECT_EQ(j["experts_per_token"].get<double>(), double(top_k));
+  EXPECT_EQ(j["drift_max_abs"].get<double>(), 0.0);
+  EXPECT_EQ(j["argmax_agreement"].get<double>(), 1.0);
 }
 
 TEST(Cli, BenchReportsSpeedAndRoofline) {

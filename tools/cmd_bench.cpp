@@ -151,6 +151,10 @@ static int bench_main(const Args& args) {
                                         "to measure speed at a realistic acceptance with random-weight heads");
   p.flag("--verify-cost", "", "measure one trunk pass over K+1 tokens (K = 0..3) at a decode position, relative "
                                "to a single-token step, with the distinct experts the tokens touch");
+  p.flag("--expert-policy", "P", "strict (the model's top-k) or adaptive (lossy: fewer experts per token, see "
+         "--adaptive-mass); adaptive also reports the logit drift against strict", "strict");
+  p.flag("--adaptive-mass", "X", "adaptive policy: keep top experts until their normalised weights reach X", "0.9");
+  p.flag("--adaptive-min-k", "N", "adaptive policy: never fewer experts than N", "4");
   add_ep_flags(p);
   if (!p.parse(args)) return 0;
 
@@ -162,6 +166,15 @@ static int bench_main(const Args& args) {
   const bool json = p.has("json");
   const Precision prec = p.has("exact") ? Precision::Exact : Precision::Native;
   const double synthetic = p.has("mtp-synthetic-accept") ? p.f64("mtp-synthetic-accept", 0.0, 0.0, 1.0) : -1.0;
+
+  const std::string policy = p.str("expert-policy", "strict");
+  if (policy != "strict" && policy != "adaptive")
+    throw UsageError("--expert-policy expects strict or adaptive, got '" + policy + "'");
+  RoutingPolicy routing;
+  if (policy == "adaptive") {
+    routing.adaptive_mass = float(p.f64("adaptive-mass", 0.9, 0.01, 1.0));
+    routing.adaptive_min_k = int32_t(p.i64("adaptive-min-k", 4, 1, 1024));
+  }
 
   std::string path = p.str("model");
   if (path.empty()) path = builtin_tiny_model_path();
@@ -193,6 +206,7 @@ static int bench_main(const Args& args) {
   for (int64_t threads : threads_list) {
     ThreadPool pool{int(threads)};
     Session session(*model, n_ctx, std::min<int32_t>(n_batch, n_ctx), prec);
+    session.set_routing(routing);
     std::vector<float> logits;
     nlohmann::json result;
     result["model"] = label;
@@ -371,6 +385,55 @@ static int bench_main(const Args& args) {
                     (long long)threads, bw / 1e9, double(active_bytes) / 1e6, roofline);
         if (tg_mean > 0) std::printf("; tg achieved %.1f tok/s = %.0f %% of it", tg_mean, 100.0 * tg_mean / roofline);
         std::printf("\n\n");
+      }
+    }
+    if (routing.adaptive_mass > 0) {
+      // What the lossy policy costs in accuracy: the same random prompt through the strict
+      // and the adaptive policy, every position's logits compared.
+      const int32_t n = std::min<int32_t>(n_ctx, 128);
+      std::vector<int32_t> tokens(static_cast<size_t>(n));
+      for (auto& t : tokens) t = tok_dist(rng);
+      std::vector<float> strict_logits, adaptive_logits;
+      session.set_routing(RoutingPolicy{});
+      session.cache().clear();
+      session.forward(tokens.data(), n, true, strict_logits, pool);
+      session.set_routing(routing);
+      session.cache().clear();
+      session.forward(tokens.data(), n, true, adaptive_logits, pool);
+      const RoutingStats& rs = session.routing();
+      const double experts = rs.adaptive_tokens ? double(rs.adaptive_experts) / double(rs.adaptive_tokens) : 0.0;
+      const size_t V = size_t(hp.n_vocab);
+      int32_t top_k = 0;  // the model's top-k (of its MoE layers)
+      for (const LayerHParams& l : hp.layers) top_k = std::max(top_k, l.is_moe ? l.n_expert_used : 0);
+      double max_abs = 0, sum_sq = 0;
+      int32_t argmax_same = 0;
+      for (int32_t i = 0; i < n; ++i) {
+        const float* a = strict_logits.data() + size_t(i) * V;
+        const float* b = adaptive_logits.data() + size_t(i) * V;
+        for (size_t v = 0; v < V; ++v) {
+          const double d = double(a[v]) - double(b[v]);
+          max_abs = std::max(max_abs, std::abs(d));
+          sum_sq += d * d;
+        }
+        argmax_same += std::max_element(a, a + V) - a == std::max_element(b, b + V) - b;
+      }
+      const double rms = std::sqrt(sum_sq / double(size_t(n) * V));
+      if (json) {
+        result["expert_policy"] = {{"policy", "adaptive"},
+                                   {"adaptive_mass", routing.adaptive_mass},
+                                   {"adaptive_min_k", routing.adaptive_min_k},
+                                   {"experts_per_token", experts},
+                                   {"top_k", top_k},
+                                   {"drift_positions", n},
+                                   {"drift_max_abs", max_abs},
+                                   {"drift_rms", rms},
+                                   {"argmax_agreement", double(argmax_same) / double(n)}};
+      } else {
+        std::printf("\nexpert policy adaptive (mass %.2f, min k %d): %.2f routed experts per token and MoE layer (top-k "
+                    "%d); logit drift against strict over %d positions: max |d| %.4g, rms %.4g, argmax agreement "
+                    "%d/%d\n",
+                    double(routing.adaptive_mass), routing.adaptive_min_k, experts, top_k, n, max_abs,
+                    rms, argmax_same, n);
       }
     }
     result["peak_rss_bytes"] = peak_rss_bytes();

@@ -35,6 +35,7 @@ void Session::forward(const int32_t* tokens, int32_t n, bool all_logits, std::ve
     ch.n_tokens = m;
     ch.logits = all_logits ? LogitRows::All : (last ? LogitRows::Last : LogitRows::None);
     ch.want_hidden = hidden != nullptr;
+    ch.routing = routing_;
     model_.forward(cache_.pool(), chunks_, out_, ws_, pool, opts);
     cache_.pool().trim_swa(cache_.seq());
     if (ch.logits != LogitRows::None) {

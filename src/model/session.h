@@ -32,6 +32,9 @@ class Session {
   int32_t n_ctx() const { return cache_.n_ctx(); }
   Precision precision() const { return ws_.precision; }
   void set_precision(Precision p) { ws_.precision = p; }
+  // Expert selection for the following forward calls (default: the model's top-k; see
+  // RoutingPolicy for the lossy adaptive policy).
+  void set_routing(RoutingPolicy r) { routing_ = r; }
   // MoE statistics of the last forward call.
   const RoutingStats& routing() const { return out_.routing; }
   Workspace* workspace() { return &ws_; }
@@ -42,6 +45,7 @@ class Session {
   Workspace ws_;
   BatchOutput out_;
   std::vector<SeqChunk> chunks_;
+  RoutingPolicy routing_;
 };
 
 }  // namespace step35
