@@ -102,7 +102,8 @@ TEST_P(GreedyMtp, EqualsPlainDecodingTokenForToken) {
   }
 }
 
-INSTANTIATE_TEST_SUITE_P(Fixtures, GreedyMtp, ::testing::Values("tiny-a-f32", "tiny-a-q4_k_m", "tiny-b-f32"),
+INSTANTIATE_TEST_SUITE_P(Fixtures, GreedyMtp,
+                         ::testing::Values("tiny-a-f32", "tiny-a-f16", "tiny-a-q8_0", "tiny-a-q4_k_m", "tiny-b-f32"),
                          [](const auto& info) {
                            std::string s = info.param;
                            for (char& c : s)
