@@ -153,8 +153,7 @@ static int bench_main(const Args& args) {
                                "to a single-token step, with the distinct experts the tokens touch");
   p.flag("--expert-policy", "P", "strict (the model's top-k) or adaptive (lossy: fewer experts per token, see "
          "--adaptive-mass); adaptive also reports the logit drift against strict", "strict");
-  p.flag("--adaptive-mass", "X", "adaptive policy: keep top experts until their normalised weights reach X", "0.9");
-  p.flag("--adaptive-min-k", "N", "adaptive policy: never fewer experts than N", "4");
+  add_adaptive_policy_flags(p);
   add_ep_flags(p);
   if (!p.parse(args)) return 0;
 
@@ -167,14 +166,9 @@ static int bench_main(const Args& args) {
   const Precision prec = p.has("exact") ? Precision::Exact : Precision::Native;
   const double synthetic = p.has("mtp-synthetic-accept") ? p.f64("mtp-synthetic-accept", 0.0, 0.0, 1.0) : -1.0;
 
-  const std::string policy = p.str("expert-policy", "strict");
-  if (policy != "strict" && policy != "adaptive")
-    throw UsageError("--expert-policy expects strict or adaptive, got '" + policy + "'");
-  RoutingPolicy routing;
-  if (policy == "adaptive") {
-    routing.adaptive_mass = float(p.f64("adaptive-mass", 0.9, 0.01, 1.0));
-    routing.adaptive_min_k = int32_t(p.i64("adaptive-min-k", 4, 1, 1024));
-  }
+  const ExpertPolicySetting policy = parse_expert_policy(p);
+  RoutingPolicy routing;  // strict unless adaptive
+  if (policy.adaptive) routing = RoutingPolicy{policy.mass, policy.min_k};
 
   std::string path = p.str("model");
   if (path.empty()) path = builtin_tiny_model_path();

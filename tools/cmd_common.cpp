@@ -79,7 +79,7 @@ std::string builtin_tiny_model_path() {
   return path;
 }
 
-MtpSetting parse_mtp(const std::string& value, const Model& model) {
+MtpSetting parse_mtp_value(const std::string& value) {
   MtpSetting m;
   if (value == "auto") {
     m.max_k = 3;
@@ -89,12 +89,33 @@ MtpSetting parse_mtp(const std::string& value, const Model& model) {
   } else {
     throw UsageError("--mtp expects 0, 1, 2, 3 or auto, got '" + value + "'");
   }
+  return m;
+}
+
+MtpSetting parse_mtp(const std::string& value, const Model& model) {
+  MtpSetting m = parse_mtp_value(value);
   if (m.max_k > 0 && !model.has_mtp()) {
     if (!m.adaptive) throw UsageError("--mtp " + value + ": this model has no MTP blocks (nextn tensors)");
     m.max_k = 0;
     m.adaptive = false;
   }
   return m;
+}
+
+void add_adaptive_policy_flags(ArgParser& p) {
+  p.flag("--adaptive-mass", "X", "adaptive policy: keep top experts until their normalised weights reach X", "0.9");
+  p.flag("--adaptive-min-k", "N", "adaptive policy: never fewer experts than N", "4");
+}
+
+ExpertPolicySetting parse_expert_policy(const ArgParser& p) {
+  ExpertPolicySetting e;
+  const std::string policy = p.str("expert-policy", "strict");
+  if (policy != "strict" && policy != "adaptive")
+    throw UsageError("--expert-policy expects strict or adaptive, got '" + policy + "'");
+  e.adaptive = policy == "adaptive";
+  e.mass = float(p.f64("adaptive-mass", 0.9, 0.01, 1.0));
+  e.min_k = int32_t(p.i64("adaptive-min-k", 4, 1, 1024));
+  return e;
 }
 
 std::vector<int32_t> parse_token_list(const std::string& s) {

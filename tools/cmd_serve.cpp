@@ -27,8 +27,7 @@ static int serve_main(const Args& args) {
   p.flag("--max-n", "N", "choices per request (n) at most", "8");
   p.flag("--batch-wait-ms", "MS", "how long high_throughput requests may wait to join a larger batch", "20");
   p.flag("--expert-policy", "P", "what expert_policy 'auto' means: strict (the model's top-k) or adaptive", "strict");
-  p.flag("--adaptive-mass", "X", "adaptive policy: keep top experts until their normalised weights reach X", "0.9");
-  p.flag("--adaptive-min-k", "N", "adaptive policy: never fewer experts than N", "4");
+  add_adaptive_policy_flags(p);
   p.flag("--no-prefix-cache", "", "do not reuse KV blocks of identical prompt prefixes");
   p.flag("--mtp", "K", "MTP speculative decoding: drafts per step 0..3, or auto (0..3 chosen per step from acceptance "
          "and measured cost); needs a model with MTP blocks", "0");
@@ -56,12 +55,10 @@ static int serve_main(const Args& args) {
   o.max_n = int(p.i64("max-n", 8, 1, 128));
   o.http_threads = int(p.i64("http-threads", 0, 1, 4096));
   o.shutdown_grace_s = p.f64("shutdown-grace", 10, 0, 3600);
-  const std::string policy = p.str("expert-policy", "strict");
-  if (policy != "strict" && policy != "adaptive")
-    throw UsageError("--expert-policy expects strict or adaptive, got '" + policy + "'");
-  o.default_expert_policy = policy == "adaptive" ? ExpertPolicy::Adaptive : ExpertPolicy::Strict;
-  o.adaptive_mass = float(p.f64("adaptive-mass", 0.9, 0.01, 1.0));
-  o.adaptive_min_k = int32_t(p.i64("adaptive-min-k", 4, 1, 1024));
+  const ExpertPolicySetting policy = parse_expert_policy(p);
+  o.default_expert_policy = policy.adaptive ? ExpertPolicy::Adaptive : ExpertPolicy::Strict;
+  o.adaptive_mass = policy.mass;
+  o.adaptive_min_k = policy.min_k;
   EngineOptions& e = o.engine;
   e.n_threads = int32_t(p.i64("threads", default_threads(), 1, 1024));
   e.n_ctx = int32_t(p.i64("ctx-size", 0, 1, 1 << 24));
@@ -71,16 +68,9 @@ static int serve_main(const Args& args) {
   e.kv_bytes = p.i64("kv-mem", 0, 1, int64_t(1) << 30) << 20;
   e.batch_wait_ms = int32_t(p.i64("batch-wait-ms", 20, 0, 60000));
   e.prefix_cache = !p.has("no-prefix-cache");
-  const std::string mtp = p.str("mtp", "0");
-  if (mtp == "auto") {
-    e.mtp = 3;
-    e.mtp_adaptive = true;
-  } else if (mtp.size() == 1 && mtp[0] >= '0' && mtp[0] <= '3') {
-    e.mtp = mtp[0] - '0';
-    e.mtp_adaptive = false;
-  } else {
-    throw UsageError("--mtp expects 0, 1, 2, 3 or auto, got '" + mtp + "'");
-  }
+  const MtpSetting mtp = parse_mtp_value(p.str("mtp", "0"));  // the model is loaded later, in serve()
+  e.mtp = mtp.max_k;
+  e.mtp_adaptive = mtp.adaptive;
   e.precision = p.has("exact") ? Precision::Exact : Precision::Native;
   if (ep.is_follower()) return ep.follow(o.model_path, e.n_threads);
   o.on_model_loaded = [&ep](Model& model) { ep.attach(model); };

@@ -5,6 +5,7 @@
 #include <string>
 #include <vector>
 
+#include "args.h"
 #include "model/step35.h"
 
 namespace step35::cli {
@@ -26,6 +27,19 @@ struct MtpSetting {
   int32_t max_k = 0;
   bool adaptive = false;
 };
+// The value's syntax only (for commands that load the model later, like serve).
+MtpSetting parse_mtp_value(const std::string& value);
+// The value checked against the model: a fixed K needs MTP blocks; auto without them is 0.
 MtpSetting parse_mtp(const std::string& value, const Model& model);
+
+// --expert-policy strict|adaptive (each command declares that flag with its own help) and
+// the adaptive policy's --adaptive-mass X / --adaptive-min-k N (declared here).
+struct ExpertPolicySetting {
+  bool adaptive = false;
+  float mass = 0.9f;
+  int32_t min_k = 4;
+};
+void add_adaptive_policy_flags(ArgParser& p);
+ExpertPolicySetting parse_expert_policy(const ArgParser& p);
 
 }  // namespace step35::cli
