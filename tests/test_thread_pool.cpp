@@ -1,6 +1,8 @@
 #include <gtest/gtest.h>
 
 #include <atomic>
+#include <chrono>
+#include <thread>
 #include <vector>
 
 #include "runtime/thread_pool.h"
@@ -34,4 +36,45 @@ TEST(ThreadPool, ManySmallJobsReuseTheSameThreads) {
 TEST(ThreadPool, ZeroOrNegativeThreadsMeansOne) {
   ThreadPool pool(0);
   EXPECT_EQ(pool.n_threads(), 1);
+}
+
+// parallel_stealing: every item exactly once, whatever the thread count and however uneven
+// the items' costs; a thread whose own share is slow gets helped from its back end, and
+// each thread otherwise walks its share in ascending order.
+TEST(ThreadPool, StealingRunsEveryItemOnceAndBalances) {
+  for (int threads : {1, 2, 3, 4}) {
+    ThreadPool pool(threads);
+    for (int64_t n : {int64_t(0), int64_t(1), int64_t(2), int64_t(5), int64_t(333)}) {
+      int helped_rounds = 0;
+      for (int round = 0; round < 10; ++round) {
+        std::vector<std::atomic<int>> hits(size_t(n > 0 ? n : 1));
+        std::vector<std::vector<int64_t>> order(static_cast<size_t>(threads));
+        const int64_t first_share = n / threads;
+        pool.parallel_stealing(n, [&](int64_t i, int t) {
+          ASSERT_GE(t, 0);
+          ASSERT_LT(t, threads);
+          hits[size_t(i)]++;
+          order[size_t(t)].push_back(i);
+          // The first share is expensive: the other threads should take some of it.
+          // (Sleeping, not spinning: on a busy machine the other threads get the core.)
+          if (i < first_share) std::this_thread::sleep_for(std::chrono::microseconds(30));
+        });
+        for (int64_t i = 0; i < n; ++i) ASSERT_EQ(hits[size_t(i)].load(), 1) << "n=" << n << " i=" << i;
+        // Thread 0 walks its own share front to back.
+        int64_t last = -1, own = 0;
+        for (int64_t i : order[0]) {
+          if (i >= first_share) continue;
+          ASSERT_GT(i, last);
+          last = i;
+          ++own;
+        }
+        helped_rounds += own < first_share;
+      }
+      // Others took items of the slow share (in at least one round: a loaded machine may
+      // start the workers late now and then).
+      if (threads > 1 && n == 333) {
+        EXPECT_GT(helped_rounds, 0);
+      }
+    }
+  }
 }

@@ -2,6 +2,7 @@
 
 #include <algorithm>
 #include <chrono>
+#include <stdexcept>
 
 #if defined(__x86_64__) || defined(__i386__)
 #include <immintrin.h>
@@ -22,7 +23,8 @@ uint64_t now_ns() {
 
 }  // namespace
 
-ThreadPool::ThreadPool(int n_threads) : n_threads_(n_threads < 1 ? 1 : n_threads) {
+ThreadPool::ThreadPool(int n_threads)
+    : n_threads_(n_threads < 1 ? 1 : n_threads), shares_(new Share[size_t(n_threads < 1 ? 1 : n_threads)]) {
   for (int i = 1; i < n_threads_; ++i) workers_.emplace_back([this, i] { worker(i); });
 }
 
@@ -95,19 +97,59 @@ void ThreadPool::parallel_for(int64_t n, const std::function<void(int64_t, int64
   });
 }
 
-void ThreadPool::parallel_chunks(int64_t n, int64_t chunk, const std::function<void(int64_t, int64_t, int)>& fn) {
+namespace {
+
+// Takes the front (or back) item of a share packed as front << 32 | end; -1 when empty.
+int64_t take_front(std::atomic<uint64_t>& fe) {
+  uint64_t v = fe.load(std::memory_order_relaxed);
+  for (;;) {
+    const uint64_t f = v >> 32, e = v & 0xffffffffu;
+    if (f >= e) return -1;
+    if (fe.compare_exchange_weak(v, (f + 1) << 32 | e, std::memory_order_relaxed)) return int64_t(f);
+  }
+}
+
+int64_t take_back(std::atomic<uint64_t>& fe) {
+  uint64_t v = fe.load(std::memory_order_relaxed);
+  for (;;) {
+    const uint64_t f = v >> 32, e = v & 0xffffffffu;
+    if (f >= e) return -1;
+    if (fe.compare_exchange_weak(v, f << 32 | (e - 1), std::memory_order_relaxed)) return int64_t(e - 1);
+  }
+}
+
+}  // namespace
+
+void ThreadPool::parallel_stealing(int64_t n, const std::function<void(int64_t, int)>& fn) {
   if (n <= 0) return;
-  if (chunk < 1) chunk = 1;
-  if (n_threads_ == 1 || n <= chunk) {
-    fn(0, n, 0);
+  if (n_threads_ == 1 || n == 1) {
+    for (int64_t c = 0; c < n; ++c) fn(c, 0);
     return;
   }
-  next_chunk_.store(0, std::memory_order_relaxed);
+  if (n > int64_t(0xffffffff)) throw std::length_error("parallel_stealing: more than 2^32 - 1 items");
+  const int nt = n_threads_;
+  for (int i = 0; i < nt; ++i) {
+    const uint64_t b = uint64_t(n * i / nt), e = uint64_t(n * (i + 1) / nt);
+    shares_[size_t(i)].front_end.store(b << 32 | e, std::memory_order_relaxed);
+  }
   dispatch([&](int index) {
+    std::atomic<uint64_t>& own = shares_[size_t(index)].front_end;
     for (;;) {
-      const int64_t begin = next_chunk_.fetch_add(chunk, std::memory_order_relaxed);
-      if (begin >= n) break;
-      fn(begin, std::min(n, begin + chunk), index);
+      int64_t c = take_front(own);
+      if (c < 0) {
+        // Steal from the back of the share with the most items left.
+        int victim = -1;
+        uint64_t most = 0;
+        for (int j = 0; j < nt; ++j) {
+          const uint64_t v = shares_[size_t(j)].front_end.load(std::memory_order_relaxed);
+          const uint64_t f = v >> 32, e = v & 0xffffffffu;
+          if (e > f && e - f > most) most = e - f, victim = j;
+        }
+        if (victim < 0) return;
+        c = take_back(shares_[size_t(victim)].front_end);
+        if (c < 0) continue;  // emptied meanwhile: look again
+      }
+      fn(c, index);
     }
   });
 }

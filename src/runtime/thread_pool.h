@@ -8,6 +8,7 @@
 #include <atomic>
 #include <cstdint>
 #include <functional>
+#include <memory>
 #include <thread>
 #include <vector>
 
@@ -26,10 +27,14 @@ class ThreadPool {
   // per thread. Blocks until all ranges are done. Calls are serialised.
   void parallel_for(int64_t n, const std::function<void(int64_t, int64_t, int)>& fn);
 
-  // fn(begin, end, thread_index) over [0, n) in chunks of `chunk` taken dynamically
-  // (an atomic counter), so a thread that is descheduled or has slower rows does not hold
-  // the others up. Any chunk may run on any thread: fn's result must not depend on it.
-  void parallel_chunks(int64_t n, int64_t chunk, const std::function<void(int64_t, int64_t, int)>& fn);
+  // fn(item, thread_index) for every item in [0, n): each thread walks its own contiguous
+  // share front to back, and a thread that runs out takes items from the back of the
+  // share with the most left, so a descheduled or slower thread does not hold the others
+  // up. Consecutive items are usually adjacent in memory (row chunks of one matrix): a
+  // thread's reads then stay one sequential stream that its prefetches run ahead of, which
+  // handing out items round-robin from one counter breaks at every item. Any item may
+  // run on any thread: fn's result must not depend on it.
+  void parallel_stealing(int64_t n, const std::function<void(int64_t, int)>& fn);
 
   // fn(thread_index) once on every thread.
   void run_on_all(const std::function<void(int)>& fn);
@@ -48,7 +53,11 @@ class ThreadPool {
   std::atomic<int> pending_{0};          // workers still running the current section
   std::atomic<bool> stop_{false};
   std::atomic<int> spin_us_{200};
-  std::atomic<int64_t> next_chunk_{0};
+  // parallel_stealing: per thread its share as (front << 32 | end), own cache line each.
+  struct alignas(64) Share {
+    std::atomic<uint64_t> front_end{0};
+  };
+  std::unique_ptr<Share[]> shares_;
 };
 
 }  // namespace step35
