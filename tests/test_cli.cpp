@@ -205,6 +205,30 @@ TEST(Cli, BenchAdaptiveExpertPolicyReportsDrift) {
   EXPECT_EQ(j["argmax_agreement"].get<double>(), 1.0);
 }
 
+// bench --parallel: N sequences decode together through the engine; every level reports
+// positive rates, and more sequences touch more distinct experts per step.
+TEST(Cli, BenchParallelReportsBatchedDecoding) {
+  std::string out, err;
+  ASSERT_EQ(run_command(bin() + " bench -m '" + fixture_model("tiny-a-q8_0.gguf") +
+                            "' -p 0 -n 12 -r 1 -t 2 --parallel 1,4 --parallel-prompt 5 --json",
+                        &out, &err),
+            0)
+      << err;
+  const auto par = nlohmann::json::parse(out)["parallel"];
+  ASSERT_EQ(par.size(), 2u);
+  EXPECT_EQ(par[0]["sequences"].get<int>(), 1);
+  EXPECT_EQ(par[1]["sequences"].get<int>(), 4);
+  for (const auto& lvl : par) {
+    EXPECT_EQ(lvl["prompt_tokens"].get<int>(), 5);
+    EXPECT_EQ(lvl["gen_tokens"].get<int>(), 12);
+    EXPECT_GT(lvl["total_tok_per_s"].get<double>(), 0.0);
+    EXPECT_GT(lvl["decode_tok_per_s"].get<double>(), 0.0);
+  }
+  EXPECT_GT(par[1]["distinct_experts"].get<double>(), par[0]["distinct_experts"].get<double>());
+  // Bad values are usage errors.
+  EXPECT_EQ(run_command(bin() + " bench -p 0 -n 4 --parallel 0", &out, &err), 2);
+}
+
 TEST(Cli, BenchReportsSpeedAndRoofline) {
   std::string out, err;
   ASSERT_EQ(run_command(bin() + " bench -m '" + fixture_model("tiny-a-q8_0.gguf") +

@@ -7,7 +7,9 @@
 #include <cmath>
 #include <cstdio>
 #include <cstring>
+#include <condition_variable>
 #include <memory>
+#include <mutex>
 #include <random>
 
 #include <nlohmann/json.hpp>
@@ -17,6 +19,7 @@
 #include "common.h"
 #include "ep_options.h"
 #include "model/session.h"
+#include "runtime/engine.h"
 #include "runtime/sampler.h"
 #include "runtime/speculative.h"
 #include "runtime/thread_pool.h"
@@ -129,6 +132,68 @@ std::string model_type_label(const Model& m) {
 
 }  // namespace
 
+
+// Batched decoding through the serving engine (the path `step35 serve` uses): N sequences
+// with random prompts submitted at once, each generating n_gen tokens greedily with EOS
+// ignored. "total" counts every generated token over the whole wall time (prompts
+// included); "decode" counts the tokens produced after the last sequence got its first
+// token, over that window, i.e. the steady batched-decode rate.
+struct ParallelResult {
+  double total_tps = 0, decode_tps = 0, distinct_experts = 0;
+};
+
+ParallelResult bench_parallel_once(Engine& engine, int32_t n_seq, int32_t n_prompt, int32_t n_gen, int32_t n_vocab,
+                                   std::mt19937& rng) {
+  std::uniform_int_distribution<int32_t> tok_dist(0, n_vocab - 1);
+  std::mutex mu;
+  std::condition_variable cv;
+  int32_t n_done = 0;
+  std::string error;
+  std::vector<std::vector<double>> times(static_cast<size_t>(n_seq));
+  const double t0 = now_seconds();
+  for (int32_t s = 0; s < n_seq; ++s) {
+    GenerateRequest req;
+    req.prompt.resize(size_t(n_prompt));
+    for (auto& t : req.prompt) t = tok_dist(rng);
+    req.max_tokens = n_gen;
+    req.ignore_eos = true;
+    req.sampling.temperature = 0;
+    std::vector<double>* my_times = &times[size_t(s)];
+    engine.submit(std::move(req), [&, my_times](const GenerateEvent& ev) {
+      if (!ev.done) {
+        my_times->push_back(now_seconds());
+        return true;
+      }
+      std::lock_guard<std::mutex> lock(mu);
+      if (ev.reason == FinishReason::Error) error = ev.error;
+      ++n_done;
+      cv.notify_all();
+      return true;
+    });
+  }
+  {
+    std::unique_lock<std::mutex> lock(mu);
+    cv.wait(lock, [&] { return n_done == n_seq; });
+  }
+  if (!error.empty()) throw std::runtime_error("batched decoding failed: " + error);
+  double t_end = t0, last_first = t0;
+  int64_t n_total = 0;
+  for (const auto& v : times) {
+    if (v.empty()) continue;
+    n_total += int64_t(v.size());
+    t_end = std::max(t_end, v.back());
+    last_first = std::max(last_first, v.front());
+  }
+  int64_t n_decode = 0;
+  for (const auto& v : times)
+    for (double t : v) n_decode += t > last_first;
+  ParallelResult r;
+  r.total_tps = t_end > t0 ? double(n_total) / (t_end - t0) : 0.0;
+  r.decode_tps = t_end > last_first ? double(n_decode) / (t_end - last_first) : 0.0;
+  r.distinct_experts = engine.stats().mean_distinct_experts;
+  return r;
+}
+
 static int bench_main(const Args& args) {
   ArgParser p("bench",
               "Measures prompt processing (ppN: N prompt tokens in one batch from an empty context) and\n"
@@ -153,6 +218,10 @@ static int bench_main(const Args& args) {
                                "to a single-token step, with the distinct experts the tokens touch");
   p.flag("--expert-policy", "P", "strict (the model's top-k) or adaptive (lossy: fewer experts per token, see "
          "--adaptive-mass); adaptive also reports the logit drift against strict", "strict");
+  p.flag("--parallel", "N", "batched decoding through the serving engine, as llama-batched-bench: N sequences "
+         "(comma list) each with a random prompt of --parallel-prompt tokens generate the first -n count "
+         "together; reports aggregate t/s and the distinct experts per step");
+  p.flag("--parallel-prompt", "N", "prompt tokens per sequence for --parallel", "16");
   add_adaptive_policy_flags(p);
   add_ep_flags(p);
   if (!p.parse(args)) return 0;
@@ -328,6 +397,54 @@ static int bench_main(const Args& args) {
         else
           std::printf("\nmtp %s: %s\n\n", mtp.adaptive ? "auto" : std::to_string(mtp.max_k).c_str(), m.dump().c_str());
       }
+    }
+    if (p.has("parallel")) {
+      const auto n_seq_list = parse_list(p.str("parallel"), "--parallel", 1, 256);
+      const int32_t n_pp = int32_t(p.i64("parallel-prompt", 16, 1, 1 << 16));
+      const int32_t n_tg = int32_t(n_gen_list.front() > 0 ? n_gen_list.front() : 128);
+      if (n_pp + n_tg + 8 > hp.n_ctx_train)
+        throw UsageError("--parallel needs " + std::to_string(n_pp + n_tg + 8) + " positions per sequence");
+      nlohmann::json par = nlohmann::json::array();
+      double base_total = 0, base_decode = 0;
+      for (int64_t n_seq : n_seq_list) {
+        EngineOptions eo;
+        eo.n_threads = int32_t(threads);
+        eo.n_ctx = n_pp + n_tg + 8;
+        eo.n_parallel = int32_t(n_seq);
+        eo.max_queue = int32_t(n_seq);
+        eo.precision = prec;
+        eo.prefix_cache = false;
+        eo.warm_up = true;
+        auto engine = make_engine(*model, eo);
+        std::vector<double> total, decode, distinct;
+        for (int r = 0; r <= reps; ++r) {  // r == 0 is the warm-up
+          const ParallelResult pr = bench_parallel_once(*engine, int32_t(n_seq), n_pp, n_tg, hp.n_vocab, rng);
+          if (r == 0) continue;
+          total.push_back(pr.total_tps);
+          decode.push_back(pr.decode_tps);
+          distinct.push_back(pr.distinct_experts);
+        }
+        engine->shutdown();
+        const Stat st = stats_of(total), sd = stats_of(decode), sx = stats_of(distinct);
+        if (n_seq == n_seq_list.front()) base_total = st.mean, base_decode = sd.mean;
+        par.push_back({{"sequences", n_seq},
+                       {"prompt_tokens", n_pp},
+                       {"gen_tokens", n_tg},
+                       {"total_tok_per_s", st.mean},
+                       {"total_stddev", st.stddev},
+                       {"decode_tok_per_s", sd.mean},
+                       {"decode_stddev", sd.stddev},
+                       {"distinct_experts", sx.mean}});
+        if (!json) {
+          std::printf("parallel %3lld x (pp%d + tg%d), %lld threads: total %.1f ± %.1f t/s (%.2fx), decode %.1f ± %.1f "
+                      "t/s (%.2fx), %.1f distinct experts per MoE layer per step\n",
+                      (long long)n_seq, n_pp, n_tg, (long long)threads, st.mean, st.stddev,
+                      base_total > 0 ? st.mean / base_total : 0.0, sd.mean, sd.stddev,
+                      base_decode > 0 ? sd.mean / base_decode : 0.0, sx.mean);
+          std::fflush(stdout);
+        }
+      }
+      if (json) result["parallel"] = par;
     }
     if (p.has("verify-cost")) {
       // One trunk pass over K+1 tokens after a 64-token context, repeated; time and the
