@@ -387,6 +387,37 @@ TEST(Kernels, AttentionHelpersMatchScalar) {
   }
 }
 
+// SwiGLU rows (SiLU(gate) * up, optional clamp): every level gives the scalar level's bits
+// (the same exp steps), and the values are SiLU's to float accuracy.
+TEST(Kernels, SwigluMatchesScalarAndSilu) {
+  IsaGuard guard;
+  std::mt19937 rng(11);
+  std::normal_distribution<float> nd(0.0f, 4.0f);
+  const int64_t n = 1000 + 3;  // a tail past the vector width
+  std::vector<float> g(static_cast<size_t>(n)), u(static_cast<size_t>(n));
+  for (float& f : g) f = nd(rng);
+  for (float& f : u) f = nd(rng);
+  g[0] = 120.0f, g[1] = -120.0f, g[2] = 0.0f, g[3] = 88.5f, g[4] = -87.5f;  // past the exp range
+  for (float limit : {0.0f, 7.0f}) {
+    kernels::force_isa(Isa::Scalar);
+    std::vector<float> ref(static_cast<size_t>(n));
+    kernels::swiglu_convert(ActType::F32, g.data(), u.data(), n, limit, 1, n, reinterpret_cast<uint8_t*>(ref.data()));
+    for (int64_t i = 0; i < n; ++i) {
+      const double s = double(g[size_t(i)]) / (1.0 + std::exp(-double(g[size_t(i)])));
+      const double want = limit > 0 ? std::min(s, double(limit)) * std::clamp(double(u[size_t(i)]), -double(limit), double(limit))
+                                    : s * double(u[size_t(i)]);
+      EXPECT_NEAR(ref[size_t(i)], want, 1e-6 * std::fabs(want) + 1e-30) << i << " limit " << limit;
+    }
+    for (Isa isa : kernels::available_isas()) {
+      kernels::force_isa(isa);
+      std::vector<float> out(static_cast<size_t>(n));
+      kernels::swiglu_convert(ActType::F32, g.data(), u.data(), n, limit, 1, n,
+                              reinterpret_cast<uint8_t*>(out.data()));
+      ASSERT_EQ(0, std::memcmp(out.data(), ref.data(), size_t(n) * sizeof(float))) << kernels::isa_name(isa);
+    }
+  }
+}
+
 TEST(Kernels, IsaSelection) {
   const std::vector<Isa> isas = kernels::available_isas();
   ASSERT_FALSE(isas.empty());

@@ -294,12 +294,9 @@ void swiglu_convert(ActType t, const float* gate, const float* up, int64_t ld, f
   const size_t rb = act_row_bytes(t, n);
   thread_local std::vector<float> row;
   row.resize(size_t(n));
+  const IsaKernels& k = active();
   for (int64_t r = 0; r < n_rows; ++r) {
-    for (int64_t i = 0; i < n; ++i) {
-      const float g = gate[r * ld + i], u = up[r * ld + i];
-      const float s = g / (1.0f + std::exp(-g));
-      row[size_t(i)] = limit > 1e-6f ? std::min(s, limit) * std::clamp(u, -limit, limit) : s * u;
-    }
+    k.swiglu_f32(gate + r * ld, up + r * ld, limit, row.data(), n);
     convert_row(t, row.data(), n, dst + size_t(r) * rb);
   }
 }

@@ -395,6 +395,14 @@ float ref_exp_shift_sum(float* s, int64_t n, float m) {
   return sum;
 }
 
+void ref_swiglu_f32(const float* gate, const float* up, float limit, float* out, int64_t n) {
+  for (int64_t i = 0; i < n; ++i) {
+    const float g = gate[i], u = up[i];
+    const float s = g / (1.0f + exp_poly(-g));
+    out[i] = limit > 1e-6f ? std::fmin(s, limit) * std::fmin(std::fmax(u, -limit), limit) : s * u;
+  }
+}
+
 void ref_accumulate_rows(const float* p, const float* v, int64_t v_stride, int64_t n, int64_t dv, float* acc) {
   for (int64_t j = 0; j < n; ++j) ref_axpy_f32(p[j], v + j * v_stride, acc, dv);
 }
@@ -422,6 +430,7 @@ IsaKernels make_scalar() {
   k.attn_scores = ref_attn_scores;
   k.exp_shift_sum = ref_exp_shift_sum;
   k.accumulate_rows = ref_accumulate_rows;
+  k.swiglu_f32 = ref_swiglu_f32;
   return k;
 }
 
