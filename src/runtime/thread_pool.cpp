@@ -24,7 +24,7 @@ uint64_t now_ns() {
 }  // namespace
 
 ThreadPool::ThreadPool(int n_threads)
-    : n_threads_(n_threads < 1 ? 1 : n_threads), shares_(new Share[size_t(n_threads < 1 ? 1 : n_threads)]) {
+    : n_threads_(n_threads < 1 ? 1 : n_threads), shares_(new Share[size_t(n_threads_)]) {
   for (int i = 1; i < n_threads_; ++i) workers_.emplace_back([this, i] { worker(i); });
 }
 
