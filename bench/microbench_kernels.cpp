@@ -11,6 +11,7 @@
 
 #include "tensor/dtype.h"
 #include "tensor/kernels.h"
+#include "tensor/repack.h"
 #include "tensor/quants.h"
 
 namespace step35 {
@@ -58,11 +59,26 @@ Case make_case(DType t, Precision p, int64_t n_out, int64_t n_in, int64_t n_tok)
   return c;
 }
 
-void bm_matmul(benchmark::State& st, DType t, Isa isa, Precision p) {
+// n_out 2048: 2.25 MiB of Q4_K weights at 2048×2048, past L2 like a real layer but inside
+// L3; n_out 65536 (72 MiB) streams them from memory.
+void bm_matmul(benchmark::State& st, DType t, Isa isa, Precision p, int64_t n_out) {
   kernels::force_isa(isa);
   const int64_t n_tok = st.range(0);
-  // 4 MiB of Q4_K weights at 2048×2048 for one token: past L2, like a real layer.
-  Case c = make_case(t, p, 2048, 2048, n_tok);
+  Case c = make_case(t, p, n_out, 2048, n_tok);
+  for (auto _ : st) {
+    kernels::matmul(c.w, 0, c.w.n_out, c.x, c.y.data(), c.w.n_out);
+    benchmark::DoNotOptimize(c.y.data());
+  }
+  st.SetBytesProcessed(int64_t(st.iterations()) * int64_t(c.w.mat_bytes()));
+  st.counters["tok/s"] = benchmark::Counter(double(st.iterations()) * double(n_tok), benchmark::Counter::kIsRate);
+}
+
+// The same Q4_K matrix repacked 16 rows at a time (tensor/repack.h, AVX-512 only).
+void bm_matmul_repacked(benchmark::State& st, int64_t n_out) {
+  kernels::force_isa(Isa::Avx512);
+  const int64_t n_tok = st.range(0);
+  Case c = make_case(DType::Q4_K, Precision::Native, n_out, 2048, n_tok);
+  const kernels::AlignedBytes packed = kernels::repack(c.w);
   for (auto _ : st) {
     kernels::matmul(c.w, 0, c.w.n_out, c.x, c.y.data(), c.w.n_out);
     benchmark::DoNotOptimize(c.y.data());
@@ -130,12 +146,21 @@ void register_all() {
     const std::string in = kernels::isa_name(isa);
     for (DType t : types) {
       benchmark::RegisterBenchmark(("matmul/" + std::string(dtype_name(t)) + "/" + in).c_str(), bm_matmul, t, isa,
-                                   Precision::Native)
+                                   Precision::Native, 2048)
           ->Arg(1)->Arg(2)->Arg(4)->Arg(8)->Arg(64)->Unit(benchmark::kMicrosecond);
+    }
+    benchmark::RegisterBenchmark(("matmul_dram/q4_K/" + in).c_str(), bm_matmul, DType::Q4_K, isa, Precision::Native,
+                                 65536)
+        ->Arg(1)->Arg(4)->Unit(benchmark::kMicrosecond);
+    if (isa == Isa::Avx512) {
+      benchmark::RegisterBenchmark("matmul/q4_K_x16/avx512", bm_matmul_repacked, 2048)
+          ->Arg(1)->Arg(2)->Arg(4)->Arg(8)->Arg(64)->Unit(benchmark::kMicrosecond);
+      benchmark::RegisterBenchmark("matmul_dram/q4_K_x16/avx512", bm_matmul_repacked, 65536)
+          ->Arg(1)->Arg(4)->Unit(benchmark::kMicrosecond);
     }
     benchmark::RegisterBenchmark(("moe_experts/" + in).c_str(), bm_moe_experts, isa)
         ->Arg(1)->Arg(4)->Unit(benchmark::kMicrosecond);
-    benchmark::RegisterBenchmark(("matmul_exact/q4_K/" + in).c_str(), bm_matmul, DType::Q4_K, isa, Precision::Exact)
+    benchmark::RegisterBenchmark(("matmul_exact/q4_K/" + in).c_str(), bm_matmul, DType::Q4_K, isa, Precision::Exact, 2048)
         ->Arg(1)->Unit(benchmark::kMicrosecond);
     for (ActType a : {ActType::Q8_K, ActType::Q8_0, ActType::Q8_1, ActType::F16, ActType::BF16})
       benchmark::RegisterBenchmark(("convert/" + std::string(kernels::act_type_name(a)) + "/" + in).c_str(), bm_convert,

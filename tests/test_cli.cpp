@@ -51,6 +51,33 @@ TEST(Cli, EvalMatchesGoldenThroughTheCommandLine) {
   }
 }
 
+// The repacked Q4_K layout (STEP35_REPACK: 0 | shared | all; tensor/repack.h) changes no
+// output bit: eval's logits on a Q4_K_M model are identical in all three modes; a bad
+// value is a clear error.
+TEST(Cli, RepackModesGiveIdenticalLogits) {
+  std::string first;
+  for (const char* mode : {"0", "shared", "all"}) {
+    std::string out, err;
+    ASSERT_EQ(run_command(std::string("STEP35_REPACK=") + mode + " " + bin() + " eval -m '" +
+                              fixture_model("tiny-k-q4_k_m.gguf") + "' -t 2 --all-logits --tokens 1,7,42,300,5,9",
+                          &out, &err),
+              0)
+        << err;
+    if (std::string(mode) == "0") {
+      EXPECT_EQ(err.find("repacked"), std::string::npos) << err;
+      first = out;
+    } else {
+      EXPECT_EQ(out, first) << "STEP35_REPACK=" << mode;
+    }
+  }
+  std::string out, err;
+  EXPECT_NE(run_command("STEP35_REPACK=yes " + bin() + " eval -m '" + fixture_model("tiny-k-q4_k_m.gguf") +
+                            "' --tokens 1,2",
+                        &out, &err),
+            0);
+  EXPECT_NE(err.find("STEP35_REPACK: expected 0, shared or all"), std::string::npos) << err;
+}
+
 TEST(Cli, EvalAllLogits) {
   std::string out, err;
   ASSERT_EQ(run_command(bin() + " eval -m '" + fixture_model("tiny-b-f32.gguf") + "' --all-logits --tokens 0,5,9,12",

@@ -13,6 +13,7 @@
 #include "tensor/fp16.h"
 #include "tensor/kernels.h"
 #include "tensor/quants.h"
+#include "tensor/repack.h"
 
 namespace step35 {
 namespace {
@@ -232,6 +233,59 @@ TEST(Kernels, RowGroupsAndTilesMatchSingleRowSingleToken) {
                   << dtype_name(t) << " " << kernels::isa_name(isa) << " n_tok=" << n_tok << " step=" << step
                   << " o=" << o << " j=" << j;
         }
+      }
+    }
+  }
+}
+
+// Q4_K rows repacked 16 at a time (tensor/repack.h) give, through matmul, exactly the
+// scalar reference's value for every (row, token) pair: 16-aligned ranges take the
+// repacked kernel (1..4 tokens per call, partial token groups, index lists with repeats),
+// other ranges fall back to the GGUF rows; the second matrix of a 3-D tensor (an expert)
+// finds its own repacked rows.
+TEST(Kernels, RepackedQ4kMatchesScalarReference) {
+  IsaGuard guard;
+  bool have_repacked_kernel = false;
+  for (Isa isa : kernels::available_isas()) have_repacked_kernel |= isa == Isa::Avx512;
+  if (!have_repacked_kernel) GTEST_SKIP() << "no AVX-512 VNNI on this CPU";
+  std::mt19937 rng(9090);
+  const int64_t n_in = 768, n_out = 48, max_tok = 9;
+  RandomMatrix two(DType::Q4_K, 2 * n_out, n_in, rng);  // rows of both matrices, back to back
+  WeightMatrix w3 = two.w;
+  w3.n_out = n_out;
+  w3.n_mat = 2;
+  Acts a(ActType::Q8_K, max_tok, n_in, rng);
+  kernels::force_isa(Isa::Scalar);
+  EXPECT_FALSE(kernels::can_repack(w3));  // the scalar level has no repacked kernel
+  std::vector<float> ref(size_t(2 * max_tok * n_out));
+  for (int64_t e = 0; e < 2; ++e)
+    for (int64_t k = 0; k < max_tok; ++k) {
+      ActRows one = a.rows;
+      one.data = a.rows.data + size_t(k) * a.rows.stride;
+      one.n_tok = 1;
+      kernels::matmul(w3.matrix(e), 0, n_out, one, &ref[size_t((e * max_tok + k) * n_out)], 0);
+    }
+  kernels::force_isa(Isa::Avx512);
+  ASSERT_TRUE(kernels::can_repack(w3));
+  EXPECT_EQ(kernels::repacked_bytes(w3), size_t(2 * 3 * 3) * kernels::kQ4kX16BlockBytes);
+  const kernels::AlignedBytes packed = kernels::repack(w3);
+  EXPECT_EQ(kernels::row_granularity(w3), 16);
+  for (int64_t e = 0; e < 2; ++e) {
+    const WeightMatrix m = w3.matrix(e);
+    for (int64_t n_tok = 1; n_tok <= max_tok; ++n_tok) {
+      std::vector<int32_t> idx(static_cast<size_t>(n_tok));
+      for (int64_t j = 0; j < n_tok; ++j) idx[size_t(j)] = int32_t((j * 5 + 3) % max_tok);
+      ActRows x = a.rows;
+      x.idx = idx.data();
+      x.n_tok = n_tok;
+      for (int64_t step : {int64_t(16), int64_t(32), n_out, int64_t(5)}) {
+        std::vector<float> y(size_t(n_tok * n_out), -1.0f);
+        for (int64_t o0 = 0; o0 < n_out; o0 += step)
+          kernels::matmul(m, o0, std::min(n_out, o0 + step), x, y.data(), n_out);
+        for (int64_t j = 0; j < n_tok; ++j)
+          for (int64_t o = 0; o < n_out; ++o)
+            ASSERT_EQ(ref[size_t((e * max_tok + idx[size_t(j)]) * n_out + o)], y[size_t(j * n_out + o)])
+                << "matrix " << e << " n_tok=" << n_tok << " step=" << step << " o=" << o << " j=" << j;
       }
     }
   }

@@ -35,11 +35,14 @@ std::unique_ptr<Model> load_model(const std::string& path, bool quiet) {
       n_moe += hp.layers[size_t(il)].is_moe;
       n_swa += hp.layers[size_t(il)].is_swa;
     }
+    char repacked[64] = "";
+    if (model->repacked_bytes() > 0)
+      std::snprintf(repacked, sizeof repacked, ", %.1f MiB repacked", double(model->repacked_bytes()) / (1 << 20));
     std::fprintf(stderr,
                  "model: %s | %d layers (%d SWA, %d full; %d MoE) + %d MTP | embd %d | vocab %d | "
-                 "%.1f MiB of weights mapped | loaded in %.0f ms\n",
+                 "%.1f MiB of weights mapped%s | loaded in %.0f ms\n",
                  path.c_str(), hp.n_layer, n_swa, hp.n_layer - n_swa, n_moe, model->n_mtp_loaded(),
-                 hp.n_embd, hp.n_vocab, double(model->weight_bytes()) / (1 << 20),
+                 hp.n_embd, hp.n_vocab, double(model->weight_bytes()) / (1 << 20), repacked,
                  (now_seconds() - t0) * 1e3);
   }
   return model;

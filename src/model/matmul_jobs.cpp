@@ -67,7 +67,7 @@ void run_matmuls(std::vector<MatJob>& jobs, ThreadPool& pool) {
   for (size_t j = 0; j < jobs.size(); ++j) {
     const MatJob& job = jobs[j];
     if (job.x.n_tok == 0 || job.w.n_out == 0) continue;
-    const int64_t gran = std::max<int64_t>(1, kernels::row_granularity(job.w.type));
+    const int64_t gran = std::max<int64_t>(1, kernels::row_granularity(job.w));
     const double row_cost = double(job.w.row_bytes) * double(1 + job.x.n_tok / 4);
     int64_t rows = int64_t(kChunkBytes / std::max(row_cost, 1.0));
     if (n_threads == 1) rows = job.w.n_out;  // no one to balance with

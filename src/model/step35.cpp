@@ -7,6 +7,7 @@
 #include <algorithm>
 #include <cmath>
 #include <cstdio>
+#include <cstdlib>
 #include <cstring>
 #include <numeric>
 #include <stdexcept>
@@ -48,6 +49,15 @@ std::unique_ptr<Model> Model::load_parsed(std::unique_ptr<gguf::File> file, cons
   m->load_hparams();
   m->tokenizer_ = Tokenizer::from_gguf(*m->file_);
   m->load_tensors(opts);
+  bool repack = opts.repack, repack_experts = opts.repack_experts;
+  if (const char* env = std::getenv("STEP35_REPACK"); env && *env) {
+    const std::string v(env);
+    if (v != "0" && v != "shared" && v != "all")
+      throw std::invalid_argument("STEP35_REPACK: expected 0, shared or all, got '" + v + "'");
+    repack = v != "0";
+    repack_experts = v == "all";
+  }
+  if (repack) m->repack_weights(repack_experts);
   if (int64_t(m->tokenizer_->n_vocab()) > m->hp_.n_vocab)
     throw gguf::Error(path + ": tokenizer has " + std::to_string(m->tokenizer_->n_vocab()) +
                       " tokens but token_embd.weight only " + std::to_string(m->hp_.n_vocab) +
@@ -287,6 +297,25 @@ std::vector<KvLayerShape> Model::kv_layers(bool with_mtp) const {
     shapes.push_back({L.is_swa, L.n_head_kv, hp_.head_dim_k, hp_.head_dim_v});
   }
   return shapes;
+}
+
+void Model::repack_weights(bool experts) {
+  // The shared matrices are read by every token of every step: repacking them is where
+  // the AVX-512 kernel's fewer instructions per weight pay (2-thread decode is partly
+  // compute-bound, and a batch of 2-8 tokens fully). The routed experts are most of the
+  // file; copying them too would double the weights' memory, so it is opt-in.
+  auto take = [&](WeightMatrix& w) {
+    if (!kernels::can_repack(w)) return;
+    packed_.push_back(kernels::repack(w));
+    repacked_bytes_ += kernels::repacked_bytes(w);
+  };
+  for (LayerWeights& W : layers_) {
+    for (WeightMatrix* w : {&W.attn_q, &W.attn_k, &W.attn_v, &W.attn_gate, &W.attn_output, &W.ffn_gate, &W.ffn_up,
+                            &W.ffn_down, &W.ffn_gate_shexp, &W.ffn_up_shexp, &W.ffn_down_shexp, &W.nextn_eh_proj})
+      take(*w);
+    if (experts)
+      for (WeightMatrix* w : {&W.ffn_gate_exps, &W.ffn_up_exps, &W.ffn_down_exps}) take(*w);
+  }
 }
 
 uint64_t Model::active_weight_bytes_per_token() const {

@@ -16,6 +16,7 @@
 #include "runtime/batch.h"
 #include "runtime/kv_cache.h"
 #include "tensor/kernels.h"
+#include "tensor/repack.h"
 #include "tensor/tensor.h"
 #include "tokenizer/tokenizer.h"
 
@@ -92,6 +93,12 @@ class Model {
   struct LoadOptions {
     bool verbose = true;    // print a summary line to stderr
     bool progress = false;  // progress bar on stderr
+    // Copy the Q4_K matrices every token uses (attention, dense and shared-expert FFN,
+    // MTP projection) into the 16-row interleaved layout of the AVX-512 kernels
+    // (tensor/repack.h) when the CPU has them; routed experts too with repack_experts.
+    // The environment variable STEP35_REPACK (0 | shared | all) overrides both.
+    bool repack = true;
+    bool repack_experts = false;
   };
   // Throws gguf::Error with a one-line message for anything malformed or unsupported.
   static std::unique_ptr<Model> load(const std::string& path, const LoadOptions& opts);
@@ -109,6 +116,8 @@ class Model {
   int32_t n_mtp_loaded() const { return n_mtp_loaded_; }
   // Bytes of all weight tensors (file size minus metadata).
   uint64_t weight_bytes() const { return weight_bytes_; }
+  // Bytes of the repacked copies made at load (LoadOptions::repack), 0 if none.
+  uint64_t repacked_bytes() const { return repacked_bytes_; }
   // Weight bytes one decode token reads: everything but the embedding table and the
   // experts, plus n_expert_used of the routed experts per MoE layer (the roofline input).
   uint64_t active_weight_bytes_per_token() const;
@@ -148,6 +157,7 @@ class Model {
   static std::unique_ptr<Model> load_parsed(std::unique_ptr<gguf::File> file, const LoadOptions& opts);
   void load_hparams();
   void load_tensors(const LoadOptions& opts);
+  void repack_weights(bool experts);
 
   std::unique_ptr<gguf::File> file_;
   std::unique_ptr<Tokenizer> tokenizer_;
@@ -158,6 +168,8 @@ class Model {
   std::vector<float> rope_freqs_;  // empty if absent
   int32_t n_mtp_loaded_ = 0;
   uint64_t weight_bytes_ = 0;
+  std::vector<kernels::AlignedBytes> packed_;  // owners of the WeightMatrix::packed copies
+  uint64_t repacked_bytes_ = 0;
   ExpertExecutor* experts_ = nullptr;
   ExpertCountObserver* expert_observer_ = nullptr;
 

@@ -19,6 +19,7 @@
 
 #include "tensor/fp16.h"
 #include "tensor/kernels_impl.h"
+#include "tensor/repack.h"
 #include "tensor/quants.h"
 
 namespace step35::kernels {
@@ -326,6 +327,21 @@ void matmul(const WeightMatrix& w, int64_t o_begin, int64_t o_end, const ActRows
     const VecDotFn dot = vec_dot_for(w.type);
     if (!dot) throw std::invalid_argument(std::string("matmul: no kernel for ") + dtype_name(w.type));
     const IsaKernels& k = active();
+    if (w.packed && k.q4k_x16 && o_begin % kQ4kX16Rows == 0 && o_end % kQ4kX16Rows == 0) {
+      // Repacked rows (tensor/repack.h): whole 16-row groups, every group of up to
+      // kMaxTileTokens tokens passing over one group while its weights are in L1.
+      const size_t group_bytes = size_t(w.n_in / 256) * kQ4kX16BlockBytes;
+      const uint8_t* xs[kMaxTileTokens];
+      for (int64_t o = o_begin; o < o_end; o += kQ4kX16Rows) {
+        const uint8_t* group = w.packed + size_t(o / kQ4kX16Rows) * group_bytes;
+        for (int64_t t0 = 0; t0 < x.n_tok; t0 += kMaxTileTokens) {
+          const int nt = int(std::min<int64_t>(kMaxTileTokens, x.n_tok - t0));
+          for (int t = 0; t < nt; ++t) xs[t] = act_row(x, t0 + t);
+          k.q4k_x16(w.n_in, group, xs, nt, y + t0 * ldy + o, ldy);
+        }
+      }
+      return;
+    }
     if (const TileDotFn tile = k.tile_dot[unsigned(w.type)]) {
       // Tiles of kTileRows rows; every group of up to tile_tokens tokens passes over a tile
       // while its weights are in L1, in calls of up to kMaxTileRows rows each.
@@ -374,7 +390,11 @@ void matmul(const WeightMatrix& w, int64_t o_begin, int64_t o_end, const ActRows
   }
 }
 
-int64_t row_granularity(DType) { return kTileRows; }
+bool has_repacked_q4k() { return active().q4k_x16 != nullptr; }
+
+int64_t row_granularity(const WeightMatrix& w) {
+  return w.packed && active().q4k_x16 ? kQ4kX16Rows : kTileRows;
+}
 
 // ---------------------------------------------------------------------------------------
 // Vector helpers

@@ -98,8 +98,13 @@ void matmul(const WeightMatrix& w, int64_t o_begin, int64_t o_end, const ActRows
             int64_t ldy);
 
 // The number of output rows a thread should take at a time so tiles stay whole (the
-// model aligns its row splits to this; any split is still correct).
-int64_t row_granularity(DType weight);
+// model aligns its row splits to this; any split is still correct). 16 for repacked
+// matrices, whose kernel takes whole 16-row groups.
+int64_t row_granularity(const WeightMatrix& w);
+
+// Whether the level in use has the kernel for Q4_K rows repacked 16 at a time
+// (tensor/repack.h): AVX-512 with VNNI.
+bool has_repacked_q4k();
 
 // ---------------------------------------------------------------------------------------
 // Vector helpers (attention, norms)

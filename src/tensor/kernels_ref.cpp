@@ -103,17 +103,6 @@ namespace {
 
 // ---- integer decoders: a weight block as small signed integers plus integer scales ----
 
-// Q4_K / Q5_K sub-block b (0..7): 6-bit scale and min from the 12 packed bytes.
-void k4_scale_min(const uint8_t* s, int b, int* sc, int* m) {
-  if (b < 4) {
-    *sc = s[b] & 63;
-    *m = s[b + 4] & 63;
-  } else {
-    *sc = (s[b + 4] & 15) | ((s[b - 4] >> 6) << 4);
-    *m = (s[b + 4] >> 4) | ((s[b] >> 6) << 4);
-  }
-}
-
 float dot_q4_k(int64_t n, const uint8_t* w, const uint8_t* x) {
   const auto* bw = reinterpret_cast<const BlockQ4_K*>(w);
   const auto* bx = reinterpret_cast<const ActQ8_K*>(x);

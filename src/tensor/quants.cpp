@@ -83,19 +83,6 @@ void deq_mxfp4(const BlockMXFP4& b, float* y) {
   }
 }
 
-// Q4_K / Q5_K: 6-bit scale and min of sub-block b (0..7) from the 12 packed bytes. The
-// first four sub-blocks use the low 6 bits of bytes 0..7; the last four take their low
-// nibbles from bytes 8..11 and their top two bits from the spare bits 6..7 of bytes 0..7.
-void k4_scale_min(const uint8_t* s, int b, int* sc, int* m) {
-  if (b < 4) {
-    *sc = s[b] & 63;
-    *m = s[b + 4] & 63;
-  } else {
-    *sc = (s[b + 4] & 15) | ((s[b - 4] >> 6) << 4);
-    *m = (s[b + 4] >> 4) | ((s[b] >> 6) << 4);
-  }
-}
-
 void deq_q4_k(const BlockQ4_K& b, float* y) {
   const float d = fp16_to_fp32(b.d), dmin = fp16_to_fp32(b.dmin);
   for (int c = 0; c < 4; ++c) {
@@ -351,6 +338,19 @@ void quant_blocks(const float* src, void* dst, int64_t n) {
 }
 
 }  // namespace
+
+// Q4_K / Q5_K: 6-bit scale and min of sub-block b (0..7) from the 12 packed bytes. The
+// first four sub-blocks use the low 6 bits of bytes 0..7; the last four take their low
+// nibbles from bytes 8..11 and their top two bits from the spare bits 6..7 of bytes 0..7.
+void k4_scale_min(const uint8_t* s, int b, int* sc, int* m) {
+  if (b < 4) {
+    *sc = s[b] & 63;
+    *m = s[b + 4] & 63;
+  } else {
+    *sc = (s[b + 4] & 15) | ((s[b - 4] >> 6) << 4);
+    *m = (s[b + 4] >> 4) | ((s[b] >> 6) << 4);
+  }
+}
 
 void dequantize_row_ref(DType t, const void* src, float* dst, int64_t n) {
   check_row(t, n, "dequantize_row_ref");

@@ -45,4 +45,7 @@ float dot_row_ref(DType t, const void* w, const float* x, int64_t n);
 // llama-quantize without an importance matrix. Returns false for unsupported types (MXFP4).
 bool quantize_row_ref(DType t, const float* src, void* dst, int64_t n);
 
+// Q4_K / Q5_K: the 6-bit scale and min of sub-block b (0..7) from a block's 12 packed bytes.
+void k4_scale_min(const uint8_t* s, int b, int* sc, int* m);
+
 }  // namespace step35

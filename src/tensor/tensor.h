@@ -18,6 +18,11 @@ struct WeightMatrix {
   DType type = DType::F32;
   int64_t n_in = 0, n_out = 0, n_mat = 1;
   size_t row_bytes = 0;
+  // The same rows repacked 16 at a time for the AVX-512 kernels (tensor/repack.h), or null.
+  // Owned by whoever repacked them (the Model); `data` stays valid and is used for row
+  // ranges that do not start and end on a 16-row boundary.
+  const uint8_t* packed = nullptr;
+  size_t packed_mat_bytes = 0;  // bytes of one matrix in `packed`
 
   bool present() const { return data != nullptr; }
   size_t mat_bytes() const { return row_bytes * size_t(n_out); }
@@ -28,6 +33,7 @@ struct WeightMatrix {
   WeightMatrix matrix(int64_t mat) const {  // one expert of a 3-D tensor
     WeightMatrix m = *this;
     m.data = data + size_t(mat) * mat_bytes();
+    if (packed) m.packed = packed + size_t(mat) * packed_mat_bytes;
     m.n_mat = 1;
     return m;
   }

@@ -1,0 +1,64 @@
+// Q4_K weights repacked 16 rows at a time for the AVX-512 VNNI kernels.
+//
+// In the GGUF layout each row's blocks follow each other, so a one-token dot product
+// multiplies 64 weights of ONE row per vpdpbusd and must then reduce and scale per row.
+// Interleaving 16 rows puts one row in each 32-bit lane: a vpdpbusd multiplies 4 weights
+// of each of the 16 rows by the same 4 activation bytes (broadcast), the per-row integer
+// sums stay in their lanes, and scales, mins and the block's float step are applied to 16
+// rows with one instruction each. About a third of the instructions per weight of the
+// 4-row tile, which matters where the tile kernels are compute-bound: 2-thread decode and
+// batches of 2-8 tokens (serving, prefill).
+//
+// Layout of one 16-row group, for each 256-weight block i in order (kQ4kX16BlockBytes):
+//   [0, 32)      d of rows 0..15 (f16)
+//   [32, 64)     dmin of rows 0..15 (f16)
+//   [64, 192)    scales: sub-block s (0..7) at 64 + 16 s, one byte per row (6-bit value)
+//   [192, 320)   mins in pairs: k (0..3) at 192 + 32 k, row r at bytes 2r, 2r+1 = the mins
+//                of sub-blocks 2k and 2k+1 (one int16 pair per 32-bit lane once widened)
+//   [320, 2368)  quants: 32 vectors of 64 bytes; vector 4 s + c holds, at bytes 4r..4r+3,
+//                the 4-bit quants of row r for weights 32 s + 4 c + b (low nibbles) and
+//                32 s + 16 + 4 c + b (high nibbles), b = 0..3
+// The scales and mins are stored as whole bytes (not 6-bit packed): 2.8 % more bytes than
+// the GGUF blocks, in exchange for one widening load per scale vector.
+// The integer sums and the float steps per block are the scalar reference's (dot_q4_k), so
+// results are bit-identical to it.
+#pragma once
+
+#include <cstddef>
+#include <cstdint>
+#include <cstdlib>
+#include <memory>
+
+#include "tensor/tensor.h"
+
+namespace step35::kernels {
+
+constexpr int kQ4kX16Rows = 16;
+constexpr size_t kQ4kX16BlockBytes = 2368;
+
+// Whether w can be repacked and the active kernel level has the repacked kernel (AVX-512
+// with VNNI): Q4_K, rows a multiple of 16.
+bool can_repack(const WeightMatrix& w);
+
+// Bytes of the repacked copy of all w.n_mat matrices of w.
+size_t repacked_bytes(const WeightMatrix& w);
+
+// Writes the repacked copy of every matrix of w to dst (repacked_bytes(w) bytes; 64-byte
+// alignment keeps every vector load inside one cache line). Matrix m starts at
+// m * repacked_bytes(w) / w.n_mat.
+void repack_q4k_x16(const WeightMatrix& w, uint8_t* dst);
+
+// A 64-byte aligned, zero-initialised byte buffer for repacked weights.
+struct AlignedBytes {
+  struct Free {
+    void operator()(uint8_t* p) const { std::free(p); }
+  };
+  std::unique_ptr<uint8_t, Free> ptr;
+  explicit AlignedBytes(size_t n);
+  uint8_t* data() const { return ptr.get(); }
+};
+
+// Repacks w (which must satisfy can_repack) into a new buffer and points w.packed at it.
+AlignedBytes repack(WeightMatrix& w);
+
+}  // namespace step35::kernels
