@@ -304,17 +304,23 @@ void Model::repack_weights(bool experts) {
   // the AVX-512 kernel's fewer instructions per weight pay (2-thread decode is partly
   // compute-bound, and a batch of 2-8 tokens fully). The routed experts are most of the
   // file; copying them too would double the weights' memory, so it is opt-in.
-  auto take = [&](WeightMatrix& w) {
-    if (!kernels::can_repack(w)) return;
-    packed_.push_back(kernels::repack(w));
-    repacked_bytes_ += kernels::repacked_bytes(w);
-  };
+  std::vector<WeightMatrix*> todo;
   for (LayerWeights& W : layers_) {
     for (WeightMatrix* w : {&W.attn_q, &W.attn_k, &W.attn_v, &W.attn_gate, &W.attn_output, &W.ffn_gate, &W.ffn_up,
                             &W.ffn_down, &W.ffn_gate_shexp, &W.ffn_up_shexp, &W.ffn_down_shexp, &W.nextn_eh_proj})
-      take(*w);
+      if (kernels::can_repack(*w)) todo.push_back(w);
     if (experts)
-      for (WeightMatrix* w : {&W.ffn_gate_exps, &W.ffn_up_exps, &W.ffn_down_exps}) take(*w);
+      for (WeightMatrix* w : {&W.ffn_gate_exps, &W.ffn_up_exps, &W.ffn_down_exps})
+        if (kernels::can_repack(*w)) todo.push_back(w);
+  }
+  // One buffer for all of them, so it can be backed by huge pages.
+  for (const WeightMatrix* w : todo) repacked_bytes_ += kernels::repacked_bytes(*w);
+  if (todo.empty()) return;
+  packed_.emplace_back(size_t(repacked_bytes_));
+  uint8_t* dst = packed_.back().data();
+  for (WeightMatrix* w : todo) {
+    kernels::repack_into(*w, dst);
+    dst += kernels::repacked_bytes(*w);
   }
 }
 

@@ -40,7 +40,9 @@ struct IsaKernels {
   // Q4_K rows repacked 16 at a time (tensor/repack.h): y[t*ldy + r] for the 16 rows of
   // one group and n_tok <= kMaxTileTokens tokens, bit-identical to vec_dot on the
   // original rows. Null where the level has none (the driver then uses the GGUF rows).
-  void (*q4k_x16)(int64_t n, const uint8_t* group, const uint8_t* const* x, int n_tok, float* y,
+  // `end` bounds the software prefetch (the end of the caller's row range: bytes past it
+  // belong to another thread's chunk or another matrix).
+  void (*q4k_x16)(int64_t n, const uint8_t* group, const uint8_t* end, const uint8_t* const* x, int n_tok, float* y,
                   int64_t ldy) = nullptr;
   // Q8_K activation rounding, bit-identical to quantize_act_q8_K (null: use that).
   void (*quantize_q8_K)(const float* x, ActQ8_K* y, int64_t n) = nullptr;

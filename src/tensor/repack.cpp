@@ -1,5 +1,8 @@
 #include "tensor/repack.h"
 
+#include <sys/mman.h>
+
+#include <algorithm>
 #include <cstring>
 #include <new>
 #include <stdexcept>
@@ -71,18 +74,31 @@ void repack_q4k_x16(const WeightMatrix& w, uint8_t* dst) {
 }
 
 AlignedBytes::AlignedBytes(size_t n) {
-  const size_t rounded = (n + 63) / 64 * 64;
-  ptr.reset(static_cast<uint8_t*>(std::aligned_alloc(64, rounded == 0 ? 64 : rounded)));
+  // Buffers of 2 MiB and more are 2 MiB aligned and asked to be backed by transparent huge
+  // pages: the kernels stream them, and with 4 KiB pages each 4 KiB costs a TLB miss
+  // (the mapped GGUF file's page-cache folios are physically contiguous, which the CPU's
+  // TLB can coalesce; scattered anonymous 4 KiB pages cannot be).
+  constexpr size_t kHuge = size_t(2) << 20;
+  const size_t align = n >= kHuge ? kHuge : 64;
+  const size_t rounded = std::max<size_t>(align, (n + align - 1) / align * align);
+  ptr.reset(static_cast<uint8_t*>(std::aligned_alloc(align, rounded)));
   if (!ptr) throw std::bad_alloc();
+#ifdef MADV_HUGEPAGE
+  if (align == kHuge) ::madvise(ptr.get(), rounded, MADV_HUGEPAGE);  // advice only: failure is harmless
+#endif
   std::memset(ptr.get(), 0, rounded);
 }
 
 AlignedBytes repack(WeightMatrix& w) {
   AlignedBytes buf(repacked_bytes(w));
-  repack_q4k_x16(w, buf.data());
-  w.packed = buf.data();
-  w.packed_mat_bytes = repacked_bytes(w) / size_t(w.n_mat);
+  repack_into(w, buf.data());
   return buf;
+}
+
+void repack_into(WeightMatrix& w, uint8_t* dst) {
+  repack_q4k_x16(w, dst);
+  w.packed = dst;
+  w.packed_mat_bytes = repacked_bytes(w) / size_t(w.n_mat);
 }
 
 }  // namespace step35::kernels

@@ -48,7 +48,8 @@ size_t repacked_bytes(const WeightMatrix& w);
 // m * repacked_bytes(w) / w.n_mat.
 void repack_q4k_x16(const WeightMatrix& w, uint8_t* dst);
 
-// A 64-byte aligned, zero-initialised byte buffer for repacked weights.
+// A 64-byte aligned (2 MiB and transparent huge pages from 2 MiB on), zero-initialised
+// byte buffer for repacked weights.
 struct AlignedBytes {
   struct Free {
     void operator()(uint8_t* p) const { std::free(p); }
@@ -60,5 +61,8 @@ struct AlignedBytes {
 
 // Repacks w (which must satisfy can_repack) into a new buffer and points w.packed at it.
 AlignedBytes repack(WeightMatrix& w);
+// The same into dst (repacked_bytes(w) bytes, 64-byte aligned), e.g. a slice of one
+// buffer shared by many matrices.
+void repack_into(WeightMatrix& w, uint8_t* dst);
 
 }  // namespace step35::kernels
