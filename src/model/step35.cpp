@@ -313,7 +313,7 @@ void Model::repack_weights(bool experts) {
       for (WeightMatrix* w : {&W.ffn_gate_exps, &W.ffn_up_exps, &W.ffn_down_exps})
         if (kernels::can_repack(*w)) todo.push_back(w);
   }
-  // One buffer for all of them, so it can be backed by huge pages.
+  // One buffer for all of them.
   for (const WeightMatrix* w : todo) repacked_bytes_ += kernels::repacked_bytes(*w);
   if (todo.empty()) return;
   packed_.emplace_back(size_t(repacked_bytes_));

@@ -48,8 +48,7 @@ size_t repacked_bytes(const WeightMatrix& w);
 // m * repacked_bytes(w) / w.n_mat.
 void repack_q4k_x16(const WeightMatrix& w, uint8_t* dst);
 
-// A 64-byte aligned (2 MiB and transparent huge pages from 2 MiB on), zero-initialised
-// byte buffer for repacked weights.
+// A 64-byte aligned, zero-initialised byte buffer for repacked weights.
 struct AlignedBytes {
   struct Free {
     void operator()(uint8_t* p) const { std::free(p); }
