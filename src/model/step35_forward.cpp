@@ -47,6 +47,19 @@ void for_each_row(int64_t n, ThreadPool& pool, int64_t min_parallel, Fn&& fn) {
   });
 }
 
+// Runs fn(t) for t < n on the pool with work stealing, for items of very different cost:
+// attention jobs over a causal prompt cost in proportion to their position, so a static
+// split gave the thread holding the later tokens about three times the work in a 512-token
+// prefill while the other waited.
+template <typename Fn>
+void for_each_item_balanced(int64_t n, ThreadPool& pool, int64_t min_parallel, Fn&& fn) {
+  if (n < min_parallel || pool.n_threads() == 1) {
+    for (int64_t t = 0; t < n; ++t) fn(t);
+    return;
+  }
+  pool.parallel_stealing(n, [&](int64_t t, int) { fn(t); });
+}
+
 }  // namespace
 
 class ForwardPass {
@@ -312,7 +325,7 @@ void ForwardPass::attention(int il) {
 
   // One job per (token, KV head): the query heads sharing a KV head read its keys once.
   float* o = ws_.o.get(size_t(T * H * Dv));
-  for_each_row(T * G, pool_, 2, [&](int64_t job) { attention_core(il, job / G, job % G, o); });
+  for_each_item_balanced(T * G, pool_, 2, [&](int64_t job) { attention_core(il, job / G, job % G, o); });
   dump("attn_out", il, o, T * H * Dv);
 
   // §2.4 step 7 (G7): the gate reads the attention input, one scalar per query head.
