@@ -130,8 +130,6 @@ std::string model_type_label(const Model& m) {
   return dtype_name(m.layer(0).attn_q.type);
 }
 
-}  // namespace
-
 
 // Batched decoding through the serving engine (the path `step35 serve` uses): N sequences
 // with random prompts submitted at once, each generating n_gen tokens greedily with EOS
@@ -194,6 +192,8 @@ ParallelResult bench_parallel_once(Engine& engine, int32_t n_seq, int32_t n_prom
   return r;
 }
 
+}  // namespace
+
 static int bench_main(const Args& args) {
   ArgParser p("bench",
               "Measures prompt processing (ppN: N prompt tokens in one batch from an empty context) and\n"
@@ -219,8 +219,9 @@ static int bench_main(const Args& args) {
   p.flag("--expert-policy", "P", "strict (the model's top-k) or adaptive (lossy: fewer experts per token, see "
          "--adaptive-mass); adaptive also reports the logit drift against strict", "strict");
   p.flag("--parallel", "N", "batched decoding through the serving engine, as llama-batched-bench: N sequences "
-         "(comma list) each with a random prompt of --parallel-prompt tokens generate the first -n count "
-         "together; reports aggregate t/s and the distinct experts per step");
+         "(comma list) each with a random prompt of --parallel-prompt tokens generate the first -n count (128 "
+         "when -n is 0, which skips the one-sequence tg test) together; reports aggregate t/s and the distinct "
+         "experts per step");
   p.flag("--parallel-prompt", "N", "prompt tokens per sequence for --parallel", "16");
   add_adaptive_policy_flags(p);
   add_ep_flags(p);

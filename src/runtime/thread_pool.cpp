@@ -99,22 +99,15 @@ void ThreadPool::parallel_for(int64_t n, const std::function<void(int64_t, int64
 
 namespace {
 
-// Takes the front (or back) item of a share packed as front << 32 | end; -1 when empty.
-int64_t take_front(std::atomic<uint64_t>& fe) {
+// Takes one item of a share packed as front << 32 | end: the front one (the owner walking
+// its share) or the back one (a thief); -1 when the share is empty.
+int64_t take_item(std::atomic<uint64_t>& fe, bool from_back) {
   uint64_t v = fe.load(std::memory_order_relaxed);
   for (;;) {
     const uint64_t f = v >> 32, e = v & 0xffffffffu;
     if (f >= e) return -1;
-    if (fe.compare_exchange_weak(v, (f + 1) << 32 | e, std::memory_order_relaxed)) return int64_t(f);
-  }
-}
-
-int64_t take_back(std::atomic<uint64_t>& fe) {
-  uint64_t v = fe.load(std::memory_order_relaxed);
-  for (;;) {
-    const uint64_t f = v >> 32, e = v & 0xffffffffu;
-    if (f >= e) return -1;
-    if (fe.compare_exchange_weak(v, f << 32 | (e - 1), std::memory_order_relaxed)) return int64_t(e - 1);
+    const uint64_t next = from_back ? (f << 32 | (e - 1)) : ((f + 1) << 32 | e);
+    if (fe.compare_exchange_weak(v, next, std::memory_order_relaxed)) return int64_t(from_back ? e - 1 : f);
   }
 }
 
@@ -135,7 +128,7 @@ void ThreadPool::parallel_stealing(int64_t n, const std::function<void(int64_t, 
   dispatch([&](int index) {
     std::atomic<uint64_t>& own = shares_[size_t(index)].front_end;
     for (;;) {
-      int64_t c = take_front(own);
+      int64_t c = take_item(own, false);
       if (c < 0) {
         // Steal from the back of the share with the most items left.
         int victim = -1;
@@ -146,7 +139,7 @@ void ThreadPool::parallel_stealing(int64_t n, const std::function<void(int64_t, 
           if (e > f && e - f > most) most = e - f, victim = j;
         }
         if (victim < 0) return;
-        c = take_back(shares_[size_t(victim)].front_end);
+        c = take_item(shares_[size_t(victim)].front_end, true);
         if (c < 0) continue;  // emptied meanwhile: look again
       }
       fn(c, index);
