@@ -10,19 +10,28 @@
 #include <nlohmann/json.hpp>
 
 #include "runtime/engine.h"
+#include "server/request_validation.h"
 #include "server/server_context.h"
 
 namespace step35::server {
 
-struct ChatPlan {
+// What the OpenAI endpoints share: the engine request and how the answer is shaped
+// (`n` choices, streaming, usage in the stream, stop strings, the model name echoed).
+struct ResponsePlan {
   GenerateRequest request;
   int n = 1;
   bool stream = false;
   bool include_usage = false;
-  bool logprobs = false;
-  bool in_reasoning = false;  // the prompt opened a think block
   std::vector<std::string> stops;
   std::string model;
+};
+
+// Reads `model`, `n`, `stream`, `stream_options` and `stop` (ApiError 400 naming the field).
+void read_response_fields(ServerContext& ctx, Fields& f, ResponsePlan& plan);
+
+struct ChatPlan : ResponsePlan {
+  bool logprobs = false;
+  bool in_reasoning = false;  // the prompt opened a think block
   nlohmann::json tools;  // declared tools (null: none, or tool_choice "none")
 };
 
@@ -34,14 +43,8 @@ ChatPlan plan_chat(ServerContext& ctx, const nlohmann::json& body);
 // either returns a plan within the server's limits or throws ApiError.
 
 // POST /v1/completions.
-struct CompletionsPlan {
-  GenerateRequest request;
-  int n = 1;
-  bool stream = false;
-  bool include_usage = false;
+struct CompletionsPlan : ResponsePlan {
   bool echo = false;
-  std::vector<std::string> stops;
-  std::string model;
 };
 CompletionsPlan plan_completions(ServerContext& ctx, const nlohmann::json& body);
 

@@ -89,7 +89,6 @@ ChatPlan plan_chat(ServerContext& ctx, const json& body) {
           "repetition_penalty", "repeat_last_n", "logprobs", "top_logprobs", "tools", "tool_choice",
           "parallel_tool_calls", "response_format", "user", "store", "metadata", "reasoning_budget", "ignore_eos"});
   ChatPlan plan;
-  plan.model = f.string("model").value_or(ctx.options.model_id);
   const json* messages = f.array("messages");
   if (!messages || messages->empty()) throw ApiError(400, "'messages' must be a non-empty array", "messages");
   const json* tools = f.array("tools");
@@ -121,14 +120,7 @@ ChatPlan plan_chat(ServerContext& ctx, const json& body) {
   auto max_tokens = f.integer("max_completion_tokens", 1, ctx_max);
   if (!max_tokens) max_tokens = f.integer("max_tokens", 1, ctx_max);
   r.max_tokens = max_tokens ? int32_t(*max_tokens) : -1;
-  plan.n = int(f.integer("n", 1, ctx.options.max_n).value_or(1));
-  plan.stream = f.boolean("stream").value_or(false);
-  if (const json* so = f.object("stream_options")) {
-    Fields s(*so, "stream_options.");
-    s.only({"include_usage"});
-    plan.include_usage = s.boolean("include_usage").value_or(false);
-  }
-  plan.stops = f.strings_or_string("stop", 4);
+  read_response_fields(ctx, f, plan);
   plan.logprobs = f.boolean("logprobs").value_or(false);
   r.want_logprobs = plan.logprobs;
   r.n_top_logprobs = int32_t(f.integer("top_logprobs", 0, 20).value_or(0));

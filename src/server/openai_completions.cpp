@@ -54,6 +54,18 @@ json completion_logprobs(const Tokenizer& tok, const std::vector<GenerateEvent>&
 
 }  // namespace
 
+void read_response_fields(ServerContext& ctx, Fields& f, ResponsePlan& plan) {
+  plan.model = f.string("model").value_or(ctx.options.model_id);
+  plan.n = int(f.integer("n", 1, ctx.options.max_n).value_or(1));
+  plan.stream = f.boolean("stream").value_or(false);
+  if (const json* so = f.object("stream_options")) {
+    Fields s(*so, "stream_options.");
+    s.only({"include_usage"});
+    plan.include_usage = s.boolean("include_usage").value_or(false);
+  }
+  plan.stops = f.strings_or_string("stop", 4);
+}
+
 CompletionsPlan plan_completions(ServerContext& ctx, const json& body) {
   Fields f(body);
   f.only({"model", "prompt", "stream", "stream_options", "max_tokens", "temperature", "top_p", "top_k", "min_p", "seed",
@@ -66,14 +78,7 @@ CompletionsPlan plan_completions(ServerContext& ctx, const json& body) {
   r.sampling = sampling_from(f);
   const int64_t ctx_max = ctx.engine->options().n_ctx;
   r.max_tokens = int32_t(f.integer("max_tokens", 0, ctx_max).value_or(16));
-  plan.n = int(f.integer("n", 1, ctx.options.max_n).value_or(1));
-  plan.stream = f.boolean("stream").value_or(false);
-  if (const json* so = f.object("stream_options")) {
-    Fields s(*so, "stream_options.");
-    s.only({"include_usage"});
-    plan.include_usage = s.boolean("include_usage").value_or(false);
-  }
-  plan.stops = f.strings_or_string("stop", 4);
+  read_response_fields(ctx, f, plan);
   const int32_t n_logprobs = int32_t(f.integer("logprobs", 0, 20).value_or(-1));
   r.want_logprobs = n_logprobs >= 0;
   r.n_top_logprobs = std::max(n_logprobs, 0);
@@ -81,7 +86,6 @@ CompletionsPlan plan_completions(ServerContext& ctx, const json& body) {
   if (plan.echo && plan.stream) throw ApiError(400, "'echo' is not supported with 'stream'", "echo");
   r.ignore_eos = f.boolean("ignore_eos").value_or(false);
   f.string("user");
-  plan.model = f.string("model").value_or(ctx.options.model_id);
   r.timeout_s = ctx.options.timeout_s;
   return plan;
 }
