@@ -647,6 +647,15 @@ MappedFile::MappedFile(const std::string& path) : path_(path) {
   size_ = size;
 }
 
+bool MappedFile::release(const void* p, size_t n) const {
+  const uint8_t* b = static_cast<const uint8_t*>(p);
+  if (b < data_ || n > size_ || size_t(b - data_) > size_ - n) return false;
+  const uintptr_t page = uintptr_t(::sysconf(_SC_PAGESIZE));
+  const uintptr_t first = (uintptr_t(b) + page - 1) / page * page, last = (uintptr_t(b) + n) / page * page;
+  if (first < last) ::madvise(reinterpret_cast<void*>(first), last - first, MADV_DONTNEED);
+  return true;
+}
+
 MappedFile::~MappedFile() {
   if (data_ != nullptr) ::munmap(const_cast<uint8_t*>(data_), size_);
 }
@@ -661,6 +670,11 @@ std::unique_ptr<File> File::parse_buffer(const uint8_t* data, size_t size, const
   f->parse(0, data, size, name);
   f->finish();
   return f;
+}
+
+void File::release_pages(const void* p, size_t n) const {
+  for (const auto& f : files_)
+    if (f->release(p, n)) return;
 }
 
 std::unique_ptr<File> File::open(const std::string& path) {

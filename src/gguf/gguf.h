@@ -73,6 +73,10 @@ class MappedFile {
   const uint8_t* data() const { return data_; }
   size_t size() const { return size_; }
   const std::string& path() const { return path_; }
+  // Drops the whole pages inside [p, p + n) from this process's resident set if they lie in
+  // this mapping (true then). A later read maps them again from the page cache, so the
+  // bytes stay valid; only memory is given back.
+  bool release(const void* p, size_t n) const;
 
  private:
   std::string path_;
@@ -129,6 +133,10 @@ class File {
   // String array (e.g. tokenizer.ggml.tokens).
   std::vector<std::string> get_str_array(std::string_view key) const;
   std::vector<int32_t> get_i32_array(std::string_view key) const;
+
+  // Gives back the resident memory of file bytes this process no longer reads (weights it
+  // keeps a converted copy of): see MappedFile::release. No-op for a parsed buffer.
+  void release_pages(const void* p, size_t n) const;
 
   // Tensors.
   const std::vector<TensorInfo>& tensors() const { return tensors_; }
