@@ -238,19 +238,16 @@ TEST(Kernels, RowGroupsAndTilesMatchSingleRowSingleToken) {
   }
 }
 
-// Q4_K rows repacked 16 at a time (tensor/repack.h) give, through matmul, exactly the
+// Q4_K and Q6_K rows repacked 16 at a time (tensor/repack.h) give, through matmul, exactly the
 // scalar reference's value for every (row, token) pair: 16-aligned ranges take the
 // repacked kernel (1..4 tokens per call, partial token groups, index lists with repeats),
 // other ranges fall back to the GGUF rows; the second matrix of a 3-D tensor (an expert)
 // finds its own repacked rows.
-TEST(Kernels, RepackedQ4kMatchesScalarReference) {
+void check_repacked_matches_scalar(DType type) {
   IsaGuard guard;
-  bool have_repacked_kernel = false;
-  for (Isa isa : kernels::available_isas()) have_repacked_kernel |= isa == Isa::Avx512;
-  if (!have_repacked_kernel) GTEST_SKIP() << "no AVX-512 VNNI on this CPU";
-  std::mt19937 rng(9090);
+  std::mt19937 rng(9090 + int(type));
   const int64_t n_in = 768, n_out = 48, max_tok = 9;
-  RandomMatrix two(DType::Q4_K, 2 * n_out, n_in, rng);  // rows of both matrices, back to back
+  RandomMatrix two(type, 2 * n_out, n_in, rng);  // rows of both matrices, back to back
   WeightMatrix w3 = two.w;
   w3.n_out = n_out;
   w3.n_mat = 2;
@@ -267,7 +264,7 @@ TEST(Kernels, RepackedQ4kMatchesScalarReference) {
     }
   kernels::force_isa(Isa::Avx512);
   ASSERT_TRUE(kernels::can_repack(w3));
-  EXPECT_EQ(kernels::repacked_bytes(w3), size_t(2 * 3 * 3) * kernels::kQ4kX16BlockBytes);
+  EXPECT_EQ(kernels::repacked_bytes(w3), size_t(2 * 3) * kernels::x16_group_bytes(type, n_in));
   const kernels::AlignedBytes packed = kernels::repack(w3);
   EXPECT_EQ(kernels::row_granularity(w3), 16);
   for (int64_t e = 0; e < 2; ++e) {
@@ -285,10 +282,26 @@ TEST(Kernels, RepackedQ4kMatchesScalarReference) {
         for (int64_t j = 0; j < n_tok; ++j)
           for (int64_t o = 0; o < n_out; ++o)
             ASSERT_EQ(ref[size_t((e * max_tok + idx[size_t(j)]) * n_out + o)], y[size_t(j * n_out + o)])
-                << "matrix " << e << " n_tok=" << n_tok << " step=" << step << " o=" << o << " j=" << j;
+                << dtype_name(type) << " matrix " << e << " n_tok=" << n_tok << " step=" << step << " o=" << o << " j=" << j;
       }
     }
   }
+}
+
+bool have_repacked_kernels() {
+  for (Isa isa : kernels::available_isas())
+    if (isa == Isa::Avx512) return true;
+  return false;
+}
+
+TEST(Kernels, RepackedQ4kMatchesScalarReference) {
+  if (!have_repacked_kernels()) GTEST_SKIP() << "no AVX-512 VNNI on this CPU";
+  check_repacked_matches_scalar(DType::Q4_K);
+}
+
+TEST(Kernels, RepackedQ6kMatchesScalarReference) {
+  if (!have_repacked_kernels()) GTEST_SKIP() << "no AVX-512 VNNI on this CPU";
+  check_repacked_matches_scalar(DType::Q6_K);
 }
 
 INSTANTIATE_TEST_SUITE_P(AllTypes, KernelTypes, ::testing::ValuesIn(kAllTypes),

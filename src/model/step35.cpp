@@ -310,12 +310,14 @@ void Model::repack_weights(bool experts) {
   std::vector<WeightMatrix*> todo;
   for (LayerWeights& W : layers_) {
     for (WeightMatrix* w : {&W.attn_q, &W.attn_k, &W.attn_v, &W.attn_gate, &W.attn_output, &W.ffn_gate, &W.ffn_up,
-                            &W.ffn_down, &W.ffn_gate_shexp, &W.ffn_up_shexp, &W.ffn_down_shexp, &W.nextn_eh_proj})
+                            &W.ffn_down, &W.ffn_gate_shexp, &W.ffn_up_shexp, &W.ffn_down_shexp, &W.nextn_eh_proj,
+                            &W.nextn_shared_head_head})
       if (kernels::can_repack(*w)) todo.push_back(w);
     if (experts)
       for (WeightMatrix* w : {&W.ffn_gate_exps, &W.ffn_up_exps, &W.ffn_down_exps})
         if (kernels::can_repack(*w)) todo.push_back(w);
   }
+  if (kernels::can_repack(output_)) todo.push_back(&output_);
   // One buffer for all of them.
   for (const WeightMatrix* w : todo) repacked_bytes_ += kernels::repacked_bytes(*w);
   if (todo.empty()) return;

@@ -329,10 +329,11 @@ void matmul(const WeightMatrix& w, int64_t o_begin, int64_t o_end, const ActRows
     const IsaKernels& k = active();
     // Every token count, one included: decode streaming the repacked copy measured 1.15x
     // (1 thread) and 1.05x (2 threads) the GGUF rows in paired A/B runs (bench/ab.sh).
-    if (w.packed && k.q4k_x16 && o_begin % kQ4kX16Rows == 0 && o_end % kQ4kX16Rows == 0) {
+    const auto x16 = w.type == DType::Q4_K ? k.q4k_x16 : w.type == DType::Q6_K ? k.q6k_x16 : nullptr;
+    if (w.packed && x16 && o_begin % kQ4kX16Rows == 0 && o_end % kQ4kX16Rows == 0) {
       // Repacked rows (tensor/repack.h): whole 16-row groups, every group of up to
       // kMaxTileTokens tokens passing over one group while its weights are in L1.
-      const size_t group_bytes = size_t(w.n_in / 256) * kQ4kX16BlockBytes;
+      const size_t group_bytes = x16_group_bytes(w.type, w.n_in);
       const uint8_t* xs[kMaxTileTokens];
       const uint8_t* end = w.packed + size_t(o_end / kQ4kX16Rows) * group_bytes;
       for (int64_t o = o_begin; o < o_end; o += kQ4kX16Rows) {
@@ -340,7 +341,7 @@ void matmul(const WeightMatrix& w, int64_t o_begin, int64_t o_end, const ActRows
         for (int64_t t0 = 0; t0 < x.n_tok; t0 += kMaxTileTokens) {
           const int nt = int(std::min<int64_t>(kMaxTileTokens, x.n_tok - t0));
           for (int t = 0; t < nt; ++t) xs[t] = act_row(x, t0 + t);
-          k.q4k_x16(w.n_in, group, end, xs, nt, y + t0 * ldy + o, ldy);
+          x16(w.n_in, group, end, xs, nt, y + t0 * ldy + o, ldy);
         }
       }
       return;
@@ -394,9 +395,12 @@ void matmul(const WeightMatrix& w, int64_t o_begin, int64_t o_end, const ActRows
 }
 
 bool has_repacked_q4k() { return active().q4k_x16 != nullptr; }
+bool has_repacked_q6k() { return active().q6k_x16 != nullptr; }
 
 int64_t row_granularity(const WeightMatrix& w) {
-  return w.packed && active().q4k_x16 ? kQ4kX16Rows : kTileRows;
+  const IsaKernels& k = active();
+  const bool x16 = w.packed && ((w.type == DType::Q4_K && k.q4k_x16) || (w.type == DType::Q6_K && k.q6k_x16));
+  return x16 ? kQ4kX16Rows : kTileRows;
 }
 
 // ---------------------------------------------------------------------------------------

@@ -105,6 +105,8 @@ int64_t row_granularity(const WeightMatrix& w);
 // Whether the level in use has the kernel for Q4_K rows repacked 16 at a time
 // (tensor/repack.h): AVX-512 with VNNI.
 bool has_repacked_q4k();
+// The same for Q6_K rows.
+bool has_repacked_q6k();
 
 // ---------------------------------------------------------------------------------------
 // Vector helpers (attention, norms)

@@ -44,6 +44,9 @@ struct IsaKernels {
   // belong to another thread's chunk or another matrix).
   void (*q4k_x16)(int64_t n, const uint8_t* group, const uint8_t* end, const uint8_t* const* x, int n_tok, float* y,
                   int64_t ldy) = nullptr;
+  // The same for Q6_K rows repacked 16 at a time.
+  void (*q6k_x16)(int64_t n, const uint8_t* group, const uint8_t* end, const uint8_t* const* x, int n_tok, float* y,
+                  int64_t ldy) = nullptr;
   // Q8_K activation rounding, bit-identical to quantize_act_q8_K (null: use that).
   void (*quantize_q8_K)(const float* x, ActQ8_K* y, int64_t n) = nullptr;
   float (*dot_f32)(const float* a, const float* b, int64_t n) = nullptr;

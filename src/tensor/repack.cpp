@@ -45,15 +45,58 @@ void repack_group(const BlockQ4_K* const* rows, int64_t n_blocks, uint8_t* dst) 
   }
 }
 
+// The 6-bit quant (0..63) of weight k of a Q6_K block, as dot_q6_k unpacks it: in each
+// 128-weight half h, weights l, l+32, l+64, l+96 take the low / high nibbles of ql bytes
+// l and l+32 and bit pairs 0-1, 2-3, 4-5, 6-7 of qh byte l.
+int q6k_quant(const BlockQ6_K& b, int k) {
+  const int h = k / 128, j = k % 128, quarter = j / 32, l = j % 32;
+  const uint8_t* ql = b.ql + 64 * h;
+  const uint8_t* qh = b.qh + 32 * h;
+  const int low = quarter == 0 ? (ql[l] & 15) : quarter == 1 ? (ql[l + 32] & 15) : quarter == 2 ? (ql[l] >> 4) : (ql[l + 32] >> 4);
+  return low | (((qh[l] >> (2 * quarter)) & 3) << 4);
+}
+
+void repack_group_q6k(const BlockQ6_K* const* rows, int64_t n_blocks, uint8_t* dst) {
+  std::memset(dst, 0, x16_group_bytes(DType::Q6_K, n_blocks * 256));
+  uint8_t* d_part = dst + size_t(n_blocks) * kQ6kX16BlockBytes;
+  for (int64_t i = 0; i < n_blocks; ++i) {
+    uint8_t* out = dst + size_t(i) * kQ6kX16BlockBytes;
+    for (int r = 0; r < kQ4kX16Rows; ++r) {
+      const BlockQ6_K& b = rows[r][i];
+      std::memcpy(d_part + 32 * i + 2 * r, &b.d, 2);
+      for (int g = 0; g < 16; ++g) {
+        out[16 * g + r] = uint8_t(b.scales[g]);
+        for (int c = 0; c < 4; ++c)
+          for (int k = 0; k < 4; ++k) {
+            const int q = q6k_quant(b, 16 * g + 4 * c + k);
+            // Low nibbles: c = 0, 1 in vectors 2g, 2g+1 (low half of the byte), c = 2, 3
+            // in the same vectors' high halves.
+            out[256 + 64 * (2 * g + c % 2) + 4 * r + k] |= uint8_t((q & 15) << (4 * (c / 2)));
+            out[2304 + 64 * g + 4 * r + k] |= uint8_t((q >> 4) << (2 * c));
+          }
+      }
+    }
+  }
+}
+
 }  // namespace
 
+size_t x16_group_bytes(DType t, int64_t n_in) {
+  const size_t nb = size_t(n_in / 256);
+  switch (t) {
+    case DType::Q4_K: return nb * kQ4kX16BlockBytes;
+    case DType::Q6_K: return nb * kQ6kX16BlockBytes + (nb * 32 + 63) / 64 * 64;
+    default: return 0;
+  }
+}
+
 bool can_repack(const WeightMatrix& w) {
-  return w.present() && w.type == DType::Q4_K && w.n_in % 256 == 0 && w.n_out % kQ4kX16Rows == 0 &&
-         has_repacked_q4k();
+  if (!w.present() || w.n_in % 256 != 0 || w.n_out % kQ4kX16Rows != 0) return false;
+  return (w.type == DType::Q4_K && has_repacked_q4k()) || (w.type == DType::Q6_K && has_repacked_q6k());
 }
 
 size_t repacked_bytes(const WeightMatrix& w) {
-  return size_t(w.n_in / 256) * kQ4kX16BlockBytes * size_t(w.n_out / kQ4kX16Rows) * size_t(w.n_mat);
+  return x16_group_bytes(w.type, w.n_in) * size_t(w.n_out / kQ4kX16Rows) * size_t(w.n_mat);
 }
 
 void repack_q4k_x16(const WeightMatrix& w, uint8_t* dst) {
@@ -68,6 +111,20 @@ void repack_q4k_x16(const WeightMatrix& w, uint8_t* dst) {
         rows[r] = reinterpret_cast<const BlockQ4_K*>(w.row(g * kQ4kX16Rows + r, m));
       repack_group(rows, nb,
                    dst + (size_t(m) * size_t(w.n_out / kQ4kX16Rows) + size_t(g)) * group_bytes);
+    }
+}
+
+void repack_q6k_x16(const WeightMatrix& w, uint8_t* dst) {
+  if (w.type != DType::Q6_K || w.n_in % 256 != 0 || w.n_out % kQ4kX16Rows != 0)
+    throw std::invalid_argument("repack_q6k_x16: needs Q6_K rows, a multiple of 16 of them");
+  const int64_t nb = w.n_in / 256;
+  const size_t group_bytes = x16_group_bytes(DType::Q6_K, w.n_in);
+  for (int64_t m = 0; m < w.n_mat; ++m)
+    for (int64_t g = 0; g < w.n_out / kQ4kX16Rows; ++g) {
+      const BlockQ6_K* rows[kQ4kX16Rows];
+      for (int r = 0; r < kQ4kX16Rows; ++r)
+        rows[r] = reinterpret_cast<const BlockQ6_K*>(w.row(g * kQ4kX16Rows + r, m));
+      repack_group_q6k(rows, nb, dst + (size_t(m) * size_t(w.n_out / kQ4kX16Rows) + size_t(g)) * group_bytes);
     }
 }
 
@@ -88,7 +145,10 @@ AlignedBytes repack(WeightMatrix& w) {
 }
 
 void repack_into(WeightMatrix& w, uint8_t* dst) {
-  repack_q4k_x16(w, dst);
+  if (w.type == DType::Q6_K)
+    repack_q6k_x16(w, dst);
+  else
+    repack_q4k_x16(w, dst);
   w.packed = dst;
   w.packed_mat_bytes = repacked_bytes(w) / size_t(w.n_mat);
 }

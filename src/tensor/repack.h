@@ -1,4 +1,4 @@
-// Q4_K weights repacked 16 rows at a time for the AVX-512 VNNI kernels.
+// Q4_K and Q6_K weights repacked 16 rows at a time for the AVX-512 VNNI kernels.
 //
 // In the GGUF layout each row's blocks follow each other, so a one-token dot product
 // multiplies 64 weights of ONE row per vpdpbusd and must then reduce and scale per row.
@@ -22,6 +22,19 @@
 // the GGUF blocks, in exchange for one widening load per scale vector.
 // The integer sums and the float steps per block are the scalar reference's (dot_q4_k), so
 // results are bit-identical to it.
+//
+// Q6_K, same idea, in two parts per group so that every vector load stays 64-byte aligned:
+// first the blocks (kQ6kX16BlockBytes each), then the 16 rows' f16 d of every block (32
+// bytes per block, padded to a multiple of 64). For each block:
+//   [0, 256)     scales: group g (0..15, 16 weights each) at 16 g, one int8 per row
+//   [256, 2304)  low 4 bits: 2 vectors of 64 bytes per group, vector 2 g + p holding at
+//                bytes 4r..4r+3 those of row r for weights 16 g + 4 p + b (low nibbles) and
+//                16 g + 8 + 4 p + b (high nibbles), b = 0..3
+//   [2304, 3328) high 2 bits: one vector per group, byte 4r + b holding the bits of row r's
+//                weights 16 g + 4 c + b at bits 2c, 2c + 1 (c = 0..3)
+// The kernel takes the 6-bit values unsigned (0..63) and starts each group's sum at
+// -32 * (sum of its 16 activation bytes), so per group it is Σ (q - 32) y as dot_q6_k's.
+// Same bytes as the GGUF rows except the padding of d (32 bytes for an odd block count).
 #pragma once
 
 #include <cstddef>
@@ -33,11 +46,15 @@
 
 namespace step35::kernels {
 
-constexpr int kQ4kX16Rows = 16;
+constexpr int kQ4kX16Rows = 16;  // rows per repacked group, both types
 constexpr size_t kQ4kX16BlockBytes = 2368;
+constexpr size_t kQ6kX16BlockBytes = 3328;
 
-// Whether w can be repacked and the active kernel level has the repacked kernel (AVX-512
-// with VNNI): Q4_K, rows a multiple of 16.
+// Bytes of one repacked 16-row group of n_in weights per row (Q4_K or Q6_K).
+size_t x16_group_bytes(DType t, int64_t n_in);
+
+// Whether w can be repacked and the active kernel level has the repacked kernel for its
+// type (AVX-512 with VNNI): Q4_K or Q6_K, rows a multiple of 16.
 bool can_repack(const WeightMatrix& w);
 
 // Bytes of the repacked copy of all w.n_mat matrices of w.
@@ -47,6 +64,7 @@ size_t repacked_bytes(const WeightMatrix& w);
 // alignment keeps every vector load inside one cache line). Matrix m starts at
 // m * repacked_bytes(w) / w.n_mat.
 void repack_q4k_x16(const WeightMatrix& w, uint8_t* dst);
+void repack_q6k_x16(const WeightMatrix& w, uint8_t* dst);
 
 // A 64-byte aligned, zero-initialised byte buffer for repacked weights.
 struct AlignedBytes {
