@@ -3,9 +3,6 @@
 // the new file: the header first (all sizes are known from the recipe), then each tensor
 // converted one slab of rows at a time on a thread pool, so memory stays at a few slabs
 // whatever the model size.
-#include <sys/mman.h>
-#include <unistd.h>
-
 #include <algorithm>
 #include <atomic>
 #include <cerrno>
@@ -119,17 +116,12 @@ class OutputFile {
   uint64_t written_ = 0;
 };
 
-// Drops the pages of an input range that has been read: a 100+ GB model then does not
-// crowd the page cache into looking like resident memory. Advisory; errors are ignored.
-void release_input_pages(const uint8_t* p, uint64_t n) {
-  const uintptr_t page = uintptr_t(::sysconf(_SC_PAGESIZE));
-  const uintptr_t begin = (uintptr_t(p) + page - 1) & ~(page - 1);
-  const uintptr_t end = (uintptr_t(p) + n) & ~(page - 1);
-  if (end > begin) ::madvise(reinterpret_cast<void*>(begin), end - begin, MADV_DONTNEED);
-}
-
 // Converts one tensor (rows of ne[0] elements) from `from` to `to`, writing it to out.
-void convert_tensor(const gguf::TensorInfo& t, DType from, DType to, ThreadPool& pool, OutputFile& out) {
+// The input's pages of a range once it has been read are given back
+// (gguf::File::release_pages): a 100+ GB model then does not crowd the page cache into
+// looking like resident memory.
+void convert_tensor(const gguf::File& in, const gguf::TensorInfo& t, DType from, DType to, ThreadPool& pool,
+                    OutputFile& out) {
   const int64_t n_per_row = t.ne[0];
   const int64_t n_rows = t.n_elements() / n_per_row;
   const size_t src_row = *row_bytes(from, n_per_row);
@@ -164,16 +156,16 @@ void convert_tensor(const gguf::TensorInfo& t, DType from, DType to, ThreadPool&
       throw std::runtime_error("tensor " + t.name + " row " + std::to_string(bad_row.load()) +
                                " holds a NaN or infinite value: the input model is damaged");
     out.write(slab.data(), size_t(rows) * dst_row);
-    release_input_pages(t.data + size_t(first) * src_row, uint64_t(rows) * src_row);
+    in.release_pages(t.data + size_t(first) * src_row, size_t(rows) * src_row);
   }
 }
 
-void copy_tensor(const gguf::TensorInfo& t, OutputFile& out) {
+void copy_tensor(const gguf::File& in, const gguf::TensorInfo& t, OutputFile& out) {
   constexpr uint64_t chunk = 64ull << 20;
   for (uint64_t off = 0; off < t.nbytes; off += chunk) {
     const uint64_t n = std::min(chunk, t.nbytes - off);
     out.write(t.data + off, size_t(n));
-    release_input_pages(t.data + off, n);
+    in.release_pages(t.data + off, size_t(n));
   }
 }
 
@@ -247,9 +239,9 @@ QuantizeSummary quantize_gguf(const std::string& in_path, const std::string& out
     const double ts = now_seconds();
     const uint64_t out_bytes = uint64_t(*row_bytes(to, t.ne[0])) * uint64_t(t.n_elements() / t.ne[0]);
     if (from == to) {
-      copy_tensor(t, out);
+      copy_tensor(*in, t, out);
     } else {
-      convert_tensor(t, from, to, pool, out);
+      convert_tensor(*in, t, from, to, pool, out);
       ++sum.n_quantized;
     }
     out.write_zeros(w.padding_after(out_bytes));
