@@ -47,13 +47,21 @@ std::string f32_test_model(std::string* err) {
   return path;
 }
 
-TEST(Memory, LoadDoesNotCopyWeights) {
+// Skips where resident memory means nothing, and makes the test model (in `path`).
+class Memory : public ::testing::Test {
+ protected:
+  void SetUp() override {
 #if defined(STEP35_UNDER_ASAN)
-  GTEST_SKIP() << "resident memory is not meaningful under AddressSanitizer (shadow memory, quarantine)";
+    GTEST_SKIP() << "resident memory is not meaningful under AddressSanitizer (shadow memory, quarantine)";
 #endif
-  std::string err;
-  const std::string path = f32_test_model(&err);
-  if (path.empty()) GTEST_SKIP() << "cannot generate the test model: " << err;
+    std::string err;
+    path = f32_test_model(&err);
+    if (path.empty()) GTEST_SKIP() << "cannot generate the test model: " << err;
+  }
+  std::string path;
+};
+
+TEST_F(Memory, LoadDoesNotCopyWeights) {
   const size_t file_size = read_bytes(path).size();
   ASSERT_GT(file_size, size_t(50) << 20);
   // Drop this process's own pages of the file (read_bytes above used a private buffer).
@@ -83,13 +91,7 @@ TEST(Memory, LoadDoesNotCopyWeights) {
 
 // gguf::File::release_pages (used after repacking weights): the released pages leave the
 // resident set, and the bytes read the same afterwards.
-TEST(Memory, ReleasedFilePagesLeaveResidentSetAndStayReadable) {
-#if defined(STEP35_UNDER_ASAN)
-  GTEST_SKIP() << "resident memory is not meaningful under AddressSanitizer (shadow memory, quarantine)";
-#endif
-  std::string err;
-  const std::string path = f32_test_model(&err);
-  if (path.empty()) GTEST_SKIP() << "cannot generate the test model: " << err;
+TEST_F(Memory, ReleasedFilePagesLeaveResidentSetAndStayReadable) {
   auto file = gguf::File::open(path);
   const gguf::TensorInfo* big = nullptr;
   for (const auto& t : file->tensors())
