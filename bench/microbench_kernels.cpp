@@ -73,7 +73,7 @@ void bm_matmul(benchmark::State& st, DType t, Isa isa, Precision p, int64_t n_ou
   st.counters["tok/s"] = benchmark::Counter(double(st.iterations()) * double(n_tok), benchmark::Counter::kIsRate);
 }
 
-// The same Q4_K matrix repacked 16 rows at a time (tensor/repack.h, AVX-512 only).
+// A Q4_K or Q6_K matrix repacked 16 rows at a time (tensor/repack.h, AVX-512 only).
 void bm_matmul_repacked(benchmark::State& st, DType type, int64_t n_out) {
   kernels::force_isa(Isa::Avx512);
   const int64_t n_tok = st.range(0);

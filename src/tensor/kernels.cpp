@@ -316,6 +316,11 @@ const uint8_t* act_row(const ActRows& x, int64_t t) {
   return x.data + size_t(r) * x.stride;
 }
 
+// The level's kernel for rows of type t repacked 16 at a time, or null.
+X16DotFn x16_kernel(const IsaKernels& k, DType t) {
+  return t == DType::Q4_K ? k.q4k_x16 : t == DType::Q6_K ? k.q6k_x16 : nullptr;
+}
+
 }  // namespace
 
 void matmul(const WeightMatrix& w, int64_t o_begin, int64_t o_end, const ActRows& x, float* y, int64_t ldy) {
@@ -329,7 +334,7 @@ void matmul(const WeightMatrix& w, int64_t o_begin, int64_t o_end, const ActRows
     const IsaKernels& k = active();
     // Every token count, one included: decode streaming the repacked copy measured 1.15x
     // (1 thread) and 1.05x (2 threads) the GGUF rows in paired A/B runs (bench/ab.sh).
-    const auto x16 = w.type == DType::Q4_K ? k.q4k_x16 : w.type == DType::Q6_K ? k.q6k_x16 : nullptr;
+    const auto x16 = x16_kernel(k, w.type);
     if (w.packed && x16 && o_begin % kQ4kX16Rows == 0 && o_end % kQ4kX16Rows == 0) {
       // Repacked rows (tensor/repack.h): whole 16-row groups, every group of up to
       // kMaxTileTokens tokens passing over one group while its weights are in L1.
@@ -394,13 +399,10 @@ void matmul(const WeightMatrix& w, int64_t o_begin, int64_t o_end, const ActRows
   }
 }
 
-bool has_repacked_q4k() { return active().q4k_x16 != nullptr; }
-bool has_repacked_q6k() { return active().q6k_x16 != nullptr; }
+bool has_repacked(DType t) { return x16_kernel(active(), t) != nullptr; }
 
 int64_t row_granularity(const WeightMatrix& w) {
-  const IsaKernels& k = active();
-  const bool x16 = w.packed && ((w.type == DType::Q4_K && k.q4k_x16) || (w.type == DType::Q6_K && k.q6k_x16));
-  return x16 ? kQ4kX16Rows : kTileRows;
+  return w.packed && x16_kernel(active(), w.type) ? kQ4kX16Rows : kTileRows;
 }
 
 // ---------------------------------------------------------------------------------------

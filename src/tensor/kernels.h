@@ -102,11 +102,9 @@ void matmul(const WeightMatrix& w, int64_t o_begin, int64_t o_end, const ActRows
 // matrices, whose kernel takes whole 16-row groups.
 int64_t row_granularity(const WeightMatrix& w);
 
-// Whether the level in use has the kernel for Q4_K rows repacked 16 at a time
-// (tensor/repack.h): AVX-512 with VNNI.
-bool has_repacked_q4k();
-// The same for Q6_K rows.
-bool has_repacked_q6k();
+// Whether the level in use has the kernel for rows of type t repacked 16 at a time
+// (tensor/repack.h): Q4_K and Q6_K at AVX-512 with VNNI.
+bool has_repacked(DType t);
 
 // ---------------------------------------------------------------------------------------
 // Vector helpers (attention, norms)

@@ -29,6 +29,9 @@ using VecDotFn = float (*)(int64_t n, const uint8_t* w, const uint8_t* x);
 // lanes), so tiling never changes a result (the invariance contract of kernels.h).
 using TileDotFn = void (*)(int64_t n, const uint8_t* const* w, int n_rows, const uint8_t* const* x, int n_tok,
                            float* y, int64_t ldy);
+// Rows repacked 16 at a time (tensor/repack.h): y[t*ldy + r] for the 16 rows of one group.
+using X16DotFn = void (*)(int64_t n, const uint8_t* group, const uint8_t* end, const uint8_t* const* x, int n_tok,
+                          float* y, int64_t ldy);
 constexpr int kMaxTileRows = 4;
 constexpr int kMaxTileTokens = 4;
 
@@ -42,11 +45,8 @@ struct IsaKernels {
   // original rows. Null where the level has none (the driver then uses the GGUF rows).
   // `end` bounds the software prefetch (the end of the caller's row range: bytes past it
   // belong to another thread's chunk or another matrix).
-  void (*q4k_x16)(int64_t n, const uint8_t* group, const uint8_t* end, const uint8_t* const* x, int n_tok, float* y,
-                  int64_t ldy) = nullptr;
-  // The same for Q6_K rows repacked 16 at a time.
-  void (*q6k_x16)(int64_t n, const uint8_t* group, const uint8_t* end, const uint8_t* const* x, int n_tok, float* y,
-                  int64_t ldy) = nullptr;
+  X16DotFn q4k_x16 = nullptr;
+  X16DotFn q6k_x16 = nullptr;  // the same for Q6_K rows repacked 16 at a time
   // Q8_K activation rounding, bit-identical to quantize_act_q8_K (null: use that).
   void (*quantize_q8_K)(const float* x, ActQ8_K* y, int64_t n) = nullptr;
   float (*dot_f32)(const float* a, const float* b, int64_t n) = nullptr;

@@ -92,39 +92,27 @@ size_t x16_group_bytes(DType t, int64_t n_in) {
 
 bool can_repack(const WeightMatrix& w) {
   if (!w.present() || w.n_in % 256 != 0 || w.n_out % kQ4kX16Rows != 0) return false;
-  return (w.type == DType::Q4_K && has_repacked_q4k()) || (w.type == DType::Q6_K && has_repacked_q6k());
+  return has_repacked(w.type);
 }
 
 size_t repacked_bytes(const WeightMatrix& w) {
   return x16_group_bytes(w.type, w.n_in) * size_t(w.n_out / kQ4kX16Rows) * size_t(w.n_mat);
 }
 
-void repack_q4k_x16(const WeightMatrix& w, uint8_t* dst) {
-  if (w.type != DType::Q4_K || w.n_in % 256 != 0 || w.n_out % kQ4kX16Rows != 0)
-    throw std::invalid_argument("repack_q4k_x16: needs Q4_K rows, a multiple of 16 of them");
+void repack_x16(const WeightMatrix& w, uint8_t* dst) {
+  if ((w.type != DType::Q4_K && w.type != DType::Q6_K) || w.n_in % 256 != 0 || w.n_out % kQ4kX16Rows != 0)
+    throw std::invalid_argument("repack_x16: needs Q4_K or Q6_K rows, a multiple of 16 of them");
   const int64_t nb = w.n_in / 256;
-  const size_t group_bytes = size_t(nb) * kQ4kX16BlockBytes;
+  const size_t group_bytes = x16_group_bytes(w.type, w.n_in);
   for (int64_t m = 0; m < w.n_mat; ++m)
     for (int64_t g = 0; g < w.n_out / kQ4kX16Rows; ++g) {
-      const BlockQ4_K* rows[kQ4kX16Rows];
-      for (int r = 0; r < kQ4kX16Rows; ++r)
-        rows[r] = reinterpret_cast<const BlockQ4_K*>(w.row(g * kQ4kX16Rows + r, m));
-      repack_group(rows, nb,
-                   dst + (size_t(m) * size_t(w.n_out / kQ4kX16Rows) + size_t(g)) * group_bytes);
-    }
-}
-
-void repack_q6k_x16(const WeightMatrix& w, uint8_t* dst) {
-  if (w.type != DType::Q6_K || w.n_in % 256 != 0 || w.n_out % kQ4kX16Rows != 0)
-    throw std::invalid_argument("repack_q6k_x16: needs Q6_K rows, a multiple of 16 of them");
-  const int64_t nb = w.n_in / 256;
-  const size_t group_bytes = x16_group_bytes(DType::Q6_K, w.n_in);
-  for (int64_t m = 0; m < w.n_mat; ++m)
-    for (int64_t g = 0; g < w.n_out / kQ4kX16Rows; ++g) {
-      const BlockQ6_K* rows[kQ4kX16Rows];
-      for (int r = 0; r < kQ4kX16Rows; ++r)
-        rows[r] = reinterpret_cast<const BlockQ6_K*>(w.row(g * kQ4kX16Rows + r, m));
-      repack_group_q6k(rows, nb, dst + (size_t(m) * size_t(w.n_out / kQ4kX16Rows) + size_t(g)) * group_bytes);
+      const uint8_t* rows[kQ4kX16Rows];
+      for (int r = 0; r < kQ4kX16Rows; ++r) rows[r] = w.row(g * kQ4kX16Rows + r, m);
+      uint8_t* out = dst + (size_t(m) * size_t(w.n_out / kQ4kX16Rows) + size_t(g)) * group_bytes;
+      if (w.type == DType::Q6_K)
+        repack_group_q6k(reinterpret_cast<const BlockQ6_K* const*>(rows), nb, out);
+      else
+        repack_group(reinterpret_cast<const BlockQ4_K* const*>(rows), nb, out);
     }
 }
 
@@ -145,10 +133,7 @@ AlignedBytes repack(WeightMatrix& w) {
 }
 
 void repack_into(WeightMatrix& w, uint8_t* dst) {
-  if (w.type == DType::Q6_K)
-    repack_q6k_x16(w, dst);
-  else
-    repack_q4k_x16(w, dst);
+  repack_x16(w, dst);
   w.packed = dst;
   w.packed_mat_bytes = repacked_bytes(w) / size_t(w.n_mat);
 }

@@ -63,8 +63,7 @@ size_t repacked_bytes(const WeightMatrix& w);
 // Writes the repacked copy of every matrix of w to dst (repacked_bytes(w) bytes; 64-byte
 // alignment keeps every vector load inside one cache line). Matrix m starts at
 // m * repacked_bytes(w) / w.n_mat.
-void repack_q4k_x16(const WeightMatrix& w, uint8_t* dst);
-void repack_q6k_x16(const WeightMatrix& w, uint8_t* dst);
+void repack_x16(const WeightMatrix& w, uint8_t* dst);
 
 // A 64-byte aligned, zero-initialised byte buffer for repacked weights.
 struct AlignedBytes {
