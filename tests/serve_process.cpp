@@ -39,7 +39,8 @@ ServeProcess::ServeProcess(std::vector<std::string> serve_args, int port_first, 
   std::vector<std::string> args = {step35_binary(), "serve"};
   args.insert(args.end(), serve_args.begin(), serve_args.end());
   args.insert(args.end(), {"--port", std::to_string(port_)});
-  const std::string log = tmp_dir() + "/" + log_prefix + "_" + std::to_string(port_) + ".log";
+  log_ = tmp_dir() + "/" + log_prefix + "_" + std::to_string(port_) + ".log";
+  const std::string& log = log_;
   pid_ = fork();
   if (pid_ == 0) {
     if (!std::freopen(log.c_str(), "w", stderr)) _exit(126);

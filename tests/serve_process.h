@@ -22,6 +22,8 @@ class ServeProcess {
   ServeProcess& operator=(const ServeProcess&) = delete;
 
   int port() const { return port_; }
+  // Where the child's stderr goes.
+  const std::string& log_path() const { return log_; }
   std::string url(const std::string& path) const { return "http://127.0.0.1:" + std::to_string(port_) + path; }
   // True while the child has not exited.
   bool alive() const;
@@ -31,6 +33,7 @@ class ServeProcess {
 
  private:
   int port_ = 0;
+  std::string log_;
   mutable pid_t pid_ = -1;  // -1 once reaped
 };
 

@@ -7,6 +7,7 @@
 #include <unistd.h>
 
 #include <chrono>
+#include <fstream>
 #include <future>
 #include <string>
 #include <thread>
@@ -417,6 +418,38 @@ TEST(Server, SigtermExitsCleanly) {
   EXPECT_EQ(status, 200) << r.dump();
   EXPECT_EQ(r["usage"]["completion_tokens"], 30);
   EXPECT_EQ(r["choices"][0]["finish_reason"], "length");
+}
+
+// --log-steps: one line per forward pass; a prompt pass, then one decode pass per further
+// token, numbered in order, each with a forward time.
+TEST(Server, LogStepsWritesOneLinePerPass) {
+  ServerProcess s({"--log-steps", "--no-prefix-cache"});
+  json body = chat_body("x", 5);
+  body["ignore_eos"] = true;
+  int status = 0;
+  const json r = post(s, "/v1/chat/completions", body, &status);
+  ASSERT_EQ(status, 200) << r.dump();
+  const int prompt_tokens = r["usage"]["prompt_tokens"];
+  EXPECT_EQ(s.terminate(), 0);
+  std::ifstream in(s.log_path());
+  std::vector<std::string> steps;
+  for (std::string line; std::getline(in, line);)
+    if (line.find("step35 serve: step ") == 0) steps.push_back(line);
+  ASSERT_EQ(steps.size(), 5u) << "one prompt pass (giving the first token) and four decode passes";
+  EXPECT_NE(steps[0].find("step 1: decode 0 tokens of 0 sequences, prompt " + std::to_string(prompt_tokens) +
+                          " tokens in 1 chunks, forward "),
+            std::string::npos)
+      << steps[0];
+  for (size_t i = 1; i < steps.size(); ++i)
+    EXPECT_NE(steps[i].find("step " + std::to_string(i + 1) +
+                            ": decode 1 tokens of 1 sequences, prompt 0 tokens in 0 chunks, forward "),
+              std::string::npos)
+        << steps[i];
+  for (const std::string& line : steps) {
+    const double ms = std::stod(line.substr(line.find("forward ") + 8));
+    EXPECT_GT(ms, 0.0) << line;
+    EXPECT_NE(line.find(" ms"), std::string::npos) << line;
+  }
 }
 
 TEST(Server, AnthropicMessages) {

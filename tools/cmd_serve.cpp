@@ -1,4 +1,6 @@
 // step35 serve: the OpenAI-compatible HTTP server (src/server) over the continuous-batching engine.
+#include <cstdio>
+
 #include "args.h"
 #include "commands.h"
 #include "common.h"
@@ -6,6 +8,24 @@
 #include "server/server.h"
 
 namespace step35::cli {
+
+// --log-steps: what each pass carried and what it cost, to see how a load's time splits
+// between prompt and decode work (docs/performance.md uses it).
+static void log_step(const StepTrace& t) {
+  int32_t decode_tokens = 0, decode_seqs = 0, prompt_tokens = 0, prompt_chunks = 0;
+  for (const StepTrace::Chunk& c : t.chunks) {
+    if (c.prefill) {
+      prompt_tokens += c.n_tokens;
+      ++prompt_chunks;
+    } else {
+      decode_tokens += c.n_tokens;
+      ++decode_seqs;
+    }
+  }
+  std::fprintf(stderr, "step35 serve: step %llu: decode %d tokens of %d sequences, prompt %d tokens in %d chunks, "
+               "forward %.2f ms\n", static_cast<unsigned long long>(t.step), decode_tokens, decode_seqs,
+               prompt_tokens, prompt_chunks, t.forward_ms);
+}
 
 static int serve_main(const Args& args) {
   ArgParser p("serve", "Serves the model over HTTP: OpenAI chat/completions, /v1/step35/execute, /tokenize,\n"
@@ -34,6 +54,7 @@ static int serve_main(const Args& args) {
   p.flag("--exact", "", "F32 activations on the exact stored weights (default: round activations as llama.cpp does)");
   p.flag("--http-threads", "N", "HTTP worker threads", "enough for every running and queued request");
   p.flag("--shutdown-grace", "S", "on SIGTERM, seconds in-flight requests may finish before they are cancelled", "10");
+  p.flag("--log-steps", "", "one line per forward pass on stderr: decode tokens, prompt tokens, forward time");
   add_ep_flags(p);
   if (!p.parse(args)) return 0;
   // With --ep under mpirun, ranks > 0 only compute their experts for rank 0, which serves.
@@ -72,6 +93,7 @@ static int serve_main(const Args& args) {
   e.mtp = mtp.max_k;
   e.mtp_adaptive = mtp.adaptive;
   e.precision = p.has("exact") ? Precision::Exact : Precision::Native;
+  if (p.has("log-steps")) e.on_step = log_step;
   if (ep.is_follower()) return ep.follow(o.model_path, e.n_threads);
   o.on_model_loaded = [&ep](Model& model) { ep.attach(model); };
   return server::serve(o);

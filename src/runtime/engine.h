@@ -93,8 +93,8 @@ class RequestError : public std::invalid_argument {
   using std::invalid_argument::invalid_argument;
 };
 
-// What one forward pass of the scheduler carried (EngineOptions::on_step, for tests and
-// diagnostics).
+// What one forward pass of the scheduler carried and how long it took
+// (EngineOptions::on_step, for tests and diagnostics such as `serve --log-steps`).
 struct StepTrace {
   struct Chunk {
     uint64_t request_id = 0;
@@ -104,6 +104,8 @@ struct StepTrace {
   };
   uint64_t newest_request_id = 0;  // every request submitted up to this id was visible to the step
   std::vector<Chunk> chunks;
+  uint64_t step = 0;         // passes run so far, this one included
+  double forward_ms = 0.0;   // the model's forward pass alone (not sampling or output)
 };
 
 struct EngineOptions {
@@ -121,7 +123,7 @@ struct EngineOptions {
   // One forward pass over a short dummy prompt in make_engine(), so that the first real
   // request does not pay for faulting in the weights and growing the work buffers.
   bool warm_up = false;
-  // Called on the scheduler thread before every forward pass (keep it short).
+  // Called on the scheduler thread after every forward pass that completed (keep it short).
   std::function<void(const StepTrace&)> on_step;
 };
 

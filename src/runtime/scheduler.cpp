@@ -527,13 +527,13 @@ class BatchEngine final : public Engine {
       prefill_used += n;
     }
     if (chunks_.empty()) return;
+    // The trace is taken before the pass (which moves prompts on) and reported after it.
+    StepTrace trace;
     if (opts_.on_step) {
-      StepTrace trace;
       trace.newest_request_id = newest_seen_id_;
       for (size_t c = 0; c < chunks_.size(); ++c)
         trace.chunks.push_back({batch_reqs_[c]->id, batch_reqs_[c]->req.priority, chunks_[c].n_tokens,
                                 batch_reqs_[c]->prefilling()});
-      opts_.on_step(trace);
     }
 
     // Sliding-window blocks come from the pool as positions advance; make room.
@@ -561,10 +561,16 @@ class BatchEngine final : public Engine {
     }
     const double trunk_s = now_s() - t_fwd;
     record_routing(out_.routing);
+    uint64_t steps = 0;
     {
       std::lock_guard<std::mutex> lock(mu_);
-      ++stats_.steps;
+      steps = ++stats_.steps;
       stats_.prompt_tokens += prefill_tokens;
+    }
+    if (opts_.on_step) {
+      trace.step = steps;
+      trace.forward_ms = trunk_s * 1e3;
+      opts_.on_step(trace);
     }
     const size_t V = size_t(model_.hparams().n_vocab), E = size_t(model_.hparams().n_embd);
     std::vector<Request*> done;
