@@ -104,8 +104,8 @@ struct StepTrace {
   };
   uint64_t newest_request_id = 0;  // every request submitted up to this id was visible to the step
   std::vector<Chunk> chunks;
-  uint64_t step = 0;         // passes run so far, this one included
-  double forward_ms = 0.0;   // the model's forward pass alone (not sampling or output)
+  uint64_t step = 0;        // passes run so far, this one included
+  double forward_ms = 0.0;  // the model's forward pass alone (not sampling or output)
 };
 
 struct EngineOptions {
