@@ -3,12 +3,14 @@
 #include <gtest/gtest.h>
 
 #include <memory>
+#include <thread>
 
 #include "model/session.h"
 #include "model/step35.h"
 #include "model/workspace.h"
 #include "runtime/sampler.h"
 #include "runtime/thread_pool.h"
+#include "tensor/kernels.h"
 #include "support.h"
 
 using namespace step35;
@@ -124,6 +126,43 @@ TEST_P(Batching, ChunkedPrefillEqualsOneBatch) {
   const auto chunked = run_alone(m, p, 4, 2, GetParam(), 7);
   ASSERT_EQ(whole.size(), chunked.size());
   for (size_t i = 0; i < whole.size(); ++i) EXPECT_EQ(whole[i], chunked[i]) << "step " << i;
+}
+
+// Routed experts repacked when first routed to (the default where the file fits in memory)
+// give the same logits as the GGUF rows, during the pass that repacks them and after; two
+// passes on two threads may meet the same unrepacked experts at once.
+TEST(RepackOnFirstUse, ExpertsAreRepackedWhenRoutedToAndResultsDoNotChange) {
+  if (!kernels::has_repacked(DType::Q4_K)) GTEST_SKIP() << "no repacked kernels on this CPU";
+  auto load = [](Model::LoadOptions::ExpertRepack mode) {
+    Model::LoadOptions o;
+    o.verbose = false;
+    o.repack_experts = mode;
+    return Model::load(fixture_model("tiny-k-q4_k_m.gguf"), o);
+  };
+  const auto never = load(Model::LoadOptions::ExpertRepack::Never);
+  EXPECT_EQ(never->lazy_repack_bytes(), 0u);
+  const std::vector<std::vector<int32_t>> prompts = {prompt(9, 21), prompt(40, 22)};
+  std::vector<std::vector<std::vector<float>>> ref;
+  for (const auto& p : prompts) ref.push_back(run_alone(*never, p, 6, 2, Precision::Native, 512));
+
+  const auto lazy = load(Model::LoadOptions::ExpertRepack::OnFirstUse);
+  ASSERT_GT(lazy->lazy_repack_bytes(), 0u);
+  EXPECT_EQ(lazy->lazy_repacked_so_far(), 0u) << "nothing is repacked before a pass routes to it";
+  EXPECT_EQ(run_alone(*lazy, prompts[0], 6, 2, Precision::Native, 512), ref[0]) << "the pass that repacks";
+  const uint64_t after_first = lazy->lazy_repacked_so_far();
+  EXPECT_GT(after_first, 0u);
+  EXPECT_LE(after_first, lazy->lazy_repack_bytes());
+  EXPECT_EQ(run_alone(*lazy, prompts[0], 6, 2, Precision::Native, 512), ref[0]) << "from the copies";
+  EXPECT_EQ(lazy->lazy_repacked_so_far(), after_first) << "the same experts are not repacked twice";
+
+  // Two threads, each with its own pool, on a model none of whose experts are repacked.
+  const auto shared = load(Model::LoadOptions::ExpertRepack::OnFirstUse);
+  std::vector<std::vector<std::vector<float>>> got(prompts.size());
+  std::vector<std::thread> threads;
+  for (size_t i = 0; i < prompts.size(); ++i)
+    threads.emplace_back([&, i] { got[i] = run_alone(*shared, prompts[i], 6, 2, Precision::Native, 512); });
+  for (auto& t : threads) t.join();
+  for (size_t i = 0; i < prompts.size(); ++i) EXPECT_EQ(got[i], ref[i]) << "prompt " << i;
 }
 
 INSTANTIATE_TEST_SUITE_P(Precisions, Batching, ::testing::Values(Precision::Native, Precision::Exact),

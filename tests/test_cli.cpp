@@ -56,7 +56,7 @@ TEST(Cli, EvalMatchesGoldenThroughTheCommandLine) {
 // value is a clear error.
 TEST(Cli, RepackModesGiveIdenticalLogits) {
   std::string first;
-  for (const char* mode : {"0", "shared", "all"}) {
+  for (const char* mode : {"0", "shared", "lazy", "all", ""}) {  // "": the default
     std::string out, err;
     ASSERT_EQ(run_command(std::string("STEP35_REPACK=") + mode + " " + bin() + " eval -m '" +
                               fixture_model("tiny-k-q4_k_m.gguf") + "' -t 2 --all-logits --tokens 1,7,42,300,5,9",
@@ -75,7 +75,7 @@ TEST(Cli, RepackModesGiveIdenticalLogits) {
                             "' --tokens 1,2",
                         &out, &err),
             0);
-  EXPECT_NE(err.find("STEP35_REPACK: expected 0, shared or all"), std::string::npos) << err;
+  EXPECT_NE(err.find("STEP35_REPACK: expected 0, shared, lazy or all"), std::string::npos) << err;
 }
 
 TEST(Cli, EvalAllLogits) {

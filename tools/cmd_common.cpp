@@ -35,9 +35,10 @@ std::unique_ptr<Model> load_model(const std::string& path, bool quiet) {
       n_moe += hp.layers[size_t(il)].is_moe;
       n_swa += hp.layers[size_t(il)].is_swa;
     }
-    char repacked[64] = "";
-    if (model->repacked_bytes() > 0)
-      std::snprintf(repacked, sizeof repacked, ", %.1f MiB repacked", double(model->repacked_bytes()) / (1 << 20));
+    char repacked[128] = "";
+    if (model->repacked_bytes() > 0 || model->lazy_repack_bytes() > 0)
+      std::snprintf(repacked, sizeof repacked, ", %.1f MiB repacked%s", double(model->repacked_bytes()) / (1 << 20),
+                    model->lazy_repack_bytes() > 0 ? " (experts: on first use)" : "");
     std::fprintf(stderr,
                  "model: %s | %d layers (%d SWA, %d full; %d MoE) + %d MTP | embd %d | vocab %d | "
                  "%.1f MiB of weights mapped%s | loaded in %.0f ms\n",

@@ -37,6 +37,22 @@ std::unique_ptr<Model> Model::load(const std::string& path, const LoadOptions& o
   return load_parsed(gguf::File::open(path), opts);
 }
 
+namespace {
+
+// Physical memory, or the cgroup (v2) limit of this process when that is lower.
+uint64_t usable_memory_bytes() {
+  const long pages = sysconf(_SC_PHYS_PAGES), page = sysconf(_SC_PAGESIZE);
+  uint64_t bytes = pages > 0 && page > 0 ? uint64_t(pages) * uint64_t(page) : 0;
+  if (FILE* f = std::fopen("/sys/fs/cgroup/memory.max", "r")) {
+    unsigned long long limit = 0;
+    if (std::fscanf(f, "%llu", &limit) == 1 && limit > 0 && (bytes == 0 || limit < bytes)) bytes = limit;
+    std::fclose(f);
+  }
+  return bytes;
+}
+
+}  // namespace
+
 std::unique_ptr<Model> Model::load_buffer(const uint8_t* data, size_t size, const std::string& name,
                                           const LoadOptions& opts) {
   return load_parsed(gguf::File::parse_buffer(data, size, name), opts);
@@ -49,15 +65,21 @@ std::unique_ptr<Model> Model::load_parsed(std::unique_ptr<gguf::File> file, cons
   m->load_hparams();
   m->tokenizer_ = Tokenizer::from_gguf(*m->file_);
   m->load_tensors(opts);
-  bool repack = opts.repack, repack_experts = opts.repack_experts;
+  bool repack = opts.repack;
+  LoadOptions::ExpertRepack experts = opts.repack_experts;
   if (const char* env = std::getenv("STEP35_REPACK"); env && *env) {
     const std::string v(env);
-    if (v != "0" && v != "shared" && v != "all")
-      throw std::invalid_argument("STEP35_REPACK: expected 0, shared or all, got '" + v + "'");
+    if (v != "0" && v != "shared" && v != "lazy" && v != "all")
+      throw std::invalid_argument("STEP35_REPACK: expected 0, shared, lazy or all, got '" + v + "'");
     repack = v != "0";
-    repack_experts = v == "all";
+    experts = v == "all"    ? LoadOptions::ExpertRepack::AtLoad
+              : v == "lazy" ? LoadOptions::ExpertRepack::OnFirstUse
+                            : LoadOptions::ExpertRepack::Never;
   }
-  if (repack) m->repack_weights(repack_experts);
+  if (experts == LoadOptions::ExpertRepack::Auto)
+    experts = m->weight_bytes_ <= usable_memory_bytes() / 4 * 3 ? LoadOptions::ExpertRepack::OnFirstUse
+                                                                 : LoadOptions::ExpertRepack::Never;
+  if (repack) m->repack_weights(experts);
   if (int64_t(m->tokenizer_->n_vocab()) > m->hp_.n_vocab)
     throw gguf::Error(path + ": tokenizer has " + std::to_string(m->tokenizer_->n_vocab()) +
                       " tokens but token_embd.weight only " + std::to_string(m->hp_.n_vocab) +
@@ -299,14 +321,16 @@ std::vector<KvLayerShape> Model::kv_layers(bool with_mtp) const {
   return shapes;
 }
 
-void Model::repack_weights(bool experts) {
+void Model::repack_weights(LoadOptions::ExpertRepack expert_mode) {
+  const bool experts = expert_mode == LoadOptions::ExpertRepack::AtLoad;
   // The shared matrices are read by every token of every step: repacking them is where
   // the AVX-512 kernel's fewer instructions per weight pay (decode is partly compute-bound,
   // a batch of 2-8 tokens fully). Once a matrix is copied its file pages leave the resident
   // set (matmul reads the copy; the file stays mapped for anything that still reads rows,
   // such as Exact precision), so repacking costs the copy's 2.8 % extra bytes, not twice
   // the memory. The routed experts are most of the file and are read from it lazily;
-  // repacking them means reading the whole file at load, so it is opt-in.
+  // repacking them at load means reading the whole file then, so by default each is
+  // repacked when a pass first routes to it (prepare_experts), which reads it anyway.
   std::vector<WeightMatrix*> todo;
   for (LayerWeights& W : layers_) {
     for (WeightMatrix* w : {&W.attn_q, &W.attn_k, &W.attn_v, &W.attn_gate, &W.attn_output, &W.ffn_gate, &W.ffn_up,
@@ -320,14 +344,60 @@ void Model::repack_weights(bool experts) {
   if (kernels::can_repack(output_)) todo.push_back(&output_);
   // One buffer for all of them.
   for (const WeightMatrix* w : todo) repacked_bytes_ += kernels::repacked_bytes(*w);
-  if (todo.empty()) return;
-  packed_.emplace_back(size_t(repacked_bytes_));
-  uint8_t* dst = packed_.back().data();
-  for (WeightMatrix* w : todo) {
-    kernels::repack_into(*w, dst);
-    dst += kernels::repacked_bytes(*w);
-    file_->release_pages(w->data, w->total_bytes());
+  if (!todo.empty()) {
+    packed_.emplace_back(size_t(repacked_bytes_));
+    uint8_t* dst = packed_.back().data();
+    for (WeightMatrix* w : todo) {
+      kernels::repack_into(*w, dst);
+      dst += kernels::repacked_bytes(*w);
+      file_->release_pages(w->data, w->total_bytes());
+    }
   }
+  if (expert_mode != LoadOptions::ExpertRepack::OnFirstUse) return;
+  // Address space for every expert's copy; one is written when first routed to.
+  std::vector<WeightMatrix*> lazy;
+  for (LayerWeights& W : layers_)
+    for (WeightMatrix* w : {&W.ffn_gate_exps, &W.ffn_up_exps, &W.ffn_down_exps})
+      if (kernels::can_repack(*w)) lazy.push_back(w);
+  for (const WeightMatrix* w : lazy) lazy_bytes_ += kernels::repacked_bytes(*w);
+  if (lazy.empty()) return;
+  lazy_space_ = std::make_unique<kernels::ReservedBytes>(size_t(lazy_bytes_));
+  uint8_t* base = lazy_space_->data();
+  for (WeightMatrix* w : lazy) {
+    auto p = std::make_unique<LazyPacked>();
+    p->base = base;
+    p->mat_bytes = kernels::repacked_bytes(*w) / size_t(w->n_mat);
+    p->ready = std::make_unique<std::atomic<uint8_t>[]>(size_t(w->n_mat));
+    for (int64_t e = 0; e < w->n_mat; ++e) p->ready[size_t(e)].store(0, std::memory_order_relaxed);
+    base += kernels::repacked_bytes(*w);
+    w->lazy = p.get();
+    lazy_packed_.push_back(std::move(p));
+  }
+}
+
+void Model::prepare_experts(int il, const int32_t* experts, int64_t n, ThreadPool& pool) const {
+  const LayerWeights& W = layers_[size_t(il)];
+  struct Todo {
+    const WeightMatrix* w;
+    int32_t e;
+  };
+  std::vector<Todo> todo;  // allocates only while experts are still being repacked
+  for (const WeightMatrix* w : {&W.ffn_gate_exps, &W.ffn_up_exps, &W.ffn_down_exps})
+    if (w->lazy)
+      for (int64_t i = 0; i < n; ++i)
+        if (!w->lazy->is_ready(experts[i])) todo.push_back({w, experts[i]});
+  if (todo.empty()) return;
+  std::lock_guard<std::mutex> lock(lazy_mu_);
+  pool.parallel_stealing(int64_t(todo.size()), [&](int64_t i, int) {
+    const Todo& t = todo[size_t(i)];
+    const LazyPacked& lp = *t.w->lazy;
+    if (lp.is_ready(t.e)) return;  // another pass made it before this one took the lock
+    const WeightMatrix one = t.w->matrix(t.e);
+    kernels::repack_x16(one, lp.base + size_t(t.e) * lp.mat_bytes);
+    file_->release_pages(one.data, one.mat_bytes());
+    lazy_done_bytes_.fetch_add(lp.mat_bytes, std::memory_order_relaxed);
+    lp.ready[size_t(t.e)].store(1, std::memory_order_release);
+  });
 }
 
 uint64_t Model::active_weight_bytes_per_token() const {

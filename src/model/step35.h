@@ -5,9 +5,11 @@
 // run through the same code.
 #pragma once
 
+#include <atomic>
 #include <cstdint>
 #include <functional>
 #include <memory>
+#include <mutex>
 #include <string>
 #include <vector>
 
@@ -93,12 +95,19 @@ class Model {
   struct LoadOptions {
     bool verbose = true;    // print a summary line to stderr
     bool progress = false;  // progress bar on stderr
-    // Copy the Q4_K matrices every token uses (attention, dense and shared-expert FFN,
-    // MTP projection) into the 16-row interleaved layout of the AVX-512 kernels
-    // (tensor/repack.h) when the CPU has them; routed experts too with repack_experts.
-    // The environment variable STEP35_REPACK (0 | shared | all) overrides both.
+    // Copy the Q4_K / Q6_K matrices every token uses (attention, dense and shared-expert
+    // FFN, MTP projection, output) into the 16-row interleaved layout of the AVX-512
+    // kernels (tensor/repack.h) when the CPU has them.
     bool repack = true;
-    bool repack_experts = false;
+    // With `repack`, the routed experts: never, each one when a forward pass first routes
+    // to it, or all at load (which reads the whole file then). Auto means on first use
+    // when the file fits in 3/4 of the memory this process may use, else never: the
+    // copies are anonymous memory, which the kernel cannot drop under pressure as it can
+    // the file's pages (and read them again).
+    enum class ExpertRepack { Auto, Never, OnFirstUse, AtLoad };
+    ExpertRepack repack_experts = ExpertRepack::Auto;
+    // The environment variable STEP35_REPACK overrides both: 0 (nothing), shared (the
+    // matrices every token uses; experts never), lazy (experts on first use), all (at load).
   };
   // Throws gguf::Error with a one-line message for anything malformed or unsupported.
   static std::unique_ptr<Model> load(const std::string& path, const LoadOptions& opts);
@@ -118,6 +127,14 @@ class Model {
   uint64_t weight_bytes() const { return weight_bytes_; }
   // Bytes of the repacked copies made at load (LoadOptions::repack), 0 if none.
   uint64_t repacked_bytes() const { return repacked_bytes_; }
+  // Bytes the routed experts' copies take once all are repacked on first use (0: not
+  // repacked on first use), and how many of those bytes are repacked so far.
+  uint64_t lazy_repack_bytes() const { return lazy_bytes_; }
+  uint64_t lazy_repacked_so_far() const { return lazy_done_bytes_.load(std::memory_order_relaxed); }
+  // Repacks those of the n experts of MoE block il (expert ids) that are repacked on first
+  // use and not yet, on `pool`. The forward pass calls it before computing them; several
+  // passes may call it at once.
+  void prepare_experts(int il, const int32_t* experts, int64_t n, ThreadPool& pool) const;
   // Weight bytes one decode token reads: everything but the embedding table and the
   // experts, plus n_expert_used of the routed experts per MoE layer (the roofline input).
   uint64_t active_weight_bytes_per_token() const;
@@ -157,7 +174,7 @@ class Model {
   static std::unique_ptr<Model> load_parsed(std::unique_ptr<gguf::File> file, const LoadOptions& opts);
   void load_hparams();
   void load_tensors(const LoadOptions& opts);
-  void repack_weights(bool experts);
+  void repack_weights(LoadOptions::ExpertRepack experts);
 
   std::unique_ptr<gguf::File> file_;
   std::unique_ptr<Tokenizer> tokenizer_;
@@ -170,6 +187,12 @@ class Model {
   uint64_t weight_bytes_ = 0;
   std::vector<kernels::AlignedBytes> packed_;  // owners of the WeightMatrix::packed copies
   uint64_t repacked_bytes_ = 0;
+  // Experts repacked on first use: their address space, and one LazyPacked per tensor.
+  std::unique_ptr<kernels::ReservedBytes> lazy_space_;
+  std::vector<std::unique_ptr<LazyPacked>> lazy_packed_;
+  uint64_t lazy_bytes_ = 0;
+  mutable std::atomic<uint64_t> lazy_done_bytes_{0};
+  mutable std::mutex lazy_mu_;  // one pass repacks at a time
   ExpertExecutor* experts_ = nullptr;
   ExpertCountObserver* expert_observer_ = nullptr;
 

@@ -553,6 +553,14 @@ void ForwardPass::moe_ffn(int il) {
   ExpertExecutor* remote = m_.experts_;
   auto local = [&](int64_t e) { return !remote || remote->is_local(il, int32_t(e)); };
   if (remote) remote->begin(il, acts_for(W.ffn_gate_exps), ws_.expert_tokens, prec_);
+  if (W.ffn_gate_exps.lazy || W.ffn_up_exps.lazy || W.ffn_down_exps.lazy) {
+    // Experts repacked on first use: make the copies of those this pass computes.
+    std::vector<int32_t>& routed = ws_.routed_experts;
+    routed.clear();
+    for (int64_t e = 0; e < X; ++e)
+      if (!ws_.expert_tokens[size_t(e)].empty() && local(e)) routed.push_back(int32_t(e));
+    m_.prepare_experts(il, routed.data(), int64_t(routed.size()), pool_);
+  }
 
   float* gu = ws_.gu.get(size_t(2 * std::max<int64_t>(n_rows, 1) * F));
   const bool has_shared = W.ffn_up_shexp.present();

@@ -57,6 +57,7 @@ struct Workspace {
   Scratch<int32_t> pos, slot, seq_of;     // per token: position, KV slot, chunk index
   std::vector<std::vector<int32_t>> expert_tokens;  // per expert: batch token indices
   std::vector<std::vector<int32_t>> expert_slots;   // per expert: (token*K + slot)
+  std::vector<int32_t> routed_experts;              // experts with tokens (first-use repacking)
   Scratch<int32_t> slot_row;              // (token*K + slot) -> row in gu/down
   Scratch<int64_t> expert_first_row;      // per expert: its first row in gu/down
   Scratch<uint8_t> row_local;             // expert parallelism: row computed in this process

@@ -174,10 +174,19 @@ void compute_work(const Model& m, const std::vector<uint8_t>& msg, std::vector<f
   float* gu = ws.gu.get(size_t(2 * std::max<int64_t>(n_rows, 1) * F));
   ws.jobs.clear();
   int64_t row = 0;
+  ws.routed_experts.clear();
   for (int64_t g = 0; g < h.n_groups; ++g) {
     const int32_t e = groups[2 * g], n = groups[2 * g + 1];
     if (e < 0 || e >= hp.n_expert || n <= 0 || row + n > n_rows)
       throw std::runtime_error("expert parallelism: malformed work message");
+    ws.routed_experts.push_back(e);
+    row += n;
+  }
+  // Experts repacked on first use: this rank's copies of the ones it computes now.
+  m.prepare_experts(int(h.layer), ws.routed_experts.data(), int64_t(ws.routed_experts.size()), pool);
+  row = 0;
+  for (int64_t g = 0; g < h.n_groups; ++g) {
+    const int32_t e = groups[2 * g], n = groups[2 * g + 1];
     MatJob j;
     j.x.type = kernels::ActType(h.act_type);
     j.x.data = act_in;

@@ -1,5 +1,7 @@
 #include "tensor/repack.h"
 
+#include <sys/mman.h>
+
 #include <algorithm>
 #include <cstring>
 #include <new>
@@ -124,6 +126,17 @@ AlignedBytes::AlignedBytes(size_t n) {
   ptr.reset(static_cast<uint8_t*>(std::aligned_alloc(64, rounded)));
   if (!ptr) throw std::bad_alloc();
   std::memset(ptr.get(), 0, rounded);
+}
+
+ReservedBytes::ReservedBytes(size_t n) : n_(std::max<size_t>(n, 1)) {
+  // MAP_NORESERVE: address space only; a page counts once a copy is written into it.
+  void* p = mmap(nullptr, n_, PROT_READ | PROT_WRITE, MAP_PRIVATE | MAP_ANONYMOUS | MAP_NORESERVE, -1, 0);
+  if (p == MAP_FAILED) throw std::bad_alloc();
+  p_ = static_cast<uint8_t*>(p);
+}
+
+ReservedBytes::~ReservedBytes() {
+  if (p_) munmap(p_, n_);
 }
 
 AlignedBytes repack(WeightMatrix& w) {

@@ -75,6 +75,23 @@ struct AlignedBytes {
   uint8_t* data() const { return ptr.get(); }
 };
 
+// Address space for copies written later, a piece at a time (experts repacked on first
+// use): zero pages that take memory only once written. Page aligned.
+class ReservedBytes {
+ public:
+  explicit ReservedBytes(size_t n);
+  ~ReservedBytes();
+  ReservedBytes(ReservedBytes&& o) noexcept : p_(o.p_), n_(o.n_) { o.p_ = nullptr, o.n_ = 0; }
+  ReservedBytes(const ReservedBytes&) = delete;
+  ReservedBytes& operator=(const ReservedBytes&) = delete;
+  ReservedBytes& operator=(ReservedBytes&&) = delete;
+  uint8_t* data() const { return p_; }
+
+ private:
+  uint8_t* p_ = nullptr;
+  size_t n_ = 0;
+};
+
 // Repacks w (which must satisfy can_repack) into a new buffer and points w.packed at it.
 AlignedBytes repack(WeightMatrix& w);
 // The same into dst (repacked_bytes(w) bytes, 64-byte aligned), e.g. a slice of one

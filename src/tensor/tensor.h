@@ -2,14 +2,27 @@
 // products the model is built from.
 #pragma once
 
+#include <atomic>
 #include <cstddef>
 #include <cstdint>
+#include <memory>
 
 #include "tensor/dtype.h"
 
 namespace step35 {
 
 class ThreadPool;
+
+// The matrices of a 3-D tensor repacked one at a time when first used (routed experts:
+// most of a MoE file, and how many of them a deployment ever routes to is not known at
+// load). Matrix m's copy at base + m * mat_bytes may be read once ready[m] is set; the
+// owner (the Model) writes it before setting the flag.
+struct LazyPacked {
+  uint8_t* base = nullptr;
+  size_t mat_bytes = 0;
+  std::unique_ptr<std::atomic<uint8_t>[]> ready;
+  bool is_ready(int64_t m) const { return ready[size_t(m)].load(std::memory_order_acquire) != 0; }
+};
 
 // One weight tensor {n_in, n_out[, n_mat]}: n_mat matrices of n_out rows, each row n_in
 // elements of `type`, rows contiguous (GGUF layout). A 1-D tensor is one row (n_out = 1).
@@ -23,6 +36,9 @@ struct WeightMatrix {
   // ranges that do not start and end on a 16-row boundary.
   const uint8_t* packed = nullptr;
   size_t packed_mat_bytes = 0;  // bytes of one matrix in `packed`
+  // Set instead of `packed` when the matrices are repacked on first use: matrix(m) then
+  // carries the copy of m once it is ready, and the GGUF rows until then.
+  const LazyPacked* lazy = nullptr;
 
   bool present() const { return data != nullptr; }
   size_t mat_bytes() const { return row_bytes * size_t(n_out); }
@@ -34,6 +50,11 @@ struct WeightMatrix {
     WeightMatrix m = *this;
     m.data = data + size_t(mat) * mat_bytes();
     if (packed) m.packed = packed + size_t(mat) * packed_mat_bytes;
+    if (lazy && lazy->is_ready(mat)) {
+      m.packed = lazy->base + size_t(mat) * lazy->mat_bytes;
+      m.packed_mat_bytes = lazy->mat_bytes;
+    }
+    m.lazy = nullptr;
     m.n_mat = 1;
     return m;
   }
