@@ -9,6 +9,7 @@
 #include <cstdio>
 #include <cstdlib>
 #include <cstring>
+#include <new>
 #include <numeric>
 #include <stdexcept>
 
@@ -361,7 +362,14 @@ void Model::repack_weights(LoadOptions::ExpertRepack expert_mode) {
       if (kernels::can_repack(*w)) lazy.push_back(w);
   for (const WeightMatrix* w : lazy) lazy_bytes_ += kernels::repacked_bytes(*w);
   if (lazy.empty()) return;
-  lazy_space_ = std::make_unique<kernels::ReservedBytes>(size_t(lazy_bytes_));
+  try {
+    lazy_space_ = std::make_unique<kernels::ReservedBytes>(size_t(lazy_bytes_));
+  } catch (const std::bad_alloc&) {
+    // No address space for it (e.g. strict overcommit, where MAP_NORESERVE is ignored):
+    // the experts stay on the GGUF rows.
+    lazy_bytes_ = 0;
+    return;
+  }
   uint8_t* base = lazy_space_->data();
   for (WeightMatrix* w : lazy) {
     auto p = std::make_unique<LazyPacked>();

@@ -335,14 +335,14 @@ void matmul(const WeightMatrix& w, int64_t o_begin, int64_t o_end, const ActRows
     // Every token count, one included: decode streaming the repacked copy measured 1.15x
     // (1 thread) and 1.05x (2 threads) the GGUF rows in paired A/B runs (bench/ab.sh).
     const auto x16 = x16_kernel(k, w.type);
-    if (w.packed && x16 && o_begin % kQ4kX16Rows == 0 && o_end % kQ4kX16Rows == 0) {
+    if (w.packed && x16 && o_begin % kX16Rows == 0 && o_end % kX16Rows == 0) {
       // Repacked rows (tensor/repack.h): whole 16-row groups, every group of up to
       // kMaxTileTokens tokens passing over one group while its weights are in L1.
       const size_t group_bytes = x16_group_bytes(w.type, w.n_in);
       const uint8_t* xs[kMaxTileTokens];
-      const uint8_t* end = w.packed + size_t(o_end / kQ4kX16Rows) * group_bytes;
-      for (int64_t o = o_begin; o < o_end; o += kQ4kX16Rows) {
-        const uint8_t* group = w.packed + size_t(o / kQ4kX16Rows) * group_bytes;
+      const uint8_t* end = w.packed + size_t(o_end / kX16Rows) * group_bytes;
+      for (int64_t o = o_begin; o < o_end; o += kX16Rows) {
+        const uint8_t* group = w.packed + size_t(o / kX16Rows) * group_bytes;
         for (int64_t t0 = 0; t0 < x.n_tok; t0 += kMaxTileTokens) {
           const int nt = int(std::min<int64_t>(kMaxTileTokens, x.n_tok - t0));
           for (int t = 0; t < nt; ++t) xs[t] = act_row(x, t0 + t);
@@ -402,7 +402,7 @@ void matmul(const WeightMatrix& w, int64_t o_begin, int64_t o_end, const ActRows
 bool has_repacked(DType t) { return x16_kernel(active(), t) != nullptr; }
 
 int64_t row_granularity(const WeightMatrix& w) {
-  return w.packed && x16_kernel(active(), w.type) ? kQ4kX16Rows : kTileRows;
+  return w.packed && x16_kernel(active(), w.type) ? kX16Rows : kTileRows;
 }
 
 // ---------------------------------------------------------------------------------------

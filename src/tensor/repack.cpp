@@ -26,7 +26,7 @@ void repack_group(const BlockQ4_K* const* rows, int64_t n_blocks, uint8_t* dst) 
   for (int64_t i = 0; i < n_blocks; ++i) {
     uint8_t* out = dst + size_t(i) * kQ4kX16BlockBytes;
     std::memset(out, 0, kQ4kX16BlockBytes);
-    for (int r = 0; r < kQ4kX16Rows; ++r) {
+    for (int r = 0; r < kX16Rows; ++r) {
       const BlockQ4_K& b = rows[r][i];
       std::memcpy(out + 2 * r, &b.d, 2);
       std::memcpy(out + 32 + 2 * r, &b.dmin, 2);
@@ -63,7 +63,7 @@ void repack_group_q6k(const BlockQ6_K* const* rows, int64_t n_blocks, uint8_t* d
   uint8_t* d_part = dst + size_t(n_blocks) * kQ6kX16BlockBytes;
   for (int64_t i = 0; i < n_blocks; ++i) {
     uint8_t* out = dst + size_t(i) * kQ6kX16BlockBytes;
-    for (int r = 0; r < kQ4kX16Rows; ++r) {
+    for (int r = 0; r < kX16Rows; ++r) {
       const BlockQ6_K& b = rows[r][i];
       std::memcpy(d_part + 32 * i + 2 * r, &b.d, 2);
       for (int g = 0; g < 16; ++g) {
@@ -93,24 +93,24 @@ size_t x16_group_bytes(DType t, int64_t n_in) {
 }
 
 bool can_repack(const WeightMatrix& w) {
-  if (!w.present() || w.n_in % 256 != 0 || w.n_out % kQ4kX16Rows != 0) return false;
+  if (!w.present() || w.n_in % 256 != 0 || w.n_out % kX16Rows != 0) return false;
   return has_repacked(w.type);
 }
 
 size_t repacked_bytes(const WeightMatrix& w) {
-  return x16_group_bytes(w.type, w.n_in) * size_t(w.n_out / kQ4kX16Rows) * size_t(w.n_mat);
+  return x16_group_bytes(w.type, w.n_in) * size_t(w.n_out / kX16Rows) * size_t(w.n_mat);
 }
 
 void repack_x16(const WeightMatrix& w, uint8_t* dst) {
-  if ((w.type != DType::Q4_K && w.type != DType::Q6_K) || w.n_in % 256 != 0 || w.n_out % kQ4kX16Rows != 0)
+  if ((w.type != DType::Q4_K && w.type != DType::Q6_K) || w.n_in % 256 != 0 || w.n_out % kX16Rows != 0)
     throw std::invalid_argument("repack_x16: needs Q4_K or Q6_K rows, a multiple of 16 of them");
   const int64_t nb = w.n_in / 256;
   const size_t group_bytes = x16_group_bytes(w.type, w.n_in);
   for (int64_t m = 0; m < w.n_mat; ++m)
-    for (int64_t g = 0; g < w.n_out / kQ4kX16Rows; ++g) {
-      const uint8_t* rows[kQ4kX16Rows];
-      for (int r = 0; r < kQ4kX16Rows; ++r) rows[r] = w.row(g * kQ4kX16Rows + r, m);
-      uint8_t* out = dst + (size_t(m) * size_t(w.n_out / kQ4kX16Rows) + size_t(g)) * group_bytes;
+    for (int64_t g = 0; g < w.n_out / kX16Rows; ++g) {
+      const uint8_t* rows[kX16Rows];
+      for (int r = 0; r < kX16Rows; ++r) rows[r] = w.row(g * kX16Rows + r, m);
+      uint8_t* out = dst + (size_t(m) * size_t(w.n_out / kX16Rows) + size_t(g)) * group_bytes;
       if (w.type == DType::Q6_K)
         repack_group_q6k(reinterpret_cast<const BlockQ6_K* const*>(rows), nb, out);
       else

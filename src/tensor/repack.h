@@ -46,7 +46,7 @@
 
 namespace step35::kernels {
 
-constexpr int kQ4kX16Rows = 16;  // rows per repacked group, both types
+constexpr int kX16Rows = 16;  // rows per repacked group, both types
 constexpr size_t kQ4kX16BlockBytes = 2368;
 constexpr size_t kQ6kX16BlockBytes = 3328;
 
