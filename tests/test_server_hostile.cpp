@@ -257,7 +257,10 @@ TEST(ServerHostile, ManyIdleConnectionsDoNotStarveOthers) {
   ASSERT_TRUE(r) << "no answer with 200 idle connections open";
   EXPECT_EQ(r->status, 200);
   const double secs = std::chrono::duration<double>(Clock::now() - t0).count();
-  EXPECT_LT(secs, 5.0) << "a request waited " << secs << " s behind idle connections";
+  // More idle connections than HTTP threads: each holds its thread until --keep-alive (2 s)
+  // runs out, which bounds the wait (httplib's own 5 s made this a race with the time the
+  // 200 connections took to open).
+  EXPECT_LT(secs, 3.5) << "a request waited " << secs << " s behind idle connections";
   s.expect_serving("with 200 idle connections");
 }
 

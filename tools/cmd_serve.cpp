@@ -53,6 +53,8 @@ static int serve_main(const Args& args) {
          "and measured cost); needs a model with MTP blocks", "0");
   p.flag("--exact", "", "F32 activations on the exact stored weights (default: round activations as llama.cpp does)");
   p.flag("--http-threads", "N", "HTTP worker threads", "enough for every running and queued request");
+  p.flag("--keep-alive", "S", "seconds an idle connection keeps its HTTP thread (before its first request or between "
+         "keep-alive requests); bounds how long idle connections can make a new request wait", "2");
   p.flag("--shutdown-grace", "S", "on SIGTERM, seconds in-flight requests may finish before they are cancelled", "10");
   p.flag("--log-steps", "", "one line per forward pass on stderr: decode tokens, prompt tokens, forward time");
   add_ep_flags(p);
@@ -75,6 +77,7 @@ static int serve_main(const Args& args) {
   o.max_body_bytes = size_t(p.i64("max-body", 8 << 20, 1024, int64_t(1) << 32));
   o.max_n = int(p.i64("max-n", 8, 1, 128));
   o.http_threads = int(p.i64("http-threads", 0, 1, 4096));
+  o.keep_alive_s = int(p.i64("keep-alive", 2, 1, 3600));
   o.shutdown_grace_s = p.f64("shutdown-grace", 10, 0, 3600);
   const ExpertPolicySetting policy = parse_expert_policy(p);
   o.default_expert_policy = policy.adaptive ? ExpertPolicy::Adaptive : ExpertPolicy::Strict;

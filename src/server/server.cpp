@@ -212,6 +212,7 @@ int serve(const ServerOptions& options) {
   svr.set_read_timeout(30, 0);
   svr.set_write_timeout(30, 0);
   svr.set_keep_alive_max_count(1000);
+  svr.set_keep_alive_timeout(options.keep_alive_s);
   // One HTTP thread per request that can be running or queued, plus a few for
   // health/metrics probes, so a full queue is answered with 503 rather than left hanging.
   const int threads = options.http_threads > 0

@@ -21,6 +21,10 @@ struct ServerOptions {
   size_t max_body_bytes = 8 << 20; // 413 beyond
   int max_n = 8;                   // choices per request at most
   int http_threads = 0;            // 0: enough for every running and queued request
+  // How long a connection may sit idle, before its first request or between keep-alive
+  // requests, while holding an HTTP thread: it bounds how long a burst of idle connections
+  // can keep a new request waiting for a thread.
+  int keep_alive_s = 2;
   ExpertPolicy default_expert_policy = ExpertPolicy::Strict;  // what "auto" means
   float adaptive_mass = 0.9f;
   int32_t adaptive_min_k = 4;
