@@ -575,7 +575,7 @@ std::string write_split(const std::string& prefix, const SplitSpec& spec) {
     w.set_u16("split.count", uint16_t(spec.count));
     w.set_i32("split.tensors.count", spec.tensors_count);
     for (int k = 2 * p; k < 2 * p + 2; k++) {
-      w.add_tensor("t" + std::to_string(k), kF32, {4 * (k + 1)}, split_tensor_data(k));
+      w.add_tensor(std::string("t").append(std::to_string(k)), kF32, {4 * (k + 1)}, split_tensor_data(k));
     }
     if (p == 2 && !spec.duplicate_in_part3.empty()) {
       w.add_tensor(spec.duplicate_in_part3, kF32, {4}, pattern_bytes(16, 0));
@@ -602,7 +602,7 @@ TEST(GgufSplit, ThreePartsMerge) {
     std::vector<uint8_t> raw = st::read_bytes(prefix + suffix);
     total += raw.size();
     for (int k = 2 * p; k < 2 * p + 2; k++) {
-      const TensorInfo* t = f->find_tensor("t" + std::to_string(k));
+      const TensorInfo* t = f->find_tensor(std::string("t").append(std::to_string(k)));
       ASSERT_NE(t, nullptr);
       EXPECT_EQ(t->file_index, uint32_t(p));
       std::vector<uint8_t> want = split_tensor_data(k);
