@@ -29,14 +29,8 @@ server_pid=""
 cleanup() { [ -n "$server_pid" ] && kill "$server_pid" 2>/dev/null && wait "$server_pid" 2>/dev/null; true; }
 trap cleanup EXIT
 
-wait_ready() {
-  for _ in $(seq 120); do
-    curl -sf "http://127.0.0.1:$PORT/health" > /dev/null && return 0
-    kill -0 "$server_pid" 2> /dev/null || { echo "server exited" >&2; return 1; }
-    sleep 0.5
-  done
-  echo "server not ready" >&2; return 1
-}
+# shellcheck source=bench/serve_wait.sh
+. "$here/bench/serve_wait.sh"
 load() {
   "$BIN/step35_serve_load" --url "http://127.0.0.1:$PORT" --clients "$CLIENTS" --requests "$REQUESTS" \
     --prompt-words "$PROMPT_WORDS" --max-tokens "$MAX_TOKENS" "$@"
@@ -49,7 +43,7 @@ echo "## llama-server -np $LLAMA_NP"
 "$LLAMA_BIN/llama-server" -m "$model" -t "$THREADS" -np "$LLAMA_NP" -c $((CTX * LLAMA_NP)) \
   --host 127.0.0.1 --port "$PORT" > /tmp/compare_serve.llama.log 2>&1 &
 server_pid=$!
-wait_ready
+wait_ready "$PORT" "$server_pid"
 load
 cleanup; server_pid=""
 fi
@@ -59,7 +53,7 @@ echo "## step35 serve --parallel $STEP35_PARALLEL"
 "$BIN/step35" serve -m "$model" -t "$THREADS" --parallel "$STEP35_PARALLEL" -c "$CTX" \
   --host 127.0.0.1 --port "$PORT" > /tmp/compare_serve.step35.log 2>&1 &
 server_pid=$!
-wait_ready
+wait_ready "$PORT" "$server_pid"
 load --probe-low-latency
 echo
 echo "step35 metrics after the run (distinct experts per step, MoE health):"

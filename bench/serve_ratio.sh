@@ -30,11 +30,9 @@ log="$(mktemp)"
   ${SERVE_ARGS:-} > "$log" 2>&1 &
 server_pid=$!
 trap 'kill "$server_pid" 2>/dev/null; wait "$server_pid" 2>/dev/null; rm -f "$log"' EXIT
-for _ in $(seq 240); do
-  curl -sf "http://127.0.0.1:$PORT/health" > /dev/null && break
-  kill -0 "$server_pid" 2> /dev/null || { cat "$log" >&2; echo "server exited" >&2; exit 1; }
-  sleep 0.5
-done
+# shellcheck source=bench/serve_wait.sh
+. "$here/bench/serve_wait.sh"
+wait_ready "$PORT" "$server_pid" || { cat "$log" >&2; exit 1; }
 # One unrecorded level first: experts repacked on first use and pages faulted in would
 # otherwise count against the first pair.
 "$BIN/step35_serve_load" --url "http://127.0.0.1:$PORT" --clients "$NMAX" --requests 1 \
