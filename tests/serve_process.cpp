@@ -40,10 +40,9 @@ ServeProcess::ServeProcess(std::vector<std::string> serve_args, int port_first, 
   args.insert(args.end(), serve_args.begin(), serve_args.end());
   args.insert(args.end(), {"--port", std::to_string(port_)});
   log_ = tmp_dir() + "/" + log_prefix + "_" + std::to_string(port_) + ".log";
-  const std::string& log = log_;
   pid_ = fork();
   if (pid_ == 0) {
-    if (!std::freopen(log.c_str(), "w", stderr)) _exit(126);
+    if (!std::freopen(log_.c_str(), "w", stderr)) _exit(126);
     std::vector<char*> argv;
     for (auto& a : args) argv.push_back(a.data());
     argv.push_back(nullptr);
@@ -57,7 +56,7 @@ ServeProcess::ServeProcess(std::vector<std::string> serve_args, int port_first, 
     if (!alive()) break;
     std::this_thread::sleep_for(std::chrono::milliseconds(50));
   }
-  ADD_FAILURE() << "server did not become ready (log: " << log << ")";
+  ADD_FAILURE() << "server did not become ready (log: " << log_ << ")";
 }
 
 ServeProcess::~ServeProcess() {

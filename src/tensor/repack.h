@@ -81,10 +81,8 @@ class ReservedBytes {
  public:
   explicit ReservedBytes(size_t n);
   ~ReservedBytes();
-  ReservedBytes(ReservedBytes&& o) noexcept : p_(o.p_), n_(o.n_) { o.p_ = nullptr, o.n_ = 0; }
   ReservedBytes(const ReservedBytes&) = delete;
   ReservedBytes& operator=(const ReservedBytes&) = delete;
-  ReservedBytes& operator=(ReservedBytes&&) = delete;
   uint8_t* data() const { return p_; }
 
  private:
