@@ -215,6 +215,13 @@ TEST(Engine, LimitsAreEnforcedAtSubmit) {
   GenerateRequest small_ctx = greedy_request(prompt(40, 1), 4);
   small_ctx.n_ctx = 32;
   EXPECT_THROW(engine->submit(small_ctx, nullptr), RequestError);
+  // Prompt + max_tokens beyond the context: refused up front, naming both numbers.
+  try {
+    engine->submit(greedy_request(prompt(10, 1), 247), nullptr);
+    ADD_FAILURE() << "10 + 247 tokens accepted with a context of 256";
+  } catch (const RequestError& e) {
+    EXPECT_NE(std::string(e.what()).find("is 257 tokens, more than the context of 256"), std::string::npos) << e.what();
+  }
   // One running + one queued fill it; the next is refused.
   std::vector<std::unique_ptr<Collector>> cs;
   int accepted = 0, refused = 0;
@@ -306,7 +313,7 @@ TEST(Engine, ShutdownEndsEveryRequest) {
   std::vector<std::unique_ptr<Collector>> cs;
   for (int i = 0; i < 4; ++i) {
     cs.push_back(std::make_unique<Collector>());
-    GenerateRequest r = greedy_request(prompt(10, i), 1000);
+    GenerateRequest r = greedy_request(prompt(10, i), 240);  // all the context there is
     r.ignore_eos = true;
     engine->submit(r, cs.back()->sink());
   }

@@ -196,17 +196,21 @@ ParallelResult bench_parallel_once(Engine& engine, int32_t n_seq, int32_t n_prom
 
 static int bench_main(const Args& args) {
   ArgParser p("bench",
-              "Measures prompt processing (ppN: N prompt tokens in one batch from an empty context) and\n"
-              "text generation (tgN: N tokens one at a time from an empty context) in tokens/s, mean +- stddev\n"
-              "over repetitions after one warm-up run, as llama-bench does; prints a markdown table, or JSON\n"
-              "with --json. With --membw it also measures the memory read bandwidth and reports the decode\n"
-              "roofline (active weight bytes per token / bandwidth) and tg as a share of it.");
+              "Measures prompt processing (ppN: N prompt tokens in one batch) and text generation (tgN: N\n"
+              "tokens one at a time) in tokens/s, from an empty context or, with -d, after DEPTH tokens already\n"
+              "in the cache (\"pp512 @ d8192\"), mean +- stddev over repetitions after one warm-up run, as\n"
+              "llama-bench does; prints a markdown table, or JSON with --json. With --membw it also measures\n"
+              "the memory read bandwidth and reports the decode roofline (active weight bytes per token /\n"
+              "bandwidth) and tg as a share of it.");
   p.flag("-m,--model", "FILE", "GGUF model", "the built-in tiny model");
   p.flag("-p,--n-prompt", "N", "prompt tokens (comma list; 0 = skip pp)", "512");
   p.flag("-n,--n-gen", "N", "generated tokens (comma list; 0 = skip tg)", "128");
   p.flag("-t,--threads", "N", "worker threads (comma list)", "number of cores");
   p.flag("-r,--repetitions", "N", "repetitions of each test", "5");
   p.flag("-b,--batch-size", "N", "prompt tokens per forward pass", "512");
+  p.flag("-d,--n-depth", "N", "tokens already in the cache before each pp / tg test (comma list; filled once per "
+         "depth, untimed), as llama-bench's -d", "0");
+  add_kv_cache_flags(p);
   p.flag("--json", "", "print one JSON object per thread count instead of the table");
   p.flag("--membw", "", "measure memory read bandwidth and report the decode roofline");
   p.flag("--membw-mib", "N", "buffer size for --membw in MiB", "1024");
@@ -229,6 +233,8 @@ static int bench_main(const Args& args) {
 
   const auto n_prompt_list = parse_list(p.str("n-prompt", "512"), "-p", 0, 1 << 20);
   const auto n_gen_list = parse_list(p.str("n-gen", "128"), "-n", 0, 1 << 20);
+  const auto depth_list = parse_list(p.str("n-depth", "0"), "-d", 0, 1 << 30);
+  const KvTypes kv_types = parse_kv_types(p);
   const auto threads_list = parse_list(p.str("threads", std::to_string(default_threads())), "-t", 1, 1024);
   const int reps = int(p.i64("repetitions", 5, 1, 1000));
   const int n_batch = int(p.i64("batch-size", 512, 1, 1 << 16));
@@ -249,10 +255,16 @@ static int bench_main(const Args& args) {
   const HParams& hp = model->hparams();
   const int64_t max_prompt = *std::max_element(n_prompt_list.begin(), n_prompt_list.end());
   const int64_t max_gen = *std::max_element(n_gen_list.begin(), n_gen_list.end());
-  const int32_t n_ctx = int32_t(std::max<int64_t>({max_prompt, max_gen + 4, p.has("verify-cost") ? 68 : 1}));
-  if (n_ctx > hp.n_ctx_train)
-    throw UsageError("the test needs " + std::to_string(n_ctx) + " positions but the model's context is " +
-                     std::to_string(hp.n_ctx_train));
+  const int64_t max_depth = *std::max_element(depth_list.begin(), depth_list.end());
+  const int64_t need = std::max<int64_t>({max_depth + max_prompt, max_depth + max_gen + 4, p.has("verify-cost") ? 68 : 1});
+  if (need > hp.n_ctx_train)
+    throw UsageError("the test needs " + std::to_string(need) + " positions" +
+                     (max_depth > 0 ? " (depth " + std::to_string(max_depth) + " + the test's tokens)" : "") +
+                     " but the model's context is " + std::to_string(hp.n_ctx_train));
+  const int32_t n_ctx = int32_t(need);
+  // After a test at depth D the cache is cut back to D for the next one: the sliding-window
+  // blocks just behind D must still be there, so the cache keeps that many positions.
+  const int32_t keep_back = max_depth > 0 ? int32_t(std::max(max_prompt, max_gen)) : 0;
 
   uint64_t n_params = 0;
   for (const auto& t : model->file().tensors()) n_params += uint64_t(t.n_elements());
@@ -260,6 +272,7 @@ static int bench_main(const Args& args) {
   const uint64_t active_bytes = model->active_weight_bytes_per_token();
   const MtpSetting mtp = parse_mtp(p.str("mtp", "0"), *model);
   if (synthetic >= 0 && mtp.max_k == 0) throw UsageError("--mtp-synthetic-accept needs --mtp K or auto");
+  if (mtp.max_k > 0 && max_depth > 0) throw UsageError("--mtp cannot be combined with -d (speculative tg runs from an empty context)");
   std::mt19937 rng(1234);
   std::uniform_int_distribution<int32_t> tok_dist(0, hp.n_vocab - 1);
 
@@ -269,7 +282,7 @@ static int bench_main(const Args& args) {
   }
   for (int64_t threads : threads_list) {
     ThreadPool pool{int(threads)};
-    Session session(*model, n_ctx, std::min<int32_t>(n_batch, n_ctx), prec);
+    Session session(*model, n_ctx, std::min<int32_t>(n_batch, n_ctx), prec, false, keep_back, kv_types);
     session.set_routing(routing);
     std::vector<float> logits;
     nlohmann::json result;
@@ -279,12 +292,24 @@ static int bench_main(const Args& args) {
     result["isa"] = kernels::isa_name(kernels::active_isa());
     if (p.has("ep")) result["ep_ranks"] = ep.n_ranks();
     result["precision"] = prec == Precision::Native ? "native" : "exact";
-    auto report = [&](const std::string& test, int64_t n_tok, const std::vector<double>& tps, const char* key) {
+    result["cache_type_k"] = dtype_name(kv_types.k);
+    result["cache_type_v"] = dtype_name(kv_types.v);
+    result["kv_cache_bytes"] = session.cache().bytes();
+    int64_t depth = 0;  // the depth of the tests being run
+    nlohmann::json all_tests = nlohmann::json::object();
+    auto report = [&](std::string test, int64_t n_tok, const std::vector<double>& tps, const char* key) {
       const Stat s = stats_of(tps);
+      const nlohmann::json entry = {{"tokens", n_tok}, {"tok_per_s", s.mean}, {"stddev", s.stddev}, {"samples", tps}};
+      if (depth > 0) test += " @ d" + std::to_string(depth);
       if (json) {
-        result[key] = {{"tokens", n_tok}, {"tok_per_s", s.mean}, {"stddev", s.stddev}, {"samples", tps}};
+        // Every test under "tests" by its llama-bench name ("pp512", "tg64 @ d8192"); the
+        // last pp / tg of the first depth also as "pp" / "tg" (as before -d existed).
+        if (depth == depth_list.front()) result[key] = entry;
+        all_tests[test] = entry;
       } else {
-        const std::string ep_text = p.has("ep") ? ", EP x" + std::to_string(ep.n_ranks()) : "";
+        std::string ep_text = p.has("ep") ? ", EP x" + std::to_string(ep.n_ranks()) : "";
+        if (!(kv_types == KvTypes{}))  // as llama-bench, the cache types only when not the default
+          ep_text += std::string(", KV ") + dtype_name(kv_types.k) + "/" + dtype_name(kv_types.v);
         std::printf("| %s | %s | %.2f M | CPU (%s%s) | %lld | %s | %.2f ± %.2f |\n", label.c_str(),
                     human_bytes(double(model->weight_bytes())).c_str(), double(n_params) / 1e6,
                     kernels::isa_name(kernels::active_isa()), ep_text.c_str(), (long long)threads, test.c_str(), s.mean,
@@ -292,113 +317,135 @@ static int bench_main(const Args& args) {
         std::fflush(stdout);
       }
     };
-    for (int64_t n_prompt : n_prompt_list) {
-      if (n_prompt <= 0) continue;
-      std::vector<int32_t> tokens(static_cast<size_t>(n_prompt));
-      std::vector<double> tps;
-      for (int r = 0; r <= reps; ++r) {  // r == 0 is the warm-up
-        for (auto& t : tokens) t = tok_dist(rng);
+    double tg_mean = 0;
+    std::vector<int32_t> depth_tokens;
+    for (int64_t d : depth_list) {
+      depth = d;
+      // Fills the cache with `depth` random tokens once; each test then starts from there.
+      if (depth > 0) {
+        depth_tokens.resize(size_t(depth));
+        for (auto& t : depth_tokens) t = tok_dist(rng);
         session.cache().clear();
         const double t0 = now_seconds();
-        session.forward(tokens.data(), int32_t(n_prompt), false, logits, pool);
-        const double dt = now_seconds() - t0;
-        if (r > 0) tps.push_back(double(n_prompt) / dt);
+        session.forward(depth_tokens.data(), int32_t(depth), false, logits, pool);
+        if (!json)
+          std::fprintf(stderr, "depth %lld: filled in %.1f s\n", (long long)depth, now_seconds() - t0);
       }
-      report("pp" + std::to_string(n_prompt), n_prompt, tps, "pp");
-    }
-    double tg_mean = 0;
-    for (int64_t n_gen : n_gen_list) {
-      if (n_gen <= 0) continue;
-      std::vector<double> tps;
-      SpeculationStats spec_total;
-      uint64_t plain_steps = 0, probes = 0, paying_probes = 0;
-      nlohmann::json cost_model;  // what the adaptive controller learned in the last repetition
-      std::unique_ptr<SpeculativeDecoder> spec_dec;
-      for (int r = 0; r <= reps; ++r) {
-        if (mtp.max_k == 0) {
+      auto restart = [&] {
+        if (depth > 0)
+          session.cache().truncate(int32_t(depth));
+        else
           session.cache().clear();
-          int32_t tok = tok_dist(rng);
+      };
+      for (int64_t n_prompt : n_prompt_list) {
+        if (n_prompt <= 0) continue;
+        std::vector<int32_t> tokens(static_cast<size_t>(n_prompt));
+        std::vector<double> tps;
+        for (int r = 0; r <= reps; ++r) {  // r == 0 is the warm-up
+          for (auto& t : tokens) t = tok_dist(rng);
+          restart();
           const double t0 = now_seconds();
-          for (int64_t i = 0; i < n_gen; ++i) {
-            session.forward(&tok, 1, false, logits, pool);
-            tok = tok_dist(rng);  // as llama-bench: the decode cost does not depend on which token
+          session.forward(tokens.data(), int32_t(n_prompt), false, logits, pool);
+          const double dt = now_seconds() - t0;
+          if (r > 0) tps.push_back(double(n_prompt) / dt);
+        }
+        report("pp" + std::to_string(n_prompt), n_prompt, tps, "pp");
+      }
+      for (int64_t n_gen : n_gen_list) {
+        if (n_gen <= 0) continue;
+        std::vector<double> tps;
+        SpeculationStats spec_total;
+        uint64_t plain_steps = 0, probes = 0, paying_probes = 0;
+        nlohmann::json cost_model;  // what the adaptive controller learned in the last repetition
+        std::unique_ptr<SpeculativeDecoder> spec_dec;
+        for (int r = 0; r <= reps; ++r) {
+          if (mtp.max_k == 0) {
+            restart();
+            int32_t tok = tok_dist(rng);
+            const double t0 = now_seconds();
+            for (int64_t i = 0; i < n_gen; ++i) {
+              session.forward(&tok, 1, false, logits, pool);
+              tok = tok_dist(rng);  // as llama-bench: the decode cost does not depend on which token
+            }
+            const double dt = now_seconds() - t0;
+            if (r > 0) tps.push_back(double(n_gen) / dt);
+            continue;
+          }
+          // Speculative: greedy decoding from one random token, n_gen tokens produced. One
+          // decoder for all repetitions (as the plain test reuses its session), reset each time.
+          if (!spec_dec)
+            spec_dec = std::make_unique<SpeculativeDecoder>(*model, n_ctx + 4, std::min<int32_t>(n_batch, n_ctx), prec,
+                                                            mtp.max_k, mtp.adaptive, kv_types);
+          SpeculativeDecoder& dec = *spec_dec;
+          dec.reset();
+          SamplingParams sp;
+          sp.temperature = 0;
+          sp.seed = uint64_t(r);
+          Sampler sampler(sp, size_t(hp.n_vocab));
+          const int32_t first = tok_dist(rng);
+          std::vector<int32_t> produced = {first};
+          int64_t n_done = 0;
+          const double t0 = now_seconds();
+          while (n_done < n_gen && dec.n_pos() + 4 < dec.n_ctx()) {
+            const int32_t pending = produced.back();
+            produced.clear();
+            dec.step(pending, sampler, produced, pool, synthetic);
+            n_done += int64_t(produced.size());
           }
           const double dt = now_seconds() - t0;
-          if (r > 0) tps.push_back(double(n_gen) / dt);
-          continue;
-        }
-        // Speculative: greedy decoding from one random token, n_gen tokens produced. One
-        // decoder for all repetitions (as the plain test reuses its session), reset each time.
-        if (!spec_dec)
-          spec_dec = std::make_unique<SpeculativeDecoder>(*model, n_ctx + 4, std::min<int32_t>(n_batch, n_ctx), prec,
-                                                          mtp.max_k, mtp.adaptive);
-        SpeculativeDecoder& dec = *spec_dec;
-        dec.reset();
-        SamplingParams sp;
-        sp.temperature = 0;
-        sp.seed = uint64_t(r);
-        Sampler sampler(sp, size_t(hp.n_vocab));
-        const int32_t first = tok_dist(rng);
-        std::vector<int32_t> produced = {first};
-        int64_t n_done = 0;
-        const double t0 = now_seconds();
-        while (n_done < n_gen && dec.n_pos() + 4 < dec.n_ctx()) {
-          const int32_t pending = produced.back();
-          produced.clear();
-          dec.step(pending, sampler, produced, pool, synthetic);
-          n_done += int64_t(produced.size());
-        }
-        const double dt = now_seconds() - t0;
-        if (r > 0) {
-          tps.push_back(double(n_done) / dt);
-          spec_total.add(dec.stats());
-          plain_steps += dec.plain_steps();
-          const AdaptiveK& a = dec.adaptive();
-          probes += a.probes();
-          paying_probes += a.paying_probes();
-          const double c0 = a.verify_cost(0);
-          nlohmann::json verify = nlohmann::json::array(), rel = nlohmann::json::array(),
-                         measured = nlohmann::json::array(), expected = nlohmann::json::array(),
-                         speedup = nlohmann::json::array();
-          for (int32_t k = 0; k <= dec.max_k(); ++k) {
-            verify.push_back(a.verify_cost(k) * 1e3);
-            rel.push_back(c0 > 0 ? a.verify_cost(k) / c0 : 0.0);
-            measured.push_back(a.verify_measured(k));
-            expected.push_back(a.expected_tokens(k));
-            speedup.push_back(c0 > 0 ? a.rate(k) * c0 : 0.0);
+          if (r > 0) {
+            tps.push_back(double(n_done) / dt);
+            spec_total.add(dec.stats());
+            plain_steps += dec.plain_steps();
+            const AdaptiveK& a = dec.adaptive();
+            probes += a.probes();
+            paying_probes += a.paying_probes();
+            const double c0 = a.verify_cost(0);
+            nlohmann::json verify = nlohmann::json::array(), rel = nlohmann::json::array(),
+                           measured = nlohmann::json::array(), expected = nlohmann::json::array(),
+                           speedup = nlohmann::json::array();
+            for (int32_t k = 0; k <= dec.max_k(); ++k) {
+              verify.push_back(a.verify_cost(k) * 1e3);
+              rel.push_back(c0 > 0 ? a.verify_cost(k) / c0 : 0.0);
+              measured.push_back(a.verify_measured(k));
+              expected.push_back(a.expected_tokens(k));
+              speedup.push_back(c0 > 0 ? a.rate(k) * c0 : 0.0);
+            }
+            cost_model = {{"verify_ms", verify},
+                          {"verify_relative", rel},
+                          {"verify_measured", measured},
+                          {"draft_ms", a.draft_cost() * 1e3},
+                          {"draft_relative", c0 > 0 ? a.draft_cost() / c0 : 0.0},
+                          {"acceptance", {a.acceptance(1), a.acceptance(2), a.acceptance(3)}},
+                          {"expected_tokens", expected},
+                          {"predicted_speedup", speedup},
+                          {"best_k", a.best_k()},
+                          {"probe_gap", a.probe_gap()}};
           }
-          cost_model = {{"verify_ms", verify},
-                        {"verify_relative", rel},
-                        {"verify_measured", measured},
-                        {"draft_ms", a.draft_cost() * 1e3},
-                        {"draft_relative", c0 > 0 ? a.draft_cost() / c0 : 0.0},
-                        {"acceptance", {a.acceptance(1), a.acceptance(2), a.acceptance(3)}},
-                        {"expected_tokens", expected},
-                        {"predicted_speedup", speedup},
-                        {"best_k", a.best_k()},
-                        {"probe_gap", a.probe_gap()}};
+        }
+        report("tg" + std::to_string(n_gen), n_gen, tps, "tg");
+        tg_mean = stats_of(tps).mean;
+        if (mtp.max_k > 0) {
+          nlohmann::json m = {{"k", mtp.adaptive ? std::string("auto") : std::to_string(mtp.max_k)},
+                              {"synthetic_accept", synthetic},
+                              {"speculative_steps", spec_total.steps},
+                              {"plain_steps", plain_steps},
+                              {"mean_tokens_per_step", spec_total.mean_tokens_per_step()},
+                              {"acceptance", {spec_total.acceptance(1), spec_total.acceptance(2), spec_total.acceptance(3)}}};
+          if (mtp.adaptive) {
+            m["probes"] = probes;
+            m["paying_probes"] = paying_probes;
+            m["cost_model"] = cost_model;
+          }
+          if (json)
+            result["mtp"] = m;
+          else
+            std::printf("\nmtp %s: %s\n\n", mtp.adaptive ? "auto" : std::to_string(mtp.max_k).c_str(), m.dump().c_str());
         }
       }
-      report("tg" + std::to_string(n_gen), n_gen, tps, "tg");
-      tg_mean = stats_of(tps).mean;
-      if (mtp.max_k > 0) {
-        nlohmann::json m = {{"k", mtp.adaptive ? std::string("auto") : std::to_string(mtp.max_k)},
-                            {"synthetic_accept", synthetic},
-                            {"speculative_steps", spec_total.steps},
-                            {"plain_steps", plain_steps},
-                            {"mean_tokens_per_step", spec_total.mean_tokens_per_step()},
-                            {"acceptance", {spec_total.acceptance(1), spec_total.acceptance(2), spec_total.acceptance(3)}}};
-        if (mtp.adaptive) {
-          m["probes"] = probes;
-          m["paying_probes"] = paying_probes;
-          m["cost_model"] = cost_model;
-        }
-        if (json)
-          result["mtp"] = m;
-        else
-          std::printf("\nmtp %s: %s\n\n", mtp.adaptive ? "auto" : std::to_string(mtp.max_k).c_str(), m.dump().c_str());
-      }
-    }
+    }  // depths
+    depth = 0;
+    result["tests"] = all_tests;
     if (p.has("parallel")) {
       const auto n_seq_list = parse_list(p.str("parallel"), "--parallel", 1, 256);
       const int32_t n_pp = int32_t(p.i64("parallel-prompt", 16, 1, 1 << 16));
@@ -414,6 +461,7 @@ static int bench_main(const Args& args) {
         eo.n_parallel = int32_t(n_seq);
         eo.max_queue = int32_t(n_seq);
         eo.precision = prec;
+        eo.kv_types = kv_types;
         eo.prefix_cache = false;
         eo.warm_up = true;
         auto engine = make_engine(*model, eo);

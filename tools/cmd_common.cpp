@@ -51,6 +51,26 @@ std::unique_ptr<Model> load_model(const std::string& path, bool quiet) {
 
 void print_kv_cache(const KvCache& cache) { std::fprintf(stderr, "kv cache: %s\n", cache.describe().c_str()); }
 
+void add_kv_cache_flags(ArgParser& p) {
+  const KvTypes d;
+  p.flag("-ctk,--cache-type-k", "TYPE", "KV cache type of keys: f32, f16, bf16, q8_0 or q4_0", dtype_name(d.k));
+  p.flag("-ctv,--cache-type-v", "TYPE", "KV cache type of values: f32, f16, bf16, q8_0 or q4_0", dtype_name(d.v));
+}
+
+KvTypes parse_kv_types(const ArgParser& p) {
+  KvTypes t;
+  auto one = [&](const char* key, const char* flag, DType dflt) {
+    if (!p.has(key)) return dflt;
+    const std::string v = p.str(key);
+    const std::optional<DType> parsed = kv_type_from_name(v);
+    if (!parsed) throw UsageError(std::string(flag) + " expects f32, f16, bf16, q8_0 or q4_0, got '" + v + "'");
+    return *parsed;
+  };
+  t.k = one("cache-type-k", "--cache-type-k", t.k);
+  t.v = one("cache-type-v", "--cache-type-v", t.v);
+  return t;
+}
+
 static std::string cache_dir() {
   if (const char* d = std::getenv("STEP35_CACHE_DIR"); d && *d) return d;
   if (const char* d = std::getenv("XDG_CACHE_HOME"); d && *d) return std::string(d) + "/step35";

@@ -42,6 +42,7 @@ static int run_main(const Args& args) {
   p.flag("--exact", "", "F32 activations on the exact stored weights (default: round activations as llama.cpp does)");
   p.flag("--mtp", "K", "MTP speculative decoding: drafts per step 0..3, or auto (chosen per step from acceptance "
                        "and measured cost; never slower than plain decoding)", "auto when the model has MTP blocks (0 with --seed and sampling)");
+  add_kv_cache_flags(p);
   add_ep_flags(p);
   if (!p.parse(args)) return 0;
 
@@ -111,7 +112,7 @@ static int run_main(const Args& args) {
   const bool seeded_sampling = sp.temperature > 0 && p.has("seed");
   const MtpSetting mtp = parse_mtp(p.str("mtp", model->has_mtp() && !seeded_sampling ? "auto" : "0"), *model);
   SpeculativeDecoder decoder(*model, n_ctx, std::min(n_batch, n_ctx), p.has("exact") ? Precision::Exact : Precision::Native,
-                             mtp.max_k, mtp.adaptive);
+                             mtp.max_k, mtp.adaptive, parse_kv_types(p));
   print_kv_cache(decoder.cache());
   ThreadPool pool(n_threads);
   Sampler sampler(sp, size_t(model->hparams().n_vocab));

@@ -16,6 +16,10 @@ int default_threads();
 std::unique_ptr<Model> load_model(const std::string& path, bool quiet = false);
 // Prints the KV cache size and layout to stderr.
 void print_kv_cache(const KvCache& cache);
+// -ctk / --cache-type-k and -ctv / --cache-type-v (llama.cpp's flags): the KV cache types,
+// default KvTypes{} (f16 both).
+void add_kv_cache_flags(ArgParser& p);
+KvTypes parse_kv_types(const ArgParser& p);
 // The built-in tiny random model: created on first use in the cache folder
 // ($STEP35_CACHE_DIR, else $XDG_CACHE_HOME/step35, else ~/.cache/step35).
 std::string builtin_tiny_model_path();

@@ -13,6 +13,7 @@
 
 #include "structured/constraint.h"
 #include "engine/sampler.h"
+#include "exec/kv_cache.h"
 #include "tensor/kernels.h"
 
 namespace step35 {
@@ -117,6 +118,7 @@ struct EngineOptions {
   int64_t kv_bytes = 0;           // KV pool size; 0 = enough for n_parallel x n_ctx
   int32_t batch_wait_ms = 20;     // how long HighThroughput requests may wait for company
   Precision precision = Precision::Native;
+  KvTypes kv_types;               // cache types of keys and values (default f16, as llama.cpp)
   bool prefix_cache = true;
   int32_t mtp = 0;                // MTP drafts per step at most (0: off; needs MTP blocks)
   bool mtp_adaptive = true;       // choose K per step from acceptance and measured cost
@@ -139,6 +141,8 @@ struct EngineStats {
   int64_t kv_blocks_total = 0;
   int64_t kv_blocks_used = 0;          // held by running sequences
   int64_t kv_blocks_cached = 0;        // idle, kept for prefix reuse (evictable)
+  uint64_t kv_bytes_total = 0;         // the pool's size in bytes of its cache types
+  uint64_t kv_bytes_used = 0;          // bytes of the blocks held by running sequences
   uint64_t prefix_lookups = 0;         // requests that looked up the cache
   uint64_t prefix_hits = 0;            // ... and reused at least one block
   // MoE health, over a sliding window of recent steps:

@@ -79,7 +79,7 @@ class BatchEngine final : public Engine {
     int64_t n_full = per_seq.first * slots, n_swa = per_seq.second * slots;
     if (opts_.kv_bytes > 0) {
       // A byte budget: split between the kinds in the proportion one sequence needs.
-      const auto [fb, sb] = KvPool::block_bytes(layers, KvPool::kDefaultBlockSize);
+      const auto [fb, sb] = KvPool::block_bytes(layers, KvPool::kDefaultBlockSize, opts_.kv_types);
       const double per_seq_bytes = double(per_seq.first) * double(fb) + double(per_seq.second) * double(sb);
       const double seqs = double(opts_.kv_bytes) / std::max(per_seq_bytes, 1.0);
       n_full = std::max<int64_t>(per_seq.first, int64_t(seqs * double(per_seq.first)));
@@ -87,9 +87,11 @@ class BatchEngine final : public Engine {
     }
     // Speculation rolls back up to 3 rejected drafts.
     const int32_t keep_back = opts_.mtp > 0 && model.has_mtp() ? 3 : 0;
-    kv_ = std::make_unique<KvPool>(layers, swa_window, KvPool::kDefaultBlockSize, n_full, n_swa, keep_back);
+    kv_ = std::make_unique<KvPool>(layers, swa_window, KvPool::kDefaultBlockSize, n_full, n_swa, keep_back,
+                                   opts_.kv_types);
     if (keep_back > 0) {
-      drafter_ = std::make_unique<MtpDrafter>(model, opts_.mtp, opts_.n_parallel + kLowLatencyExtraSlots, opts_.n_ctx);
+      drafter_ = std::make_unique<MtpDrafter>(model, opts_.mtp, opts_.n_parallel + kLowLatencyExtraSlots, opts_.n_ctx,
+                                              opts_.kv_types);
       adaptive_k_ = std::make_unique<AdaptiveK>(drafter_->max_k());
       if (!opts_.mtp_adaptive) fixed_k_ = drafter_->max_k();
     }
@@ -98,6 +100,7 @@ class BatchEngine final : public Engine {
     ws_.precision = opts_.precision;
     free_slots_hint_ = opts_.n_parallel;
     if (opts_.warm_up) warm_up();
+    publish_stats();  // the pool's size is known from the start (serve prints it)
     thread_ = std::thread([this] { loop(); });
   }
 
@@ -110,6 +113,13 @@ class BatchEngine final : public Engine {
     if (int64_t(request.prompt.size()) >= n_ctx)
       throw RequestError("the prompt is " + std::to_string(request.prompt.size()) +
                          " tokens, which does not fit the context of " + std::to_string(n_ctx) + " tokens");
+    // Refused up front rather than cut short or waiting for room: a request never takes
+    // KV blocks another request holds.
+    if (request.max_tokens >= 0 && int64_t(request.prompt.size()) + request.max_tokens > n_ctx)
+      throw RequestError("the prompt (" + std::to_string(request.prompt.size()) + " tokens) plus max_tokens (" +
+                         std::to_string(request.max_tokens) + ") is " +
+                         std::to_string(int64_t(request.prompt.size()) + request.max_tokens) +
+                         " tokens, more than the context of " + std::to_string(n_ctx) + " tokens");
     for (int32_t t : request.prompt)
       if (t < 0 || t >= hp.n_vocab) throw RequestError("token id " + std::to_string(t) + " is outside the vocabulary");
     if (request.constraint && request.ignore_eos)
@@ -663,6 +673,10 @@ class BatchEngine final : public Engine {
     const int64_t free = kv_->n_free(KvKind::Full) + kv_->n_free(KvKind::Swa);
     stats_.kv_blocks_cached = cached;
     stats_.kv_blocks_used = stats_.kv_blocks_total - free - cached;
+    stats_.kv_bytes_total = kv_->bytes();
+    const auto [full_bytes, swa_bytes] = KvPool::block_bytes(model_.kv_layers(), kv_->block_size(), kv_->types());
+    auto used = [&](KvKind k) { return kv_->n_blocks(k) - kv_->n_free(k) - prefix_->evictable(k); };
+    stats_.kv_bytes_used = uint64_t(used(KvKind::Full)) * full_bytes + uint64_t(used(KvKind::Swa)) * swa_bytes;
     stats_.prefix_lookups = prefix_->lookups();
     stats_.prefix_hits = prefix_->hits();
   }

@@ -76,7 +76,8 @@ void SpeculationStats::add(const SpeculationStats& o) {
 
 // ---------------------------------------------------------------------------------------
 
-MtpDrafter::MtpDrafter(const Model& model, int32_t max_k, int32_t max_seqs, int32_t n_ctx) : model_(model) {
+MtpDrafter::MtpDrafter(const Model& model, int32_t max_k, int32_t max_seqs, int32_t n_ctx, KvTypes kv_types)
+    : model_(model) {
   n_blocks_ = model.n_mtp_loaded();
   max_k_ = n_blocks_ == 0 ? 0 : std::clamp(max_k, 0, kMaxDrafts);
   if (n_blocks_ > 1) max_k_ = std::min(max_k_, n_blocks_);
@@ -88,7 +89,7 @@ MtpDrafter::MtpDrafter(const Model& model, int32_t max_k, int32_t max_seqs, int3
                                                      KvPool::kDefaultBlockSize, kMaxDrafts);
     pools_.push_back(std::make_unique<KvPool>(layers, window, KvPool::kDefaultBlockSize,
                                               per_seq.first * std::max(1, max_seqs),
-                                              per_seq.second * std::max(1, max_seqs), kMaxDrafts));
+                                              per_seq.second * std::max(1, max_seqs), kMaxDrafts, kv_types));
   }
 }
 
@@ -448,10 +449,10 @@ double seconds_now() {
 }  // namespace
 
 SpeculativeDecoder::SpeculativeDecoder(const Model& model, int32_t n_ctx, int32_t max_batch, Precision precision,
-                                       int32_t max_k, bool adaptive)
+                                       int32_t max_k, bool adaptive, KvTypes kv_types)
     : model_(model),
-      session_(std::make_unique<Session>(model, n_ctx, max_batch, precision, false, kMaxDrafts)),
-      drafter_(model, max_k, 1, n_ctx),
+      session_(std::make_unique<Session>(model, n_ctx, max_batch, precision, false, kMaxDrafts, kv_types)),
+      drafter_(model, max_k, 1, n_ctx, kv_types),
       adaptive_k_(drafter_.max_k()),
       adaptive_(adaptive) {
   drafter_.init(state_);

@@ -82,7 +82,7 @@ class MtpDrafter {
  public:
   // max_k: most drafts per step (clamped to 3, and to the number of MTP blocks unless
   // there is exactly one). Caches are sized for max_seqs sequences of n_ctx positions.
-  MtpDrafter(const Model& model, int32_t max_k, int32_t max_seqs, int32_t n_ctx);
+  MtpDrafter(const Model& model, int32_t max_k, int32_t max_seqs, int32_t n_ctx, KvTypes kv_types = {});
   ~MtpDrafter();
   int32_t max_k() const { return max_k_; }
   int32_t n_blocks() const { return n_blocks_; }
@@ -229,7 +229,7 @@ class SpeculativeDecoder {
   // max_k: drafts per step at most (0: plain decoding); adaptive: choose K per step with
   // AdaptiveK, else always max_k.
   SpeculativeDecoder(const Model& model, int32_t n_ctx, int32_t max_batch, Precision precision, int32_t max_k,
-                     bool adaptive);
+                     bool adaptive, KvTypes kv_types = {});
   ~SpeculativeDecoder();
 
   // Starts a new sequence in the same memory (no KV, MTP state, statistics or learned

@@ -2,16 +2,17 @@
 // sequence chunks. Every matrix product goes through kernels::matmul; independent products
 // of one step are fused into one parallel section (run_matmuls). Each token's result is
 // independent of the other tokens in the batch (see kernels.h's invariance contract and
-// the fixed key-block order in attention), so batching never changes outputs.
+// attention/attention.h's fixed spans and merge order), so batching never changes outputs.
 #include <algorithm>
 #include <cmath>
 #include <cstring>
 #include <numeric>
 #include <stdexcept>
 
+#include "attention/attention.h"
+#include "exec/thread_pool.h"
 #include "model/step35.h"
 #include "model/workspace.h"
-#include "exec/thread_pool.h"
 
 namespace step35 {
 
@@ -47,19 +48,6 @@ void for_each_row(int64_t n, ThreadPool& pool, int64_t min_parallel, Fn&& fn) {
   });
 }
 
-// Runs fn(t) for t < n on the pool with work stealing, for items of very different cost:
-// attention jobs over a causal prompt cost in proportion to their position, so a static
-// split gave the thread holding the later tokens about three times the work in a 512-token
-// prefill while the other waited.
-template <typename Fn>
-void for_each_item_balanced(int64_t n, ThreadPool& pool, int64_t min_parallel, Fn&& fn) {
-  if (n < min_parallel || pool.n_threads() == 1) {
-    for (int64_t t = 0; t < n; ++t) fn(t);
-    return;
-  }
-  pool.parallel_stealing(n, [&](int64_t t, int) { fn(t); });
-}
-
 }  // namespace
 
 class ForwardPass {
@@ -85,7 +73,6 @@ class ForwardPass {
   size_t kv_layer(int il) const { return size_t(il - kv_layer_base_); }
   void embed();
   void attention(int il);
-  void attention_core(int il, int64_t t, int64_t g, float* o_row);
   void dense_ffn(int il);
   void moe_ffn(int il);
 
@@ -315,17 +302,29 @@ void ForwardPass::attention(int il) {
       if (!W.attn_k_norm.empty()) rms_norm_row(kh, W.attn_k_norm.data(), kh, D, hp_.rms_eps);
       rope_apply(kh, half, cs, sn);
     }
-    const KvSeq& seq = *chunks_[size_t(chunk_of_[t])].seq;
-    std::memcpy(kv_.k(seq, kv_layer(il), slot_[t]), k + t * G * D, size_t(G * D) * sizeof(float));
-    std::memcpy(kv_.v(seq, kv_layer(il), slot_[t]), v + t * G * Dv, size_t(G * Dv) * sizeof(float));
   });
   dump("Qcur_pos", il, q, T * H * D);
   dump("Kcur_pos", il, k, T * G * D);
   dump("Vcur", il, v, T * G * Dv);
 
-  // One job per (token, KV head): the query heads sharing a KV head read its keys once.
+  // K and V into the cache (in its types), then causal (+ window) attention over it
+  // (attention/attention.h: streaming softmax, split by tokens, KV head and span).
+  AttentionLayer al;
+  al.kv_layer = kv_layer(il);
+  al.n_head = int32_t(H);
+  al.n_head_kv = int32_t(G);
+  al.head_dim_k = int32_t(D);
+  al.head_dim_v = int32_t(Dv);
+  al.is_swa = L.is_swa;
+  al.window = hp_.swa_window;
+  AttentionBatch batch;
+  batch.chunks = &chunks_;
+  batch.n_tokens = T;
+  batch.slot = slot_;
+  batch.chunk_of = chunk_of_;
+  store_kv(kv_, al, batch, k, v, pool_);
   float* o = ws_.o.get(size_t(T * H * Dv));
-  for_each_item_balanced(T * G, pool_, 2, [&](int64_t job) { attention_core(il, job / G, job % G, o); });
+  attend(kv_, al, batch, q, o, pool_, ws_.attention);
   dump("attn_out", il, o, T * H * Dv);
 
   // §2.4 step 7 (G7): the gate reads the attention input, one scalar per query head.
@@ -340,57 +339,6 @@ void ForwardPass::attention(int il) {
   add_job(W.attn_output, ws_.o_acts.get(kernels::act_type(W.attn_output.type, prec_), pool_),
           ws_.tmp.get(size_t(T * E)), E);
   run_matmuls(ws_.jobs, pool_);
-}
-
-// softmax(q·K / sqrt(D)) V for the query heads of KV head g of token t, over the keys the
-// mask allows (§2.4 step 5), one key block at a time with a running max and sum, so a
-// long context never materialises a full row of scores. Blocks are visited in position
-// order whatever the batch, which keeps results batch-independent.
-void ForwardPass::attention_core(int il, int64_t t, int64_t g, float* o) {
-  const LayerHParams& L = hp_.layers[size_t(il)];
-  const int64_t H = L.n_head, G = L.n_head_kv, D = hp_.head_dim_k, Dv = hp_.head_dim_v;
-  const int64_t R = H / G;  // query heads per KV head (consecutive grouping)
-  const int32_t bs = kv_.block_size();
-  const KvSeq& seq = *chunks_[size_t(chunk_of_[t])].seq;
-  const int32_t p = slot_[t];  // KV slots are positions shifted by the chunk's pos_offset
-  const int32_t lo = L.is_swa ? std::max(0, p - hp_.swa_window + 1) : 0;
-  const float scale = 1.0f / std::sqrt(float(D));
-  const float* q = ws_.q.v.data() + (t * H + g * R) * D;
-
-  thread_local std::vector<float> scores, run_max, run_sum;
-  scores.resize(size_t(R * bs));
-  run_max.assign(size_t(R), -INFINITY);
-  run_sum.assign(size_t(R), 0.0f);
-  float* out = o + (t * H + g * R) * Dv;
-  std::fill(out, out + R * Dv, 0.0f);
-
-  const int64_t k_stride = G * D, v_stride = G * Dv;
-  for (int32_t b = lo / bs; b <= p / bs; ++b) {
-    const int32_t block = kv_.block_of(seq, kv_layer(il), b * bs);
-    const int32_t u0 = std::max(lo, b * bs), u1 = std::min(p, b * bs + bs - 1);
-    const int32_t n = u1 - u0 + 1;
-    const float* kb = kv_.k_block(kv_layer(il), block) + int64_t(u0 - b * bs) * k_stride + g * D;
-    const float* vb = kv_.v_block(kv_layer(il), block) + int64_t(u0 - b * bs) * v_stride + g * Dv;
-    // Scores of all R query heads against the block's keys, then per head the online
-    // softmax update and the weighted sum of the value rows (kernels.h attention helpers).
-    kernels::attn_scores(q, D, R, kb, k_stride, n, D, scale, scores.data(), bs);
-    for (int64_t r = 0; r < R; ++r) {
-      float* s = scores.data() + r * bs;
-      float mx = -INFINITY;
-      for (int32_t j = 0; j < n; ++j) mx = std::max(mx, s[j]);
-      const float m_new = std::max(run_max[size_t(r)], mx);
-      float* acc = out + r * Dv;
-      if (m_new > run_max[size_t(r)] && run_sum[size_t(r)] > 0) {
-        const float c = std::exp(run_max[size_t(r)] - m_new);
-        run_sum[size_t(r)] *= c;
-        kernels::scale_f32(c, acc, Dv);
-      }
-      run_max[size_t(r)] = m_new;
-      run_sum[size_t(r)] += kernels::exp_shift_sum(s, n, m_new);
-      kernels::accumulate_rows(s, vb, v_stride, n, Dv, acc);
-    }
-  }
-  for (int64_t r = 0; r < R; ++r) kernels::scale_f32(1.0f / run_sum[size_t(r)], out + r * Dv, Dv);
 }
 
 // §2.5 dense SwiGLU MLP; the shared clamp list governs dense layers (G9).

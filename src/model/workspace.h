@@ -5,6 +5,7 @@
 #include <cstdint>
 #include <vector>
 
+#include "attention/attention.h"
 #include "tensor/kernels.h"
 #include "tensor/tensor.h"
 
@@ -74,6 +75,7 @@ struct Workspace {
   };
   std::vector<RopeKey> rope_keys;          // rotary settings tabulated in this pass
   std::vector<Scratch<float>> rope_tables;
+  AttentionScratch attention;
 };
 
 }  // namespace step35

@@ -250,9 +250,14 @@ int serve(const ServerOptions& options) {
     throw;
   }
   ctx.ready = true;
-  std::fprintf(stderr, "step35 serve: ready (model '%s', context %d, %d parallel, %d threads)\n",
+  const EngineStats started = ctx.engine->stats();
+  const KvTypes kv_types = ctx.engine->options().kv_types;
+  std::fprintf(stderr,
+               "step35 serve: ready (model '%s', context %d, %d parallel, %d threads, KV cache %.1f MiB (K %s, V %s) "
+               "in %lld blocks)\n",
                ctx.options.model_id.c_str(), ctx.engine->options().n_ctx, ctx.engine->options().n_parallel,
-               ctx.engine->options().n_threads);
+               ctx.engine->options().n_threads, double(started.kv_bytes_total) / (1 << 20), dtype_name(kv_types.k),
+               dtype_name(kv_types.v), (long long)started.kv_blocks_total);
 
   int sig = 0;
   sigwait(&stop_signals, &sig);
