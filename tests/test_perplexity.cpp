@@ -1,0 +1,381 @@
+// src/perplexity/: the per-token scores, the statistics and the base-file format on
+// hand-computed cases (the figures in the comments are worked out by hand).
+#include <gtest/gtest.h>
+
+#include <cmath>
+#include <cstring>
+#include <fstream>
+#include <functional>
+
+#include "perplexity/base_file.h"
+#include "perplexity/report.h"
+#include "perplexity/statistics.h"
+#include "perplexity/token_scores.h"
+#include "support.h"
+
+using namespace step35::perplexity;
+using namespace step35::testing;
+
+namespace {
+
+// A base row for `logits` (the path a base-writing run takes).
+std::vector<uint16_t> base_row(const std::vector<float>& logits, int32_t token = 0) {
+  std::vector<uint16_t> row(base_row_words(int32_t(logits.size())), 0xffff);
+  encode_base_row(logits.data(), int32_t(logits.size()), token, row.data());
+  return row;
+}
+
+float row_float(const std::vector<uint16_t>& row, int word) {
+  float f;
+  std::memcpy(&f, row.data() + word, sizeof f);
+  return f;
+}
+
+}  // namespace
+
+TEST(PerplexityScores, RowWordsMatchLlamaCppLayout) {
+  // 4 words of header floats, n_vocab values rounded up to an even count.
+  EXPECT_EQ(base_row_words(1), 6u);
+  EXPECT_EQ(base_row_words(2), 6u);
+  EXPECT_EQ(base_row_words(3), 8u);
+  EXPECT_EQ(base_row_words(513), 518u);
+  EXPECT_EQ(base_row_words(363), 368u);
+}
+
+TEST(PerplexityScores, TokenNllIsMinusLogSoftmax) {
+  // logits {0, ln 3}: p = {1/4, 3/4}.
+  const std::vector<float> logits = {0.0f, std::log(3.0f)};
+  EXPECT_NEAR(token_nll(logits.data(), 2, 1), std::log(4.0 / 3.0), 1e-6);  // 0.287682
+  EXPECT_NEAR(token_nll(logits.data(), 2, 0), std::log(4.0), 1e-6);        // 1.386294
+  // Shifting every logit changes nothing (the max is subtracted first).
+  const std::vector<float> shifted = {1000.0f, 1000.0f + std::log(3.0f)};
+  EXPECT_NEAR(token_nll(shifted.data(), 2, 1), std::log(4.0 / 3.0), 1e-4);
+}
+
+TEST(PerplexityScores, BaseRowQuantisesLogProbabilities) {
+  // logits {0,1,2,3}: max 3, min 0 (3 - 16 < 0), scale 3/65535, values l/scale.
+  // Σ e^(l-3) = e^-3 + e^-2 + e^-1 + 1 = 1.553001, ln = 0.440190.
+  const std::vector<float> logits = {0, 1, 2, 3};
+  std::vector<uint16_t> row(base_row_words(4));
+  const double nll = encode_base_row(logits.data(), 4, 2, row.data());
+  EXPECT_NEAR(nll, 1.440190, 1e-5);  // 3 + 0.440190 - 2
+  EXPECT_FLOAT_EQ(row_float(row, 0), 3.0f / 65535.0f);
+  EXPECT_NEAR(row_float(row, 2), -3.440190, 1e-5);  // log p of the minimum logit
+  EXPECT_EQ(row[4], 0);
+  EXPECT_EQ(row[5], 21845);
+  EXPECT_EQ(row[6], 43690);
+  EXPECT_EQ(row[7], 65535);
+  for (int i = 0; i < 4; ++i)
+    EXPECT_NEAR(base_row_log_prob(row.data(), i), double(logits[size_t(i)]) - 3.440190, 2e-5) << i;
+  // The same nll as the plain path up to float rounding.
+  EXPECT_NEAR(nll, token_nll(logits.data(), 4, 2), 1e-6);
+}
+
+TEST(PerplexityScores, BaseRowClampsBelowMaxMinus16AndPads) {
+  // max 20: the floor is 4, so logit 0 stores 0 (= the floor) and logit 12 stores
+  // round((12 - 4) / (16 / 65535)) = 32767.5 -> 32768 (ties to even).
+  const std::vector<float> logits = {0, 12, 20};
+  const std::vector<uint16_t> row = base_row(logits);
+  ASSERT_EQ(row.size(), 8u);
+  EXPECT_EQ(row[4], 0);
+  EXPECT_EQ(row[5], 32768);
+  EXPECT_EQ(row[6], 65535);
+  EXPECT_EQ(row[7], 0) << "the padding word is zero";
+  // Equal logits: scale 0, every value 0, log p = -ln 3 for all.
+  const std::vector<uint16_t> flat = base_row({5, 5, 5});
+  EXPECT_EQ(row_float(flat, 0), 0.0f);
+  for (int i = 0; i < 3; ++i) {
+    EXPECT_EQ(flat[size_t(4 + i)], 0);
+    EXPECT_NEAR(base_row_log_prob(flat.data(), i), -std::log(3.0), 1e-6);
+  }
+}
+
+TEST(PerplexityScores, KlAgainstBaseByHand) {
+  // Base p = {1/4, 3/4}, this model p = {1/2, 1/2}:
+  // KL = 1/4 ln(1/2) + 3/4 ln(3/2) = -0.173287 + 0.304099 = 0.130812.
+  const std::vector<uint16_t> base = base_row({0.0f, std::log(3.0f)});
+  const std::vector<float> model = {0.0f, 0.0f};
+  const KlTokenScore s = score_against_base(model.data(), 2, base.data(), 1);
+  EXPECT_NEAR(s.kld, 0.130812, 1e-4);
+  EXPECT_NEAR(s.nll, std::log(2.0), 1e-6);
+  EXPECT_NEAR(s.nll_base, std::log(4.0 / 3.0), 1e-4);
+  EXPECT_NEAR(s.p_diff, 0.5 - 0.75, 1e-4);
+  EXPECT_FALSE(s.same_top) << "this model's first maximum is token 0, the base's token 1";
+  // A model against its own base: KL 0 up to the 16-bit rounding, same top token.
+  const std::vector<float> logits = {0.5f, -1.25f, 3.0f, 2.0f, -7.0f};
+  const std::vector<uint16_t> own = base_row(logits);
+  const KlTokenScore self = score_against_base(logits.data(), 5, own.data(), 3);
+  // (each stored log-probability is within half a step, 10/65535/2, of the exact one)
+  EXPECT_NEAR(self.kld, 0.0, 1e-4);
+  EXPECT_NEAR(self.p_diff, 0.0, 1e-4);
+  EXPECT_TRUE(self.same_top);
+}
+
+TEST(PerplexityScores, KlIgnoresBaseEntriesAtTheFloor) {
+  // Base logits {0, 20}: log p_base(0) = -20 - ln(1 + e^-20) clamps to the row floor
+  // (-16), which the sum skips; the only term is p_base(1) (log p_base(1) - log p(1)).
+  const std::vector<uint16_t> base = base_row({0.0f, 20.0f});
+  const std::vector<float> model = {0.0f, 0.0f};
+  const KlTokenScore s = score_against_base(model.data(), 2, base.data(), 1);
+  EXPECT_NEAR(s.kld, std::log(2.0), 1e-5);  // 1 · (0 - ln 1/2)
+}
+
+TEST(PerplexityStatistics, MeanAndErrorFollowsLlamaCppRule) {
+  // 1..11: mean 6, Σx² = 506, var = 506/11 - 36 = 10, error = sqrt(10 / 10) = 1.
+  double sum = 0, sum2 = 0;
+  for (int i = 1; i <= 11; ++i) {
+    sum += i;
+    sum2 += i * i;
+  }
+  MeanError m = mean_and_error(sum, sum2, 11);
+  EXPECT_DOUBLE_EQ(m.mean, 6.0);
+  EXPECT_NEAR(m.error, 1.0, 1e-12);
+  // 10 samples or fewer: no error estimate.
+  m = mean_and_error(55, 385, 10);
+  EXPECT_DOUBLE_EQ(m.mean, 5.5);
+  EXPECT_EQ(m.error, 0.0);
+  EXPECT_EQ(mean_and_error(0, 0, 0).mean, 0.0);
+}
+
+TEST(PerplexityStatistics, CovarianceOfMeans) {
+  // a = 1..10, b = 2a: Σa 55, Σb 110, Σab 770: (77 - 5.5·11) / 9 = 16.5 / 9.
+  EXPECT_NEAR(covariance_of_means(55, 110, 770, 10), 16.5 / 9, 1e-12);
+  EXPECT_EQ(covariance_of_means(55, 110, 770, 9), 0.0);
+}
+
+TEST(PerplexityStatistics, PercentileInterpolatesBetweenRanks) {
+  const std::vector<float> v = {1, 2, 3, 4, 5};
+  EXPECT_FLOAT_EQ(percentile(v, 0.5f), 3.0f);
+  EXPECT_FLOAT_EQ(percentile(v, 0.9f), 4.6f);   // rank 3.6: 0.4·4 + 0.6·5
+  EXPECT_FLOAT_EQ(percentile(v, 0.1f), 1.4f);   // rank 0.4
+  EXPECT_FLOAT_EQ(percentile(v, 0.0f), 1.0f);
+  EXPECT_FLOAT_EQ(percentile(v, 1.0f), 5.0f);
+  EXPECT_NEAR(percentile(v, 0.999f), 4.996f, 1e-5);
+  EXPECT_FLOAT_EQ(median(v), 3.0f);
+  EXPECT_FLOAT_EQ(median({1, 2, 3, 4}), 2.5f);
+  EXPECT_FLOAT_EQ(median({7}), 7.0f);
+}
+
+TEST(PerplexityStatistics, QuantilesSortAndPick) {
+  std::vector<float> v;
+  for (int i = 100; i >= 0; --i) v.push_back(float(i));  // 0..100, reversed
+  const Quantiles q = quantiles(v);
+  EXPECT_EQ(v.front(), 0.0f) << "sorted in place";
+  EXPECT_FLOAT_EQ(q.min, 0);
+  EXPECT_FLOAT_EQ(q.max, 100);
+  EXPECT_FLOAT_EQ(q.median, 50);
+  EXPECT_NEAR(q.p99, 99, 1e-4);
+  EXPECT_NEAR(q.p95, 95, 1e-4);
+  EXPECT_NEAR(q.p90, 90, 1e-4);
+  EXPECT_NEAR(q.p75, 75, 1e-4);
+  EXPECT_NEAR(q.p25, 25, 1e-4);
+  EXPECT_NEAR(q.p10, 10, 1e-4);
+  EXPECT_NEAR(q.p5, 5, 1e-4);
+  EXPECT_NEAR(q.p1, 1, 1e-4);
+  EXPECT_NEAR(q.p99_9, 99.9, 1e-4);
+  EXPECT_NEAR(q.p0_1, 0.1, 1e-4);
+}
+
+TEST(PerplexityStatistics, FinalEstimateAndItsUncertainty) {
+  // nll = ln2 · {1, 2, 3}: PPL = exp(2 ln 2) = 4; var = (ln2)² (14/3 - 4) = (ln2)² · 2/3;
+  // E = 4 · sqrt(var / 2) = 4 ln2 / sqrt(3) = 1.600755.
+  PerplexitySums s;
+  for (int k = 1; k <= 3; ++k) s.add(k * std::log(2.0));
+  EXPECT_NEAR(s.ppl(), 4.0, 1e-12);
+  double e = 0;
+  ASSERT_TRUE(s.ppl_error(&e));
+  EXPECT_NEAR(e, 1.600755, 1e-6);
+  EXPECT_EQ(final_estimate(s), "Final estimate: PPL = 4.0000 +/- 1.60075\n");
+  EXPECT_EQ(running_estimate(2, s), "[3]4.0000,");
+  // Identical nll everywhere: zero variance, llama.cpp's error line instead.
+  PerplexitySums flat;
+  for (int k = 0; k < 3; ++k) flat.add(1.0);
+  EXPECT_FALSE(flat.ppl_error(&e));
+  EXPECT_EQ(final_estimate(flat), "Unexpected negative standard deviation of log(prob)\n");
+}
+
+TEST(PerplexityStatistics, KlFiguresByHand) {
+  // 12 positions: nll alternating 1 and 2, nll_base 1.5, KLD 0.1 / 0.3, Δp ±0.125,
+  // top token the same at 9 of 12.
+  KlSums sums;
+  for (int i = 0; i < 12; ++i) {
+    KlTokenScore t;
+    t.nll = i % 2 ? 2.0f : 1.0f;
+    t.nll_base = 1.5f;
+    t.kld = i % 2 ? 0.3 : 0.1;
+    t.p_diff = i % 2 ? 0.125f : -0.125f;
+    t.same_top = i < 9;
+    sums.add(t);
+  }
+  const KlFigures f = kl_figures(sums);
+  // mean ln PPL 1.5 both; var(nll) = 2.5 - 2.25 = 0.25, error sqrt(0.25 / 11) = 0.150756.
+  EXPECT_NEAR(f.log_ppl.mean, 1.5, 1e-12);
+  EXPECT_NEAR(f.log_ppl.error, 0.150756, 1e-6);
+  EXPECT_EQ(f.log_ppl_base.error, 0.0);
+  EXPECT_NEAR(f.ppl, std::exp(1.5), 1e-9);  // 4.481689
+  EXPECT_NEAR(f.ppl_error, 4.481689 * 0.150756, 1e-5);
+  EXPECT_NEAR(f.log_ppl_cov, 0.0, 1e-12);  // Σab/n = 2.25 = 1.5 · 1.5
+  EXPECT_NEAR(f.log_ppl_ratio, 0.0, 1e-12);
+  EXPECT_NEAR(f.log_ppl_ratio_error, 0.150756, 1e-6);
+  EXPECT_NEAR(f.ppl_ratio, 1.0, 1e-12);
+  EXPECT_NEAR(f.ppl_diff, 0.0, 1e-9);
+  EXPECT_NEAR(f.ppl_diff_error, f.ppl_error, 1e-9);
+  // KLD: mean 0.2, var 0.05 - 0.04 = 0.01, error sqrt(0.01 / 11) = 0.0301511.
+  EXPECT_NEAR(f.kld.mean, 0.2, 1e-12);
+  EXPECT_NEAR(f.kld.error, 0.0301511, 1e-6);
+  // Δp: mean 0; RMS 0.125 (every Δp² equal: no spread, error 0).
+  EXPECT_NEAR(f.p_diff.mean, 0.0, 1e-12);
+  EXPECT_NEAR(f.p_diff.error, std::sqrt(0.015625 / 11), 1e-9);
+  EXPECT_NEAR(f.rms_p_diff, 0.125, 1e-12);
+  EXPECT_NEAR(f.rms_p_diff_error, 0.0, 1e-9);
+  // Same top: 9/12 = 0.75, error sqrt(0.75 · 0.25 / 11) = 0.130558.
+  EXPECT_NEAR(f.same_top, 0.75, 1e-12);
+  EXPECT_NEAR(f.same_top_error, 0.130558, 1e-6);
+  EXPECT_NEAR(sums.max_abs_p_diff, 0.125f, 0);
+}
+
+TEST(PerplexityReport, LayoutMatchesLlamaPerplexity) {
+  KlSums sums;
+  for (int i = 0; i < 12; ++i) {
+    KlTokenScore t;
+    t.nll = i % 2 ? 2.0f : 1.0f;
+    t.nll_base = 1.5f;
+    t.kld = i % 2 ? 0.3 : 0.1;
+    t.p_diff = i % 2 ? 0.125f : -0.125f;
+    t.same_top = i < 9;
+    sums.add(t);
+  }
+  // Widths of llama-perplexity's table: %4d, %9.4lf, %10.5lf ×2 and %6.3lf % ×2.
+  EXPECT_EQ(kl_chunk_line(0, sums),
+            "   1       4.4817 \xC2\xB1    0.6756       0.00000 \xC2\xB1    0.15076       0.20000 \xC2\xB1    0.03015"
+            "    12.500 \xC2\xB1  0.000 %    75.000 \xC2\xB1 13.056 %\n");
+  std::vector<float> kld(12, 0.2f), p_diff(12, 0.0f);
+  EXPECT_EQ(kl_summary(sums, kld, p_diff), "") << "fewer than 100 positions: no closing statistics, as llama.cpp";
+}
+
+// ---- base file ----
+
+namespace {
+
+struct BaseFixture {
+  std::string path;
+  BaseHeader h;
+  std::vector<uint16_t> rows;  // every chunk's rows
+};
+
+// Writes a small base (n_ctx 6: rows 3..4 of each chunk, vocab 5) through the writer.
+BaseFixture write_small_base(const std::string& name) {
+  BaseFixture b;
+  b.path = tmp_dir() + "/" + name;
+  b.h.n_ctx = 6;
+  b.h.n_vocab = 5;
+  b.h.n_chunk = 2;
+  for (int i = 0; i < 12; ++i) b.h.tokens.push_back(i % 5);
+  BaseFileWriter w(b.path, b.h.n_ctx, b.h.n_vocab, b.h.n_chunk, b.h.tokens.data());
+  for (int c = 0; c < 2; ++c) {
+    std::vector<uint16_t> chunk;
+    for (int r = 0; r < b.h.rows_per_chunk(); ++r) {
+      const std::vector<float> logits = {float(c), float(r), 1.5f, -2.0f, 0.25f * float(r + c)};
+      const std::vector<uint16_t> row = base_row(logits);
+      chunk.insert(chunk.end(), row.begin(), row.end());
+    }
+    w.write_chunk(chunk);
+    b.rows.insert(b.rows.end(), chunk.begin(), chunk.end());
+  }
+  w.close();
+  return b;
+}
+
+std::string error_of(const std::string& path) {
+  try {
+    BaseFileReader r(path);
+    std::vector<uint16_t> rows;
+    for (int32_t c = 0; c < r.header().n_chunk; ++c) r.read_chunk(rows);
+  } catch (const BaseFileError& e) {
+    return e.what();
+  }
+  return "";
+}
+
+void patch(const std::string& path, size_t offset, const void* data, size_t n) {
+  std::vector<uint8_t> bytes = read_bytes(path);
+  ASSERT_LE(offset + n, bytes.size());
+  std::memcpy(bytes.data() + offset, data, n);
+  write_bytes(path, bytes);
+}
+
+}  // namespace
+
+TEST(PerplexityBaseFile, WritesLlamaCppLayoutAndReadsItBack) {
+  const BaseFixture b = write_small_base("base_roundtrip.kld");
+  const std::vector<uint8_t> bytes = read_bytes(b.path);
+  // 8 + 12 header bytes, 12 tokens, 2 chunks × 2 rows (6 - 1 - 3) × 10 words (4 + 5 + 1 padding).
+  ASSERT_EQ(bytes.size(), 20u + 12 * 4 + 2 * 2 * 10 * 2);
+  EXPECT_EQ(std::string(bytes.begin(), bytes.begin() + 8), "_logits_");
+  int32_t fields[3];
+  std::memcpy(fields, bytes.data() + 8, sizeof fields);
+  EXPECT_EQ(fields[0], 6);
+  EXPECT_EQ(fields[1], 5);
+  EXPECT_EQ(fields[2], 2);
+  BaseFileReader r(b.path);
+  EXPECT_EQ(r.header().n_ctx, 6);
+  EXPECT_EQ(r.header().n_vocab, 5);
+  EXPECT_EQ(r.header().n_chunk, 2);
+  EXPECT_EQ(r.header().tokens, b.h.tokens);
+  std::vector<uint16_t> all, rows;
+  for (int c = 0; c < 2; ++c) {
+    r.read_chunk(rows);
+    all.insert(all.end(), rows.begin(), rows.end());
+  }
+  EXPECT_EQ(all, b.rows);
+  EXPECT_THROW(r.read_chunk(rows), BaseFileError);
+}
+
+TEST(PerplexityBaseFile, RefusesDamagedFilesWithOneLine) {
+  const BaseFixture b = write_small_base("base_damaged.kld");
+  const std::vector<uint8_t> good = read_bytes(b.path);
+  const std::string p = tmp_dir() + "/base_damaged_copy.kld";
+  struct Case {
+    const char* what;
+    std::function<void()> damage;
+    const char* want;
+  };
+  const int32_t big = 0x7fffffff, neg = -3, out_of_vocab = 5;
+  const float nan = std::nanf(""), positive_min = 0.5f;
+  const std::vector<Case> cases = {
+      {"truncated by one byte",
+       [&] { write_bytes(p, std::vector<uint8_t>(good.begin(), good.end() - 1)); }, "is truncated"},
+      {"cut inside the header", [&] { write_bytes(p, std::vector<uint8_t>(good.begin(), good.begin() + 10)); },
+       "is truncated"},
+      {"trailing bytes",
+       [&] {
+         std::vector<uint8_t> more = good;
+         more.push_back(0);
+         write_bytes(p, more);
+       },
+       "1 bytes after"},
+      {"bad magic", [&] { patch(p, 0, "_LOGITS_", 8); }, "does not start with \"_logits_\""},
+      {"negative n_vocab", [&] { patch(p, 12, &neg, 4); }, "n_vocab -3"},
+      {"n_ctx too small", [&] { patch(p, 8, &neg, 4); }, "n_ctx -3"},
+      {"huge n_chunk", [&] { patch(p, 16, &big, 4); }, "is truncated"},
+      {"huge n_ctx and n_chunk",
+       [&] {
+         patch(p, 8, &big, 4);
+         patch(p, 16, &big, 4);
+       },
+       "header sizes overflow"},
+      {"token outside the vocabulary", [&] { patch(p, 20 + 4 * 7, &out_of_vocab, 4); },
+       "(offset 48): token 7 is 5, outside the vocabulary of 5"},
+      {"NaN scale", [&] { patch(p, 68 + 20, &nan, 4); }, "chunk 1 row 1 has scale nan"},
+      {"positive minimum", [&] { patch(p, 68 + 40 + 4, &positive_min, 4); }, "chunk 2 row 0"},
+  };
+  for (const Case& c : cases) {
+    write_bytes(p, good);
+    c.damage();
+    const std::string err = error_of(p);
+    EXPECT_NE(err.find(c.want), std::string::npos) << c.what << ": " << err;
+    EXPECT_EQ(err.find('\n'), std::string::npos) << c.what << ": one line";
+  }
+  EXPECT_NE(error_of(tmp_dir() + "/no_such_base.kld").find("cannot open base file"), std::string::npos);
+  EXPECT_NE(error_of(tmp_dir()).find("not a regular file"), std::string::npos);
+}
