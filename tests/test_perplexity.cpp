@@ -6,6 +6,7 @@
 #include <cstring>
 #include <fstream>
 #include <functional>
+#include <regex>
 
 #include "perplexity/base_file.h"
 #include "perplexity/report.h"
@@ -378,4 +379,226 @@ TEST(PerplexityBaseFile, RefusesDamagedFilesWithOneLine) {
   }
   EXPECT_NE(error_of(tmp_dir() + "/no_such_base.kld").find("cannot open base file"), std::string::npos);
   EXPECT_NE(error_of(tmp_dir()).find("not a regular file"), std::string::npos);
+}
+
+// ---- the command line ----
+
+namespace {
+
+// Debian's GPL-3 text (base-files), the text of the fidelity figures below: 35149 bytes,
+// 22588 tokens with the tiny-a vocabulary.
+const char* kText = "/usr/share/common-licenses/GPL-3";
+const char* kTextSha256 = "3972dc9744f6499f0f9b2dbf76696f2ae7ad8af9b23dde66d6af86c9dfb36986";
+
+std::string bin() { return std::string(1, '\'').append(step35_binary()).append(1, '\''); }
+
+std::string perplexity_cmd(const std::string& model_file, const std::string& args) {
+  return bin() + " perplexity -m '" + fixture_model(model_file) + "' " + args;
+}
+
+// Skips the calling test when the text is missing or not the expected version.
+bool text_is_available(std::string* why) {
+  if (!file_exists(kText)) {
+    *why = std::string(kText) + " is missing (Debian package base-files)";
+    return false;
+  }
+  std::string out;
+  if (run_command(std::string("sha256sum ") + kText, &out, nullptr) != 0 || out.rfind(kTextSha256, 0) != 0) {
+    *why = std::string(kText) + " is not the version the expected figures were measured on (sha256 " + out + ")";
+    return false;
+  }
+  return true;
+}
+
+#define REQUIRE_TEXT()                         \
+  do {                                         \
+    std::string why_;                          \
+    if (!text_is_available(&why_)) GTEST_SKIP() << why_; \
+  } while (0)
+
+// "Final estimate: PPL = X +/- E" from stdout.
+bool final_ppl(const std::string& out, double* ppl, double* error) {
+  const size_t at = out.find("Final estimate: PPL = ");
+  if (at == std::string::npos) return false;
+  return std::sscanf(out.c_str() + at, "Final estimate: PPL = %lf +/- %lf", ppl, error) == 2;
+}
+
+// The number after `label` (the first "X" of "label X ± Y" lines), NaN if absent.
+double figure(const std::string& out, const std::string& label) {
+  const size_t at = out.find(label);
+  if (at == std::string::npos) return std::nan("");
+  return std::strtod(out.c_str() + at + label.size(), nullptr);
+}
+
+}  // namespace
+
+TEST(PerplexityCli, RunningEstimateFinalEstimateAndThreads) {
+  REQUIRE_TEXT();
+  std::string out1, err1, out2, err2;
+  ASSERT_EQ(run_command(perplexity_cmd("tiny-a-f32.gguf", std::string("-f ") + kText + " -c 64 --chunks 6 -t 1"),
+                        &out1, &err1),
+            0)
+      << err1;
+  // [1]x,[2]y,... then the final estimate, which repeats the last running value.
+  std::smatch m;
+  ASSERT_TRUE(std::regex_search(out1, m, std::regex(R"(^\[1\][0-9.]+,\[2\][0-9.]+,\[3\][0-9.]+,\[4\][0-9.]+,)"
+                                                    R"(\[5\][0-9.]+,\[6\]([0-9.]+),\n)")))
+      << out1;
+  double ppl = 0, error = 0;
+  ASSERT_TRUE(final_ppl(out1, &ppl, &error)) << out1;
+  EXPECT_EQ(m[1].str(), out1.substr(out1.find("PPL = ") + 6, m[1].length()));
+  EXPECT_GT(error, 0.0);
+  // Progress and the run's shape on stderr, nothing of it on stdout.
+  EXPECT_NE(err1.find("calculating perplexity over 6 chunks, n_ctx=64"), std::string::npos) << err1;
+  EXPECT_NE(err1.find("seconds per pass"), std::string::npos) << err1;
+  EXPECT_EQ(out1.find("seconds per pass"), std::string::npos);
+  // Rows are summed in position order: the thread count changes no digit.
+  ASSERT_EQ(run_command(perplexity_cmd("tiny-a-f32.gguf", std::string("-f ") + kText + " -c 64 --chunks 6 -t 2"),
+                        &out2, &err2),
+            0)
+      << err2;
+  EXPECT_EQ(out1, out2);
+}
+
+TEST(PerplexityCli, BatchSizeAndOneTrailingNewline) {
+  REQUIRE_TEXT();
+  // Smaller forward passes give the same figures (up to float rounding in the last digit).
+  std::string out_a, out_b, err;
+  ASSERT_EQ(run_command(perplexity_cmd("tiny-b-f32.gguf", std::string("-f ") + kText + " -c 96 --chunks 4 -t 1"),
+                        &out_a, &err),
+            0)
+      << err;
+  ASSERT_EQ(run_command(perplexity_cmd("tiny-b-f32.gguf", std::string("-f ") + kText + " -c 96 --chunks 4 -t 1 -b 7"),
+                        &out_b, &err),
+            0)
+      << err;
+  double a = 0, b = 0, ea = 0, eb = 0;
+  ASSERT_TRUE(final_ppl(out_a, &a, &ea));
+  ASSERT_TRUE(final_ppl(out_b, &b, &eb));
+  EXPECT_NEAR(a, b, 1e-5 * a);
+  EXPECT_NE(err.find("batch_size=7"), std::string::npos) << err;
+  // llama.cpp drops one trailing newline of the text file (GPL-3 ends with one): the text
+  // without it gives the same run.
+  const std::string no_newline = tmp_dir() + "/gpl3_no_trailing_newline.txt";
+  std::vector<uint8_t> text = read_bytes(kText);
+  ASSERT_EQ(text.back(), '\n');
+  text.pop_back();
+  write_bytes(no_newline, text);
+  std::string out_c;
+  ASSERT_EQ(run_command(bin() + " perplexity -m '" + fixture_model("tiny-b-f32.gguf") + "' -f '" + no_newline +
+                            "' -c 96 --chunks 4 -t 1",
+                        &out_c, &err),
+            0)
+      << err;
+  EXPECT_EQ(out_c, out_a);
+}
+
+TEST(PerplexityCli, KlDivergenceOfAModelAgainstItselfIsZero) {
+  REQUIRE_TEXT();
+  const std::string base = tmp_dir() + "/self_tiny_a_f32.kld";
+  std::string out, err;
+  ASSERT_EQ(run_command(perplexity_cmd("tiny-a-f32.gguf", std::string("-f ") + kText + " -c 64 --chunks 5 -t 1 " +
+                                                              "--kl-divergence-base '" + base + "'"),
+                        &out, &err),
+            0)
+      << err;
+  double ppl = 0, error = 0;
+  ASSERT_TRUE(final_ppl(out, &ppl, &error)) << out;
+  // 5 chunks × 31 scored rows × (4 + 513 + 1) words, after the 20-byte header and 320 tokens.
+  EXPECT_EQ(read_bytes(base).size(), 20u + 320 * 4 + 5 * 31 * 518 * 2);
+  ASSERT_EQ(run_command(perplexity_cmd("tiny-a-f32.gguf", "--kl-divergence-base '" + base + "' --kl-divergence -t 1"),
+                        &out, &err),
+            0)
+      << err;
+  EXPECT_NE(out.find("chunk             PPL               ln(PPL(Q)/PPL(base))"), std::string::npos) << out;
+  EXPECT_NE(out.find("====== KL divergence statistics ======"), std::string::npos) << out;
+  EXPECT_NEAR(figure(out, "Mean PPL(Q)                   :"), ppl, 1e-4 * ppl);
+  EXPECT_NEAR(figure(out, "Mean PPL(base)                :"), ppl, 2e-4 * ppl) << "16-bit log-probabilities";
+  EXPECT_NEAR(figure(out, "Mean    KLD:"), 0.0, 1e-5);
+  EXPECT_NEAR(figure(out, "Maximum KLD:"), 0.0, 1e-4);
+  EXPECT_NEAR(figure(out, "Same top p:"), 100.0, 1e-9);
+  EXPECT_NEAR(figure(out, "RMS \xCE\x94p    :"), 0.0, 0.01);
+  // --chunks reads only the first chunks of the base; fewer than 100 scored tokens give
+  // the table but no closing statistics (as llama.cpp).
+  ASSERT_EQ(run_command(perplexity_cmd("tiny-a-f32.gguf", "--kl-divergence-base '" + base +
+                                                              "' --kl-divergence --chunks 2 -t 1"),
+                        &out, &err),
+            0)
+      << err;
+  EXPECT_NE(out.find("\n   2 "), std::string::npos) << out;
+  EXPECT_EQ(out.find("\n   3 "), std::string::npos) << out;
+  EXPECT_EQ(out.find("======"), std::string::npos) << out;
+  EXPECT_NE(err.find("no closing statistics"), std::string::npos) << err;
+}
+
+TEST(PerplexityCli, BadInputGivesOneLineErrors) {
+  REQUIRE_TEXT();
+  const std::string dir = tmp_dir();
+  const std::string short_text = dir + "/ppl_short.txt", other_text = dir + "/ppl_other.txt";
+  const std::string base = dir + "/bad_input_base.kld", cut = dir + "/bad_input_cut.kld";
+  const std::string base_b = dir + "/bad_input_base_b.kld";
+  std::vector<uint8_t> other = read_bytes(kText);
+  write_bytes(short_text, std::vector<uint8_t>(other.begin(), other.begin() + 60));  // the text's first 60 bytes
+  other[10] = 'X';  // same length, one byte changed early on
+  write_bytes(other_text, other);
+  std::string out, err;
+  ASSERT_EQ(run_command(perplexity_cmd("tiny-a-f32.gguf", std::string("-f ") + kText +
+                                                              " -c 32 --chunks 3 -t 1 --kl-divergence-base '" + base + "'"),
+                        &out, &err),
+            0)
+      << err;
+  ASSERT_EQ(run_command(perplexity_cmd("tiny-b-f32.gguf", std::string("-f ") + kText +
+                                                              " -c 32 --chunks 3 -t 1 --kl-divergence-base '" + base_b +
+                                                              "'"),
+                        &out, &err),
+            0)
+      << err;
+  std::vector<uint8_t> bytes = read_bytes(base);
+  bytes.resize(bytes.size() - 1000);
+  write_bytes(cut, bytes);
+  struct BadCase {
+    std::string args;
+    int want_rc;
+    std::string want_in_err;
+  };
+  const std::string a = "-m '" + fixture_model("tiny-a-f32.gguf") + "' ";
+  const std::string text = std::string("-f ") + kText + " ";
+  const std::vector<BadCase> cases = {
+      {a + "-f /nonexistent/text.txt", 1, "cannot read text file /nonexistent/text.txt: No such file"},
+      {a + "-f " + dir, 1, "Is a directory"},
+      {a + "-f '" + short_text + "' -c 64", 1, "tokenizes to only"},
+      {a + "-f '" + short_text + "' -c 64", 1, "needs at least 128"},
+      {a + text + "-c 5000", 2, "-c 5000 is larger than the model's context of 4096 tokens"},
+      {a + text + "-c 2", 2, "--ctx-size"},
+      {a + text + "--chunks 0", 2, "--chunks"},
+      {a + text + "-b 0", 2, "--batch-size"},
+      {a + "-c 64", 2, "-f TEXT is required"},
+      {text + "-c 64", 2, "-m MODEL is required"},
+      {a + text + "--kl-divergence", 2, "--kl-divergence needs --kl-divergence-base"},
+      {a + text + "-c 64 --kl-divergence-base /nonexistent/dir/base.kld", 1, "cannot create /nonexistent/dir/base.kld"},
+      {a + "--kl-divergence --kl-divergence-base /nonexistent.kld", 1, "cannot open base file /nonexistent.kld"},
+      {a + "--kl-divergence --kl-divergence-base '" + cut + "'", 1, "is truncated"},
+      {a + "--kl-divergence --kl-divergence-base '" + kText + "'", 1, "does not start with \"_logits_\""},
+      {a + "--kl-divergence --kl-divergence-base '" + base_b + "'", 1,
+       "was made with a vocabulary of 363 tokens, this model has 513"},
+      {a + "--kl-divergence --kl-divergence-base '" + base + "' -c 64", 1,
+       "was made with a context of 32 tokens, not -c 64"},
+      {a + "--kl-divergence --kl-divergence-base '" + base + "' -f '" + other_text + "'", 1,
+       "does not match"},
+      {a + "--kl-divergence --kl-divergence-base '" + base + "' -f '" + short_text + "'", 1,
+       "the base holds 96 tokens, the text only"},
+      {"-m '" + fixture_model("tiny-b-f32.gguf") + "' --kl-divergence --kl-divergence-base '" + base_b +
+           "' -f '" + other_text + "'",
+       1, "does not match"},
+  };
+  for (const auto& c : cases) {
+    const int rc = run_command(bin() + " perplexity " + c.args, &out, &err);
+    EXPECT_EQ(rc, c.want_rc) << c.args << "\n" << err;
+    EXPECT_NE(err.find(c.want_in_err), std::string::npos) << c.args << "\n" << err;
+    const size_t line = err.find("step35 perplexity: ");
+    ASSERT_NE(line, std::string::npos) << c.args << "\n" << err;
+    EXPECT_EQ(err.find('\n', line), err.size() - 1) << "the error is one line, the last: " << c.args << "\n" << err;
+    EXPECT_EQ(err.find("terminate called"), std::string::npos) << err;
+    EXPECT_EQ(out.find("Final estimate"), std::string::npos) << c.args;
+  }
 }
