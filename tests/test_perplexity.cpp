@@ -556,6 +556,13 @@ TEST(PerplexityCli, BadInputGivesOneLineErrors) {
   std::vector<uint8_t> bytes = read_bytes(base);
   bytes.resize(bytes.size() - 1000);
   write_bytes(cut, bytes);
+  // A well-formed base of one 5000-token chunk (all zeros), longer than the model's 4096.
+  const std::string long_ctx = dir + "/bad_input_long_ctx.kld";
+  {
+    BaseFileWriter w(long_ctx, 5000, 513, 1, std::vector<int32_t>(5000, 0).data());
+    w.write_chunk(std::vector<uint16_t>(size_t(5000 - 1 - 2500) * base_row_words(513), 0));
+    w.close();
+  }
   struct BadCase {
     std::string args;
     int want_rc;
@@ -581,6 +588,8 @@ TEST(PerplexityCli, BadInputGivesOneLineErrors) {
       {a + "--kl-divergence --kl-divergence-base '" + kText + "'", 1, "does not start with \"_logits_\""},
       {a + "--kl-divergence --kl-divergence-base '" + base_b + "'", 1,
        "was made with a vocabulary of 363 tokens, this model has 513"},
+      {a + "--kl-divergence --kl-divergence-base '" + long_ctx + "'", 1,
+       "was made with a context of 5000 tokens, larger than this model's context of 4096"},
       {a + "--kl-divergence --kl-divergence-base '" + base + "' -c 64", 1,
        "was made with a context of 32 tokens, not -c 64"},
       {a + "--kl-divergence --kl-divergence-base '" + base + "' -f '" + other_text + "'", 1,

@@ -51,10 +51,10 @@ std::vector<int32_t> tokenize_text(const Model& model, const std::string& path, 
   return tokens;
 }
 
-void check_ctx_fits(const Model& model, int32_t n_ctx, const char* what) {
+void check_ctx_fits(const Model& model, int32_t n_ctx) {
   const int32_t n_ctx_train = model.hparams().n_ctx_train;
   if (n_ctx > n_ctx_train)
-    throw UsageError(std::string(what) + std::to_string(n_ctx) + " is larger than the model's context of " +
+    throw UsageError("-c " + std::to_string(n_ctx) + " is larger than the model's context of " +
                      std::to_string(n_ctx_train) + " tokens");
 }
 
@@ -94,7 +94,7 @@ struct Options {
 
 int run_perplexity(const ArgParser& p, const Model& model, const std::string& text, const Options& o) {
   const int32_t n_ctx = int32_t(p.i64("ctx-size", kDefaultCtx, 3, 1 << 30));
-  check_ctx_fits(model, n_ctx, "-c ");
+  check_ctx_fits(model, n_ctx);
   const std::vector<int32_t> tokens = tokenize_text(model, p.str("file"), text);
   if (int64_t(tokens.size()) < 2 * int64_t(n_ctx))
     throw std::runtime_error(p.str("file") + " tokenizes to only " + std::to_string(tokens.size()) +
@@ -137,7 +137,10 @@ int run_kl_divergence(const ArgParser& p, const Model& model, BaseFileReader& ba
   if (p.has("ctx-size") && p.i64("ctx-size", 0, 3, 1 << 30) != h.n_ctx)
     throw std::runtime_error("base file " + base_path + " was made with a context of " + std::to_string(h.n_ctx) +
                              " tokens, not -c " + p.str("ctx-size") + " (omit -c to use the base's)");
-  check_ctx_fits(model, h.n_ctx, ("the base file's context of " + base_path + ": ").c_str());
+  if (h.n_ctx > model.hparams().n_ctx_train)
+    throw std::runtime_error("base file " + base_path + " was made with a context of " + std::to_string(h.n_ctx) +
+                             " tokens, larger than this model's context of " +
+                             std::to_string(model.hparams().n_ctx_train));
   if (text) {
     // The base holds the tokens it was computed on; a text given here must be that text.
     const std::vector<int32_t> tokens = tokenize_text(model, p.str("file"), *text);
