@@ -1629,3 +1629,52 @@ TEST(Fixtures, DequantTinyQIqTensorsMatchLlamaCpp) {
   EXPECT_EQ(per_type["iq3_s"], 21);
   EXPECT_EQ(per_type["iq4_xs"], 21);
 }
+
+// The IQ types only the unshipped tiny-q files hold (IQ1_S, IQ2_XS, IQ2_S, IQ3_XXS, IQ4_NL),
+// once tests/scripts/regen_tiny_q.sh has made them: per file and type, the sum of the
+// tensors' weighted_bits() over gguf-py's dequantization, and the tensor count.
+TEST(Fixtures, DequantRegeneratedTinyQIqTensorsMatchLlamaCpp) {
+  struct Expect {
+    const char* file;
+    const char* type;
+    int tensors;
+    uint64_t sum;
+  };
+  const Expect expects[] = {
+      {"tiny-q-iq1_s.gguf", "iq1_s", 13, 0x72fe2d17473752e0ull},
+      {"tiny-q-iq2_m.gguf", "iq2_s", 13, 0x84245401e2a3fc68ull},
+      {"tiny-q-iq2_m.gguf", "iq3_s", 1, 0xfe31948f7a290e40ull},
+      {"tiny-q-iq2_s.gguf", "iq2_xs", 13, 0x7cbcf9ceb21bc4f0ull},
+      {"tiny-q-iq2_s.gguf", "iq3_s", 1, 0xfe31948f7a290e40ull},
+      {"tiny-q-iq2_xs.gguf", "iq2_xs", 13, 0x7cbcf9ceb21bc4f0ull},
+      {"tiny-q-iq3_xxs.gguf", "iq2_s", 2, 0x71b70710d6e1c518ull},
+      {"tiny-q-iq3_xxs.gguf", "iq3_s", 1, 0xfe31948f7a290e40ull},
+      {"tiny-q-iq3_xxs.gguf", "iq3_xxs", 11, 0xf5f8273006d37ef0ull},
+      {"tiny-q-iq4_nl.gguf", "iq4_nl", 21, 0x07fbc844a16b0840ull},
+  };
+  const std::string dir = step35::testing::tiny_q_regen_dir();
+  int checked = 0;
+  for (const Expect& e : expects) {
+    const std::string path = dir + "/" + e.file;
+    if (!step35::testing::file_exists(path)) continue;
+    const MiniGguf g = read_gguf(path);
+    uint64_t sum = 0;
+    int n = 0;
+    for (const MiniTensor& t : g.tensors) {
+      const DTypeInfo* info = dtype_info(t.type);
+      ASSERT_NE(info, nullptr) << e.file << " " << t.name << ": type " << t.type;
+      if (std::string(info->name) != e.type) continue;
+      const int64_t ne0 = t.ne.at(0), rows = t.nelem() / ne0;
+      const size_t rb = *row_bytes(info->type, ne0);
+      const uint8_t* q = g.data(t, rb * size_t(rows));
+      std::vector<float> y(size_t(t.nelem()));
+      for (int64_t r = 0; r < rows; ++r) dequantize_row_ref(info->type, q + size_t(r) * rb, y.data() + r * ne0, ne0);
+      sum += weighted_bits(y);
+      ++n;
+    }
+    EXPECT_EQ(n, e.tensors) << e.file << " " << e.type;
+    EXPECT_EQ(sum, e.sum) << e.file << " " << e.type;
+    ++checked;
+  }
+  if (checked == 0) GTEST_SKIP() << "no regenerated tiny-q files in " << dir << " (tests/scripts/regen_tiny_q.sh makes them)";
+}
