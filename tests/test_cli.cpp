@@ -51,6 +51,60 @@ TEST(Cli, EvalMatchesGoldenThroughTheCommandLine) {
   }
 }
 
+// The IQ quantisations through the command line: eval on the shipped tiny-q files (IQ types
+// mixed per tensor with K-quants and Q8_0). --exact: the deqf32 golden (argmax, greedy, last
+// logits within 1e-3); default: llama.cpp's own quantized golden within test_golden's
+// quantized criteria (last-logit rms <= 0.08, argmax agreement >= 93 %).
+TEST(Cli, EvalIqQuantisationsMatchGoldens) {
+  for (const char* m : {"tiny-q-iq4_xs", "tiny-q-iq2_xxs", "tiny-q-iq1_m"}) {
+    for (const bool exact : {true, false}) {
+      SCOPED_TRACE(std::string(m) + (exact ? " --exact" : ""));
+      const auto g = read_json(golden_path(std::string(m) + (exact ? ".deqf32" : "") + ".ids64.json"));
+      std::string out, err;
+      const int rc = run_command(bin() + " eval -m '" + fixtures_dir() + "/models-iq/" + m + ".gguf' -t 2" +
+                                     (exact ? " --exact" : "") + " --greedy 32 --tokens " + ids_csv(g["prompt_tokens"]),
+                                 &out, &err);
+      ASSERT_EQ(rc, 0) << err;
+      const auto j = nlohmann::json::parse(out);
+      const auto& last = j["logits"][0];
+      const auto& ref = g["last_logits"];
+      ASSERT_EQ(last.size(), ref.size());
+      double max_abs = 0, sum_sq = 0;
+      for (size_t i = 0; i < ref.size(); ++i) {
+        const double d = std::fabs(last[i].get<double>() - ref[i].get<double>());
+        max_abs = std::max(max_abs, d);
+        sum_sq += d * d;
+      }
+      size_t agree = 0;
+      for (size_t t = 0; t < g["argmax"].size(); ++t) agree += j["argmax"][t] == g["argmax"][t];
+      if (exact) {
+        EXPECT_EQ(j["argmax"], g["argmax"]);
+        EXPECT_EQ(j["greedy"], g["greedy"]);
+        EXPECT_LE(max_abs, 1e-3);
+      } else {
+        EXPECT_LE(std::sqrt(sum_sq / double(ref.size())), 0.08);
+        EXPECT_GE(double(agree), 0.93 * double(g["argmax"].size()));
+      }
+    }
+  }
+}
+
+// inspect on a mixed IQ file: per-type totals (tensors, parameters, share, bits per weight)
+// and, with --tensors, each tensor's type, shape and bytes.
+TEST(Cli, InspectShowsPerTypeTotalsOfAMixedIqFile) {
+  std::string out, err;
+  ASSERT_EQ(run_command(bin() + " inspect --tensors '" + fixtures_dir() + "/models-iq/tiny-q-iq1_m.gguf'", &out, &err), 0)
+      << err;
+  // 13 iq1_m tensors of 2,362,368 weights at 1.75 bits; 14 q4_K; 50 tensors in all.
+  EXPECT_NE(out.find("tensors:       50,"), std::string::npos) << out;
+  EXPECT_NE(out.find("iq1_m         13        2362368"), std::string::npos) << out;
+  EXPECT_NE(out.find("1.750"), std::string::npos) << out;
+  EXPECT_NE(out.find("q4_K          14"), std::string::npos) << out;
+  EXPECT_NE(out.find("blk.1.ffn_up_exps.weight                 iq1_m   {256, 256, 8}  114688 bytes"), std::string::npos)
+      << out;
+  EXPECT_NE(out.find("token_embd.weight                        q2_K    {256, 513}"), std::string::npos) << out;
+}
+
 // The repacked Q4_K layout (STEP35_REPACK: 0 | shared | all; tensor/repack.h) changes no
 // output bit: eval's logits on a Q4_K_M model are identical in all three modes; a bad
 // value is a clear error.
