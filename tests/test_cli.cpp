@@ -2,6 +2,8 @@
 // tokenize, inspect, and clear errors (never a crash) for bad input.
 #include <gtest/gtest.h>
 
+#include <algorithm>
+#include <cstring>
 #include <fstream>
 #include <regex>
 #include <sstream>
@@ -227,6 +229,59 @@ TEST(Cli, BadInputGivesClearErrors) {
     // One line (plus at most a usage text for unknown commands), never a crash trace.
     EXPECT_EQ(err.find("terminate called"), std::string::npos) << err;
     EXPECT_EQ(err.find("Sanitizer"), std::string::npos) << err;
+  }
+}
+
+// A shipped IQ model damaged three ways: cut inside the last tensor's blocks, one tensor's
+// type id changed to another IQ type (whose bytes for the same shape overrun the next
+// tensor), and to an id no ggml type has. Each is one line on stderr naming the file and
+// the tensor, exit status 1, no crash.
+TEST(Cli, CorruptIqModelsGiveOneLineErrors) {
+  const std::string src = fixtures_dir() + "/models-iq/tiny-q-iq2_xxs.gguf";
+  const auto orig = read_bytes(src);
+  // The type field of a tensor info: name (u64 length + bytes), n_dims, ne[n_dims], type.
+  auto type_offset = [&](const std::string& name) {
+    std::string needle(8, '\0');
+    const uint64_t len = name.size();
+    std::memcpy(needle.data(), &len, 8);
+    needle += name;
+    const auto it = std::search(orig.begin(), orig.end(), needle.begin(), needle.end());
+    EXPECT_NE(it, orig.end()) << name;
+    const size_t pos = size_t(it - orig.begin()) + needle.size();
+    uint32_t n_dims;
+    std::memcpy(&n_dims, orig.data() + pos, 4);
+    return pos + 4 + 8 * size_t(n_dims);
+  };
+  const std::string t = "blk.1.ffn_up_exps.weight";
+  const size_t toff = type_offset(t);
+  uint32_t type;
+  std::memcpy(&type, orig.data() + toff, 4);
+  ASSERT_EQ(type, 16u);  // iq2_xxs
+  struct Damage {
+    std::string file;
+    std::vector<uint8_t> bytes;
+    std::vector<std::string> want;
+  };
+  std::vector<Damage> damages;
+  damages.push_back({"iq-cut.gguf", std::vector<uint8_t>(orig.begin(), orig.end() - 100), {"past end of file"}});
+  auto retyped = orig;
+  const uint32_t iq3_s = 21, unknown = 24;
+  std::memcpy(retyped.data() + toff, &iq3_s, 4);
+  damages.push_back({"iq-retyped.gguf", retyped, {t, "overlap"}});
+  std::memcpy(retyped.data() + toff, &unknown, 4);
+  damages.push_back({"iq-unknown.gguf", retyped, {t, "unknown ggml type id 24"}});
+  for (const Damage& d : damages) {
+    const std::string path = tmp_dir() + "/" + d.file;
+    write_bytes(path, d.bytes);
+    for (const char* cmd : {"eval --tokens 0,5", "inspect"}) {
+      std::string out, err;
+      const std::string args = std::string(cmd) == "inspect" ? " inspect '" + path + "'" : " eval -m '" + path + "' --tokens 0,5";
+      EXPECT_EQ(run_command(bin() + args, &out, &err), 1) << args << "\n" << err;
+      EXPECT_NE(err.find(d.file), std::string::npos) << err;
+      for (const std::string& w : d.want) EXPECT_NE(err.find(w), std::string::npos) << args << "\n" << err;
+      EXPECT_EQ(std::count(err.begin(), err.end(), '\n'), 1) << err;
+      EXPECT_EQ(err.find("Sanitizer"), std::string::npos) << err;
+    }
   }
 }
 
