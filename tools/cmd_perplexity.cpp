@@ -90,6 +90,7 @@ void print_done(int32_t n_chunk, int32_t n_ctx, double t0) {
 struct Options {
   int32_t n_threads = 1, n_batch = kDefaultBatch, max_chunks = 0;
   Precision precision = Precision::Native;
+  KvTypes kv_types;
 };
 
 int run_perplexity(const ArgParser& p, const Model& model, const std::string& text, const Options& o) {
@@ -112,7 +113,7 @@ int run_perplexity(const ArgParser& p, const Model& model, const std::string& te
     std::fprintf(stderr, "perplexity: saving the log-probabilities of every scored token to %s\n",
                  p.str("kl-divergence-base").c_str());
   }
-  ChunkRunner runner(model, n_ctx, batch, o.precision);
+  ChunkRunner runner(model, n_ctx, batch, o.precision, o.kv_types);
   ThreadPool pool(o.n_threads);
   const double t0 = now_seconds();
   const PerplexitySums sums =
@@ -159,7 +160,7 @@ int run_kl_divergence(const ArgParser& p, const Model& model, BaseFileReader& ba
   const int32_t batch = std::min(o.n_batch, h.n_ctx);
   std::fprintf(stderr, "kl_divergence: computing over %d chunks, n_ctx=%d, batch_size=%d, n_seq=1\n", n_chunk,
                h.n_ctx, batch);
-  ChunkRunner runner(model, h.n_ctx, batch, o.precision);
+  ChunkRunner runner(model, h.n_ctx, batch, o.precision, o.kv_types);
   ThreadPool pool(o.n_threads);
   const double t0 = now_seconds();
   print_stdout_after_blank_line(kl_table_header());
@@ -195,6 +196,7 @@ static int perplexity_main(const Args& args) {
   p.flag("-b,--batch-size", "N", "most tokens per forward pass", "2048");
   p.flag("-t,--threads", "N", "worker threads", "number of cores");
   p.flag("--exact", "", "F32 activations on the exact stored weights (default: round activations as llama.cpp does)");
+  add_kv_cache_flags(p);
   p.flag("--kl-divergence-base", "FILE",
          "without --kl-divergence: save the base log-probabilities there; with it: read them");
   p.flag("--kl-divergence", "", "report KL divergence and the other statistics against --kl-divergence-base");
@@ -209,6 +211,7 @@ static int perplexity_main(const Args& args) {
   o.n_batch = int32_t(p.i64("batch-size", kDefaultBatch, 1, 1 << 20));
   o.max_chunks = int32_t(p.i64("chunks", std::numeric_limits<int32_t>::max(), 1, std::numeric_limits<int32_t>::max()));
   o.precision = p.has("exact") ? Precision::Exact : Precision::Native;
+  o.kv_types = parse_kv_types(p);
   p.i64("ctx-size", kDefaultCtx, 3, 1 << 30);  // a bad value is a usage error before anything is read
   // The text and the base are read before the model: a wrong path fails at once.
   std::unique_ptr<std::string> text;
