@@ -779,7 +779,14 @@ TEST(PerplexityFidelity, KlDivergenceMatchesLlamaPerplexity) {
       const double ref = q8 ? f.q8_0 : f.q4_k_m;
       const double ours = figure(out, f.label);
       std::printf("[kl-divergence] %s %s step35 %g, llama.cpp %g\n", model, f.label, ours, ref);
-      EXPECT_TRUE(same_significant_digits(ours, ref, 2)) << model << " " << f.label << " " << ours << " vs " << ref;
+      // RMS Δp within 5 %, not 2 digits: llama.cpp's figure was made with -fa off, and
+      // step35's attention is the streaming (flash-style) one since issue 21, whose last bits
+      // differ; on q8_0 that moved step35's figure from 0.055 to 0.057 (q4_k_m: 0.214 ->
+      // 0.212), where llama.cpp's own F16 cache moves its figure to 0.081 (docs/fidelity.md).
+      if (std::string(f.label).rfind("RMS", 0) == 0)
+        EXPECT_NEAR(ours, ref, 0.05 * ref) << model << " " << f.label << " " << ours << " vs " << ref;
+      else
+        EXPECT_TRUE(same_significant_digits(ours, ref, 2)) << model << " " << f.label << " " << ours << " vs " << ref;
     }
     const double ppl_q = figure(out, "Mean PPL(Q)                   :");
     EXPECT_NEAR(ppl_q, q8 ? 4215.4976 : 4198.5398, 0.002 * ppl_q) << model;
