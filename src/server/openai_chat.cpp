@@ -3,13 +3,15 @@
 // output (response_format, forced tool calls) through grammar constraints, SSE streaming.
 #include <chrono>
 
-#include "structured/json_constraint.h"
+#include "chat/step35_format.h"
+#include "chat/tool_calls.h"
 #include "server/api_error.h"
 #include "server/chat_plan.h"
 #include "server/generation.h"
 #include "server/request_validation.h"
 #include "server/server_context.h"
 #include "server/sse.h"
+#include "structured/json_constraint.h"
 
 namespace step35::server {
 
@@ -110,10 +112,8 @@ ChatPlan plan_chat(ServerContext& ctx, const json& body) {
   const Tokenizer& tok = ctx.tokenizer();
   GenerateRequest& r = plan.request;
   r.prompt = tok.encode(rendered, !ctx.chat_template->renders_bos(), true);
-  static const std::string kThinkOpen = "<think>\n";
-  plan.in_reasoning = ctx.think_end >= 0 && ctx.chat_template->format() == ChatFormat::STEP35 &&
-                      rendered.size() >= kThinkOpen.size() &&
-                      rendered.compare(rendered.size() - kThinkOpen.size(), kThinkOpen.size(), kThinkOpen) == 0;
+  plan.in_reasoning =
+      ctx.think_end >= 0 && step35_format::prompt_opens_reasoning(rendered, ctx.chat_template->format());
 
   r.sampling = sampling_from(f);
   const int64_t ctx_max = ctx.engine->options().n_ctx;

@@ -8,6 +8,7 @@
 #include <random>
 #include <thread>
 
+#include "chat/step35_format.h"
 #include "server/api_error.h"
 #include "server/chat_plan.h"
 #include "server/request_validation.h"
@@ -237,7 +238,7 @@ int serve(const ServerOptions& options) {
     ctx.chat_template = std::make_unique<ChatTemplate>(
         ctx.model->file().opt_str("tokenizer.chat_template").value_or(""),
         tok.bos() >= 0 ? tok.token_to_piece(tok.bos()) : "");
-    ctx.think_end = tok.find_token("</think>");
+    ctx.think_end = step35_format::think_end_token(tok);
     EngineOptions eo = options.engine;
     if (eo.n_ctx <= 0) eo.n_ctx = std::min(4096, ctx.model->hparams().n_ctx_train);
     // Not ready until one forward pass has run: otherwise the first request's TTFT
