@@ -140,24 +140,26 @@ namespace step35::server {
 
 bool drive(GenerationRun& run, std::vector<ChoiceText>& texts, std::chrono::steady_clock::time_point deadline,
            const TokenCallback& on_token, const DoneCallback& on_done) {
-  size_t remaining = run.running();
   ChoiceEvent ce;
-  while (remaining > 0) {
+  while (run.running() > 0) {
     if (!run.next(ce, deadline)) return false;
-    ChoiceText& text = texts[size_t(ce.index)];
-    if (!ce.event.done) {
-      if (text.stopped()) continue;  // events already queued when a stop string matched
-      const TextDelta d = text.push(ce.event.token);
-      if (!on_token(ce.index, ce.event, d)) return false;
-      if (d.stop_matched) run.stop(ce.index);
-      continue;
-    }
-    run.mark_done(ce.index);
-    --remaining;
-    const TextDelta d = text.finish();
-    if (!on_done(ce.index, ce.event, d)) return false;
+    if (!deliver(run, texts, ce, on_token, on_done)) return false;
   }
   return true;
+}
+
+bool deliver(GenerationRun& run, std::vector<ChoiceText>& texts, const ChoiceEvent& ce, const TokenCallback& on_token,
+             const DoneCallback& on_done) {
+  ChoiceText& text = texts[size_t(ce.index)];
+  if (!ce.event.done) {
+    if (text.stopped()) return true;  // events already queued when a stop string matched
+    const TextDelta d = text.push(ce.event.token);
+    if (!on_token(ce.index, ce.event, d)) return false;
+    if (d.stop_matched) run.stop(ce.index);
+    return true;
+  }
+  run.mark_done(ce.index);
+  return on_done(ce.index, ce.event, text.finish());
 }
 
 }  // namespace step35::server

@@ -123,5 +123,8 @@ using TokenCallback = std::function<bool(int index, const GenerateEvent& token_e
 using DoneCallback = std::function<bool(int index, const GenerateEvent& final_event, const TextDelta& delta)>;
 bool drive(GenerationRun& run, std::vector<ChoiceText>& texts, std::chrono::steady_clock::time_point deadline,
            const TokenCallback& on_token, const DoneCallback& on_done);
+// One event of the run, as drive() delivers it (for an event already taken off the queue).
+bool deliver(GenerationRun& run, std::vector<ChoiceText>& texts, const ChoiceEvent& event,
+             const TokenCallback& on_token, const DoneCallback& on_done);
 
 }  // namespace step35::server

@@ -1,8 +1,6 @@
 // POST /v1/chat/completions (and the chat part of /v1/step35/execute): messages rendered
 // with the model's chat template, reasoning returned as reasoning_content, structured
 // output (response_format, forced tool calls) through grammar constraints, SSE streaming.
-#include <chrono>
-
 #include "chat/step35_format.h"
 #include "chat/tool_calls.h"
 #include "server/api_error.h"
@@ -11,12 +9,12 @@
 #include "server/request_validation.h"
 #include "server/server_context.h"
 #include "server/sse.h"
+#include "server/streaming.h"
 #include "structured/json_constraint.h"
 
 namespace step35::server {
 
 using nlohmann::json;
-using Clock = std::chrono::steady_clock;
 
 namespace {
 
@@ -152,17 +150,141 @@ json logprob_entry(const Tokenizer& tok, int32_t token, float logprob, const std
   return e;
 }
 
-json usage_json(int32_t prompt, int32_t cached, int64_t completion) {
-  return {{"prompt_tokens", prompt},
-          {"completion_tokens", completion},
-          {"total_tokens", prompt + completion},
-          {"prompt_tokens_details", {{"cached_tokens", cached}}}};
+const char* chat_finish_reason(const GenerateEvent& ev, const ChoiceText& t) {
+  return !t.tool_calls().empty() && ev.reason == FinishReason::Stop ? "tool_calls" : openai_finish_reason(ev, t.stopped());
 }
 
-// The error a choice's final event carries, for a response that has not started.
-void throw_if_failed(const GenerateEvent& ev) {
-  if (ev.reason == FinishReason::Timeout) throw ApiError(408, "the request timed out");
-  if (ev.reason == FinishReason::Error) throw ApiError(500, "generation failed: " + ev.error);
+json tool_call_deltas(const std::vector<OutputDelta>& deltas) {
+  json tc = json::array();
+  for (const OutputDelta& o : deltas) {
+    if (o.kind == OutputDelta::Kind::ToolCallStart)
+      tc.push_back({{"index", o.tool_index}, {"id", o.tool_id}, {"type", "function"},
+                    {"function", {{"name", o.tool_name}, {"arguments", ""}}}});
+    else
+      tc.push_back({{"index", o.tool_index}, {"function", {{"arguments", o.text}}}});
+  }
+  return tc;
+}
+
+// The chat.completion.chunk stream: a delta per token that added text (or logprobs), the
+// role in a choice's first delta, its finish_reason in a last one, then usage and [DONE].
+class ChatStream final : public EventWriter {
+ public:
+  ChatStream(const Tokenizer& tok, const ChatPlan& plan, std::string id, int64_t created, json step35_info)
+      : tok_(tok), plan_(plan), id_(std::move(id)), created_(created), step35_info_(std::move(step35_info)),
+        started_(size_t(plan.n), false) {}
+
+  bool token(httplib::DataSink& sink, int i, const GenerateEvent& ev, const TextDelta& d) override {
+    const bool logprob = plan_.logprobs && !tok_.is_eog(ev.token);
+    if (d.reasoning.empty() && d.content.empty() && d.tool_calls.empty() && !logprob && started_[size_t(i)]) return true;
+    return sse_write(sink, sse_data(chunk(json::array({delta_choice(i, d, &ev)}))));
+  }
+
+  bool done(httplib::DataSink& sink, int i, const GenerateEvent& ev, const TextDelta& d, const ChoiceText& t) override {
+    usage_.add(ev);
+    if (!d.reasoning.empty() || !d.content.empty() || !d.tool_calls.empty() || !started_[size_t(i)])
+      if (!sse_write(sink, sse_data(chunk(json::array({delta_choice(i, d, nullptr)}))))) return false;
+    json c = delta_choice(i, TextDelta{}, nullptr);
+    c["finish_reason"] = chat_finish_reason(ev, t);
+    if (ev.reason == FinishReason::Error || ev.reason == FinishReason::Timeout) {
+      const json err = ApiError(ev.reason == FinishReason::Timeout ? 408 : 500,
+                                ev.reason == FinishReason::Timeout ? "the request timed out" : "generation failed: " + ev.error)
+                           .body();
+      if (!sse_write(sink, sse_data(err))) return false;
+    }
+    return sse_write(sink, sse_data(chunk(json::array({c}))));
+  }
+
+  bool end(httplib::DataSink& sink) override {
+    if (plan_.include_usage) {
+      json u = chunk(json::array());
+      u["usage"] = usage_.openai();
+      sse_write(sink, sse_data(u));
+    }
+    sse_write(sink, sse_done());
+    return true;
+  }
+
+ private:
+  json chunk(json choices) const {
+    json c = {{"id", id_}, {"object", "chat.completion.chunk"}, {"created", created_}, {"model", plan_.model},
+              {"choices", std::move(choices)}};
+    if (!step35_info_.is_null()) c["step35"] = step35_info_;
+    if (plan_.include_usage) c["usage"] = nullptr;
+    return c;
+  }
+
+  json delta_choice(int i, const TextDelta& d, const GenerateEvent* tok_ev) {
+    json delta = json::object();
+    if (!started_[size_t(i)]) {
+      delta["role"] = "assistant";
+      started_[size_t(i)] = true;
+    }
+    if (!d.reasoning.empty()) delta["reasoning_content"] = d.reasoning;
+    if (!d.content.empty()) delta["content"] = d.content;
+    if (!d.tool_calls.empty()) delta["tool_calls"] = tool_call_deltas(d.tool_calls);
+    json c = {{"index", i}, {"delta", delta}, {"logprobs", nullptr}, {"finish_reason", nullptr}};
+    if (plan_.logprobs && tok_ev && !tok_.is_eog(tok_ev->token))
+      c["logprobs"] = {{"content", json::array({logprob_entry(tok_, tok_ev->token, tok_ev->logprob, &tok_ev->top)})}};
+    return c;
+  }
+
+  const Tokenizer& tok_;
+  ChatPlan plan_;
+  std::string id_;
+  int64_t created_;
+  json step35_info_;  // null unless /v1/step35/execute
+  std::vector<bool> started_;
+  Usage usage_;
+};
+
+// What /v1/step35/execute applied, echoed in the response's "step35" object.
+json execute_info(const ServerContext& ctx, const ExecuteOptions& exec) {
+  const bool adaptive = exec.applied_policy == ExpertPolicy::Adaptive;
+  json info = {{"routing_hint", exec.routing_hint.empty() ? json(nullptr) : json(exec.routing_hint)},
+               {"priority", exec.priority == Priority::LowLatency       ? "low_latency"
+                            : exec.priority == Priority::HighThroughput ? "high_throughput"
+                                                                         : "normal"},
+               {"context_window", exec.context_window ? exec.context_window : ctx.engine->options().n_ctx},
+               {"expert_policy", exec.expert_policy},
+               {"expert_policy_applied", adaptive ? "adaptive" : "strict"}};
+  if (adaptive) {
+    info["adaptive_mass"] = ctx.options.adaptive_mass;
+    info["adaptive_min_k"] = ctx.options.adaptive_min_k;
+  }
+  return info;
+}
+
+// The whole chat.completion object but its id and created time.
+json chat_completion(const Tokenizer& tok, const ChatPlan& plan, Generation& gen) {
+  std::vector<json> logprobs(size_t(plan.n), json::array());
+  const std::vector<GenerateEvent> finals = gen.collect([&](int i, const GenerateEvent& ev, const TextDelta&) {
+    if (plan.logprobs && !tok.is_eog(ev.token))
+      logprobs[size_t(i)].push_back(logprob_entry(tok, ev.token, ev.logprob, &ev.top));
+    return true;
+  });
+  json choices = json::array();
+  Usage usage;
+  for (int i = 0; i < plan.n; ++i) {
+    const GenerateEvent& ev = finals[size_t(i)];
+    const ChoiceText& t = gen.text(i);
+    json message = {{"role", "assistant"}, {"content", t.content()}};
+    if (plan.in_reasoning || !t.reasoning().empty()) message["reasoning_content"] = t.reasoning();
+    const auto calls = t.tool_calls();
+    if (!calls.empty()) {
+      json tc = json::array();
+      for (const ParsedToolCall& c : calls)
+        tc.push_back({{"id", c.id}, {"type", "function"}, {"function", {{"name", c.name}, {"arguments", c.arguments}}}});
+      message["tool_calls"] = tc;
+      if (t.content().empty()) message["content"] = nullptr;
+    }
+    choices.push_back({{"index", i},
+                       {"message", message},
+                       {"logprobs", plan.logprobs ? json{{"content", logprobs[size_t(i)]}} : json(nullptr)},
+                       {"finish_reason", chat_finish_reason(ev, t)}});
+    usage.add(ev);
+  }
+  return {{"object", "chat.completion"}, {"model", plan.model}, {"choices", choices}, {"usage", usage.openai()}};
 }
 
 }  // namespace
@@ -176,184 +298,25 @@ void handle_chat(ServerContext& ctx, json body, const ExecuteOptions* exec, http
     plan.request.expert_policy = exec->applied_policy;
     plan.request.adaptive_mass = ctx.options.adaptive_mass;
     plan.request.adaptive_min_k = ctx.options.adaptive_min_k;
-    const bool adaptive = exec->applied_policy == ExpertPolicy::Adaptive;
-    step35_info = {{"routing_hint", exec->routing_hint.empty() ? json(nullptr) : json(exec->routing_hint)},
-                   {"priority", exec->priority == Priority::LowLatency       ? "low_latency"
-                                : exec->priority == Priority::HighThroughput ? "high_throughput"
-                                                                             : "normal"},
-                   {"context_window", exec->context_window ? exec->context_window : ctx.engine->options().n_ctx},
-                   {"expert_policy", exec->expert_policy},
-                   {"expert_policy_applied", adaptive ? "adaptive" : "strict"}};
-    if (adaptive) {
-      step35_info["adaptive_mass"] = ctx.options.adaptive_mass;
-      step35_info["adaptive_min_k"] = ctx.options.adaptive_min_k;
-    }
+    step35_info = execute_info(ctx, *exec);
   }
   const Tokenizer& tok = ctx.tokenizer();
-  auto run = std::make_shared<GenerationRun>(*ctx.engine, replicate(plan.request, plan.n));
-  auto texts = std::make_shared<std::vector<ChoiceText>>();
+  std::vector<ChoiceText> texts;
   for (int i = 0; i < plan.n; ++i) {
     OutputParserOptions po;
     po.in_reasoning = plan.in_reasoning;
     po.call_id_prefix = random_id("call_") + "_" + std::to_string(i) + "_";
-    texts->emplace_back(tok, plan.stops, plan.tools, po);
+    texts.emplace_back(tok, plan.stops, plan.tools, po);
   }
-  const auto deadline = Clock::now() + std::chrono::duration_cast<Clock::duration>(
-                                           std::chrono::duration<double>(ctx.options.timeout_s + 5));
+  auto gen = std::make_shared<Generation>(ctx, plan.request, plan.n, std::move(texts));
   const std::string id = random_id("chatcmpl-");
   const int64_t created = unix_time();
-
-  if (!plan.stream) {
-    std::vector<json> choices(size_t(plan.n));
-    std::vector<json> logprobs(size_t(plan.n), json::array());
-    int32_t n_prompt = 0, n_cached = 0;
-    int64_t n_completion = 0;
-    std::vector<GenerateEvent> finals(size_t(plan.n));
-    const bool ok = drive(
-        *run, *texts, deadline,
-        [&](int i, const GenerateEvent& ev, const TextDelta&) {
-          if (plan.logprobs && !tok.is_eog(ev.token))
-            logprobs[size_t(i)].push_back(logprob_entry(tok, ev.token, ev.logprob, &ev.top));
-          return true;
-        },
-        [&](int i, const GenerateEvent& ev, const TextDelta&) {
-          finals[size_t(i)] = ev;
-          ctx.metrics.observe_generation(ev);
-          return true;
-        });
-    if (!ok) throw ApiError(408, "the request timed out");
-    for (int i = 0; i < plan.n; ++i) {
-      const GenerateEvent& ev = finals[size_t(i)];
-      throw_if_failed(ev);
-      const ChoiceText& t = (*texts)[size_t(i)];
-      json message = {{"role", "assistant"}, {"content", t.content()}};
-      if (plan.in_reasoning || !t.reasoning().empty()) message["reasoning_content"] = t.reasoning();
-      const auto calls = t.tool_calls();
-      if (!calls.empty()) {
-        json tc = json::array();
-        for (const ParsedToolCall& c : calls)
-          tc.push_back({{"id", c.id}, {"type", "function"}, {"function", {{"name", c.name}, {"arguments", c.arguments}}}});
-        message["tool_calls"] = tc;
-        if (t.content().empty()) message["content"] = nullptr;
-      }
-      choices[size_t(i)] = {{"index", i},
-                            {"message", message},
-                            {"logprobs", plan.logprobs ? json{{"content", logprobs[size_t(i)]}} : json(nullptr)},
-                            {"finish_reason", !calls.empty() && ev.reason == FinishReason::Stop
-                                                  ? "tool_calls"
-                                                  : openai_finish_reason(ev, t.stopped())}};
-      n_prompt = ev.n_prompt;
-      n_cached = std::max(n_cached, ev.n_cached);
-      n_completion += ev.n_generated;
-    }
-    json out = {{"id", id},
-                {"object", "chat.completion"},
-                {"created", created},
-                {"model", plan.model},
-                {"choices", choices},
-                {"usage", usage_json(n_prompt, n_cached, n_completion)}};
-    if (exec) out["step35"] = step35_info;
-    set_json(res, out);
-    return;
-  }
-
-  // Streaming: wait for the first event before answering, so a request that fails before
-  // its first token (timeout in the queue, engine error) still gets its HTTP status.
-  auto first = std::make_shared<ChoiceEvent>();
-  if (!run->next(*first, deadline)) throw ApiError(408, "the request timed out");
-  if (first->event.done) throw_if_failed(first->event);
-  set_event_stream(ctx, res, [&ctx, plan, run, texts, first, deadline, id, created, step35_info, exec_given = exec != nullptr](
-                            httplib::DataSink& sink) {
-    const Tokenizer& tok = ctx.tokenizer();
-    auto chunk = [&](json choices) {
-      json c = {{"id", id}, {"object", "chat.completion.chunk"}, {"created", created}, {"model", plan.model},
-                {"choices", std::move(choices)}};
-      if (exec_given) c["step35"] = step35_info;
-      if (plan.include_usage) c["usage"] = nullptr;
-      return c;
-    };
-    std::vector<bool> started(size_t(plan.n), false);
-    auto delta_choice = [&](int i, const TextDelta& d, const GenerateEvent* tok_ev) -> json {
-      json delta = json::object();
-      if (!started[size_t(i)]) {
-        delta["role"] = "assistant";
-        started[size_t(i)] = true;
-      }
-      if (!d.reasoning.empty()) delta["reasoning_content"] = d.reasoning;
-      if (!d.content.empty()) delta["content"] = d.content;
-      if (!d.tool_calls.empty()) {
-        json tc = json::array();
-        for (const OutputDelta& o : d.tool_calls) {
-          if (o.kind == OutputDelta::Kind::ToolCallStart)
-            tc.push_back({{"index", o.tool_index}, {"id", o.tool_id}, {"type", "function"},
-                          {"function", {{"name", o.tool_name}, {"arguments", ""}}}});
-          else
-            tc.push_back({{"index", o.tool_index}, {"function", {{"arguments", o.text}}}});
-        }
-        delta["tool_calls"] = tc;
-      }
-      json c = {{"index", i}, {"delta", delta}, {"logprobs", nullptr}, {"finish_reason", nullptr}};
-      if (plan.logprobs && tok_ev && !tok.is_eog(tok_ev->token))
-        c["logprobs"] = {{"content", json::array({logprob_entry(tok, tok_ev->token, tok_ev->logprob, &tok_ev->top)})}};
-      return c;
-    };
-    int32_t n_prompt = 0, n_cached = 0;
-    int64_t n_completion = 0;
-    auto on_token = [&](int i, const GenerateEvent& ev, const TextDelta& d) {
-      if (d.reasoning.empty() && d.content.empty() && d.tool_calls.empty() && !(plan.logprobs && !tok.is_eog(ev.token)) && started[size_t(i)])
-        return true;
-      return sse_write(sink, sse_data(chunk(json::array({delta_choice(i, d, &ev)}))));
-    };
-    auto on_done = [&](int i, const GenerateEvent& ev, const TextDelta& d) {
-      ctx.metrics.observe_generation(ev);
-      n_prompt = ev.n_prompt;
-      n_cached = std::max(n_cached, ev.n_cached);
-      n_completion += ev.n_generated;
-      if (!d.reasoning.empty() || !d.content.empty() || !d.tool_calls.empty() || !started[size_t(i)])
-        if (!sse_write(sink, sse_data(chunk(json::array({delta_choice(i, d, nullptr)}))))) return false;
-      json c = delta_choice(i, TextDelta{}, nullptr);
-      const ChoiceText& t = (*texts)[size_t(i)];
-      c["finish_reason"] = !t.tool_calls().empty() && ev.reason == FinishReason::Stop
-                               ? "tool_calls"
-                               : openai_finish_reason(ev, t.stopped());
-      if (ev.reason == FinishReason::Error || ev.reason == FinishReason::Timeout) {
-        json err = ApiError(ev.reason == FinishReason::Timeout ? 408 : 500,
-                            ev.reason == FinishReason::Timeout ? "the request timed out" : "generation failed: " + ev.error)
-                       .body();
-        if (!sse_write(sink, sse_data(err))) return false;
-      }
-      return sse_write(sink, sse_data(chunk(json::array({c}))));
-    };
-    // The first event was taken off the queue already: put it through the same path.
-    bool ok = true;
-    {
-      ChoiceText& t = (*texts)[size_t(first->index)];
-      if (!first->event.done) {
-        const TextDelta d = t.push(first->event.token);
-        ok = on_token(first->index, first->event, d);
-        if (d.stop_matched) run->stop(first->index);
-      } else {
-        run->mark_done(first->index);
-        ok = on_done(first->index, first->event, t.finish());
-      }
-    }
-    if (ok) {
-      // drive() counts choices from the ones still running.
-      ok = drive(*run, *texts, deadline, on_token, on_done);
-    }
-    if (!ok) {
-      run->cancel_all();
-      sink.done();
-      return;
-    }
-    if (plan.include_usage) {
-      json u = chunk(json::array());
-      u["usage"] = usage_json(n_prompt, n_cached, n_completion);
-      sse_write(sink, sse_data(u));
-    }
-    sse_write(sink, sse_done());
-    sink.done();
-  });
+  if (plan.stream) return stream(gen, res, std::make_shared<ChatStream>(tok, plan, id, created, step35_info));
+  json out = chat_completion(tok, plan, *gen);
+  out["id"] = id;
+  out["created"] = created;
+  if (exec) out["step35"] = step35_info;
+  set_json(res, out);
 }
 
 }  // namespace step35::server

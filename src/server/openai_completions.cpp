@@ -1,17 +1,15 @@
 // POST /v1/completions: a prompt string (or token ids) continued as is, no chat template.
-#include <chrono>
-
 #include "server/api_error.h"
 #include "server/chat_plan.h"
 #include "server/generation.h"
 #include "server/request_validation.h"
 #include "server/server_context.h"
 #include "server/sse.h"
+#include "server/streaming.h"
 
 namespace step35::server {
 
 using nlohmann::json;
-using Clock = std::chrono::steady_clock;
 
 namespace {
 
@@ -90,127 +88,95 @@ CompletionsPlan plan_completions(ServerContext& ctx, const json& body) {
   return plan;
 }
 
+namespace {
+
+// The text_completion stream: a chunk per token that added text (or logprobs), a last one
+// per choice with its finish_reason, then usage and [DONE].
+class CompletionStream final : public EventWriter {
+ public:
+  CompletionStream(const Tokenizer& tok, const CompletionsPlan& plan, std::string id, int64_t created)
+      : tok_(tok), model_(plan.model), include_usage_(plan.include_usage), want_logprobs_(plan.request.want_logprobs),
+        id_(std::move(id)), created_(created) {}
+
+  bool token(httplib::DataSink& sink, int i, const GenerateEvent& ev, const TextDelta& d) override {
+    const bool lp = want_logprobs_ && !tok_.is_eog(ev.token);
+    if (d.content.empty() && !lp) return true;
+    return sse_write(sink, sse_data(chunk(i, d.content, lp ? completion_logprobs(tok_, {ev}) : json(nullptr), nullptr)));
+  }
+
+  bool done(httplib::DataSink& sink, int i, const GenerateEvent& ev, const TextDelta& d, const ChoiceText& t) override {
+    usage_.add(ev);
+    return sse_write(sink, sse_data(chunk(i, d.content, nullptr, openai_finish_reason(ev, t.stopped()))));
+  }
+
+  bool end(httplib::DataSink& sink) override {
+    if (include_usage_) {
+      const json u = {{"id", id_}, {"object", "text_completion"}, {"created", created_}, {"model", model_},
+                      {"choices", json::array()}, {"usage", usage_.openai()}};
+      sse_write(sink, sse_data(u));
+    }
+    sse_write(sink, sse_done());
+    return true;
+  }
+
+ private:
+  json chunk(int i, const std::string& text, json logprobs, json finish) const {
+    json c = {{"id", id_}, {"object", "text_completion"}, {"created", created_}, {"model", model_},
+              {"choices", json::array({{{"index", i}, {"text", text}, {"logprobs", logprobs}, {"finish_reason", finish}}})}};
+    if (include_usage_) c["usage"] = nullptr;
+    return c;
+  }
+
+  const Tokenizer& tok_;
+  std::string model_;
+  bool include_usage_, want_logprobs_;
+  std::string id_;
+  int64_t created_;
+  Usage usage_;
+};
+
+}  // namespace
+
 void handle_completions(ServerContext& ctx, const json& body, httplib::Response& res) {
   CompletionsPlan plan = plan_completions(ctx, body);
-  GenerateRequest& r = plan.request;
-  const int n = plan.n;
-  const bool stream = plan.stream, include_usage = plan.include_usage, echo = plan.echo;
-  const auto& stops = plan.stops;
-  const std::string& model = plan.model;
+  const GenerateRequest& r = plan.request;
   const Tokenizer& tok = ctx.tokenizer();
-  const std::string echo_text = echo ? tok.decode(r.prompt, false) : "";
+  const std::string echo_text = plan.echo ? tok.decode(r.prompt, false) : "";
   if (r.max_tokens == 0) {
     // Nothing to generate: answer with the prompt's usage (and its echo).
     json choices = json::array();
-    for (int i = 0; i < n; ++i)
+    for (int i = 0; i < plan.n; ++i)
       choices.push_back({{"index", i}, {"text", echo_text}, {"logprobs", nullptr}, {"finish_reason", "length"}});
     set_json(res, {{"id", random_id("cmpl-")}, {"object", "text_completion"}, {"created", unix_time()},
-                   {"model", model}, {"choices", choices},
+                   {"model", plan.model}, {"choices", choices},
                    {"usage", {{"prompt_tokens", r.prompt.size()}, {"completion_tokens", 0},
                               {"total_tokens", r.prompt.size()}}}});
     return;
   }
-  auto run = std::make_shared<GenerationRun>(*ctx.engine, replicate(r, n));
-  auto texts = std::make_shared<std::vector<ChoiceText>>();
-  for (int i = 0; i < n; ++i) texts->emplace_back(tok, stops);
-  const auto deadline = Clock::now() + std::chrono::duration_cast<Clock::duration>(
-                                           std::chrono::duration<double>(ctx.options.timeout_s + 5));
+  std::vector<ChoiceText> texts;
+  for (int i = 0; i < plan.n; ++i) texts.emplace_back(tok, plan.stops);
+  auto gen = std::make_shared<Generation>(ctx, r, plan.n, std::move(texts));
   const std::string id = random_id("cmpl-");
   const int64_t created = unix_time();
-  auto usage = [](int32_t p, int32_t cached, int64_t c) {
-    return json{{"prompt_tokens", p}, {"completion_tokens", c}, {"total_tokens", p + c},
-                {"prompt_tokens_details", {{"cached_tokens", cached}}}};
-  };
-
-  if (!stream) {
-    std::vector<std::vector<GenerateEvent>> events(static_cast<size_t>(n));
-    std::vector<GenerateEvent> finals(static_cast<size_t>(n));
-    const bool ok = drive(
-        *run, *texts, deadline,
-        [&](int i, const GenerateEvent& ev, const TextDelta&) {
-          if (r.want_logprobs && !tok.is_eog(ev.token)) events[size_t(i)].push_back(ev);
-          return true;
-        },
-        [&](int i, const GenerateEvent& ev, const TextDelta&) {
-          finals[size_t(i)] = ev;
-          ctx.metrics.observe_generation(ev);
-          return true;
-        });
-    if (!ok) throw ApiError(408, "the request timed out");
-    json choices = json::array();
-    int32_t n_prompt = 0, n_cached = 0;
-    int64_t n_completion = 0;
-    for (int i = 0; i < n; ++i) {
-      const GenerateEvent& ev = finals[size_t(i)];
-      if (ev.reason == FinishReason::Timeout) throw ApiError(408, "the request timed out");
-      if (ev.reason == FinishReason::Error) throw ApiError(500, "generation failed: " + ev.error);
-      const ChoiceText& t = (*texts)[size_t(i)];
-      choices.push_back({{"index", i},
-                         {"text", echo_text + t.content()},
-                         {"logprobs", r.want_logprobs ? completion_logprobs(tok, events[size_t(i)]) : json(nullptr)},
-                         {"finish_reason", openai_finish_reason(ev, t.stopped())}});
-      n_prompt = ev.n_prompt;
-      n_cached = std::max(n_cached, ev.n_cached);
-      n_completion += ev.n_generated;
-    }
-    set_json(res, {{"id", id}, {"object", "text_completion"}, {"created", created}, {"model", model},
-                   {"choices", choices}, {"usage", usage(n_prompt, n_cached, n_completion)}});
-    return;
-  }
-
-  auto first = std::make_shared<ChoiceEvent>();
-  if (!run->next(*first, deadline)) throw ApiError(408, "the request timed out");
-  if (first->event.done && first->event.reason == FinishReason::Timeout) throw ApiError(408, "the request timed out");
-  if (first->event.done && first->event.reason == FinishReason::Error)
-    throw ApiError(500, "generation failed: " + first->event.error);
-  const bool want_logprobs = r.want_logprobs;
-  set_event_stream(ctx, res, [&ctx, run, texts, first, deadline, id, created, model, include_usage, want_logprobs,
-                         usage](httplib::DataSink& sink) {
-    const Tokenizer& tok = ctx.tokenizer();
-    auto chunk = [&](int i, const std::string& text, json logprobs, json finish) {
-      json c = {{"id", id}, {"object", "text_completion"}, {"created", created}, {"model", model},
-                {"choices", json::array({{{"index", i}, {"text", text}, {"logprobs", logprobs}, {"finish_reason", finish}}})}};
-      if (include_usage) c["usage"] = nullptr;
-      return c;
-    };
-    int32_t n_prompt = 0, n_cached = 0;
-    int64_t n_completion = 0;
-    auto on_token = [&](int i, const GenerateEvent& ev, const TextDelta& d) {
-      const bool lp = want_logprobs && !tok.is_eog(ev.token);
-      if (d.content.empty() && !lp) return true;
-      return sse_write(sink, sse_data(chunk(i, d.content, lp ? completion_logprobs(tok, {ev}) : json(nullptr), nullptr)));
-    };
-    auto on_done = [&](int i, const GenerateEvent& ev, const TextDelta& d) {
-      ctx.metrics.observe_generation(ev);
-      n_prompt = ev.n_prompt;
-      n_cached = std::max(n_cached, ev.n_cached);
-      n_completion += ev.n_generated;
-      return sse_write(sink, sse_data(chunk(i, d.content, nullptr, openai_finish_reason(ev, (*texts)[size_t(i)].stopped()))));
-    };
-    bool ok;
-    ChoiceText& t = (*texts)[size_t(first->index)];
-    if (!first->event.done) {
-      const TextDelta d = t.push(first->event.token);
-      ok = on_token(first->index, first->event, d);
-      if (d.stop_matched) run->stop(first->index);
-    } else {
-      run->mark_done(first->index);
-      ok = on_done(first->index, first->event, t.finish());
-    }
-    if (ok) ok = drive(*run, *texts, deadline, on_token, on_done);
-    if (!ok) {
-      run->cancel_all();
-      sink.done();
-      return;
-    }
-    if (include_usage) {
-      json u = {{"id", id}, {"object", "text_completion"}, {"created", created}, {"model", model},
-                {"choices", json::array()}, {"usage", usage(n_prompt, n_cached, n_completion)}};
-      sse_write(sink, sse_data(u));
-    }
-    sse_write(sink, sse_done());
-    sink.done();
+  if (plan.stream) return stream(gen, res, std::make_shared<CompletionStream>(tok, plan, id, created));
+  std::vector<std::vector<GenerateEvent>> events(size_t(plan.n));
+  const std::vector<GenerateEvent> finals = gen->collect([&](int i, const GenerateEvent& ev, const TextDelta&) {
+    if (r.want_logprobs && !tok.is_eog(ev.token)) events[size_t(i)].push_back(ev);
+    return true;
   });
+  json choices = json::array();
+  Usage usage;
+  for (int i = 0; i < plan.n; ++i) {
+    const GenerateEvent& ev = finals[size_t(i)];
+    const ChoiceText& t = gen->text(i);
+    choices.push_back({{"index", i},
+                       {"text", echo_text + t.content()},
+                       {"logprobs", r.want_logprobs ? completion_logprobs(tok, events[size_t(i)]) : json(nullptr)},
+                       {"finish_reason", openai_finish_reason(ev, t.stopped())}});
+    usage.add(ev);
+  }
+  set_json(res, {{"id", id}, {"object", "text_completion"}, {"created", created}, {"model", plan.model},
+                 {"choices", choices}, {"usage", usage.openai()}});
 }
 
 }  // namespace step35::server
