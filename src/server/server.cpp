@@ -240,7 +240,7 @@ int serve(const ServerOptions& options) {
         tok.bos() >= 0 ? tok.token_to_piece(tok.bos()) : "");
     ctx.think_end = step35_format::think_end_token(tok);
     EngineOptions eo = options.engine;
-    if (eo.n_ctx <= 0) eo.n_ctx = std::min(4096, ctx.model->hparams().n_ctx_train);
+    if (eo.n_ctx <= 0) eo.n_ctx = EngineOptions{}.n_ctx;  // (the engine caps it at the model's context)
     // Not ready until one forward pass has run: otherwise the first request's TTFT
     // includes faulting in the weights.
     eo.warm_up = true;

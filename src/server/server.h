@@ -26,8 +26,8 @@ struct ServerOptions {
   // can keep a new request waiting for a thread.
   int keep_alive_s = 2;
   ExpertPolicy default_expert_policy = ExpertPolicy::Strict;  // what "auto" means
-  float adaptive_mass = 0.9f;
-  int32_t adaptive_min_k = 4;
+  float adaptive_mass = kDefaultAdaptiveMass;
+  int32_t adaptive_min_k = kDefaultAdaptiveMinK;
   double shutdown_grace_s = 10;    // SIGTERM: how long in-flight requests may finish
   EngineOptions engine;
   // Called once the model is loaded, before the engine's first forward pass (e.g. to
