@@ -5,6 +5,7 @@
 // Bytes/s counts weight bytes streamed (the decode roofline quantity).
 #include <benchmark/benchmark.h>
 
+#include <cstring>
 #include <random>
 #include <string>
 #include <vector>
@@ -28,6 +29,24 @@ struct Case {
   std::vector<float> y;
 };
 
+// Blocks of the types step35 cannot encode (the IQ types llama-quantize writes only with an
+// importance matrix, TQ1_0 / TQ2_0): random bytes with a moderate F16 super-scale (the
+// kernels' work does not depend on the values).
+void random_blocks(DType t, uint8_t* dst, int64_t n, std::mt19937& rng) {
+  const DTypeInfo& info = dtype_info(t);
+  for (int64_t b = 0; b < n / info.block_elems; ++b) {
+    uint8_t* blk = dst + size_t(b) * info.block_bytes;
+    for (size_t j = 0; j < info.block_bytes; ++j) blk[j] = uint8_t(rng());
+    if (t == DType::IQ1_M) {
+      blk[55] = uint8_t((blk[55] & 0x0f) | 0x30);
+    } else {
+      const size_t off = t == DType::TQ1_0 ? 52 : t == DType::TQ2_0 ? 64 : 0;
+      const uint16_t h = uint16_t(0x2c00 | (rng() & 0x83ff));
+      std::memcpy(blk + off, &h, 2);
+    }
+  }
+}
+
 Case make_case(DType t, Precision p, int64_t n_out, int64_t n_in, int64_t n_tok) {
   Case c;
   std::mt19937 rng(1);
@@ -42,7 +61,7 @@ Case make_case(DType t, Precision p, int64_t n_out, int64_t n_in, int64_t n_tok)
       continue;
     }
     for (float& v : row) v = nd(rng);
-    quantize_row_ref(t, row.data(), dst, n_in);
+    if (!quantize_row_ref(t, row.data(), dst, n_in)) random_blocks(t, dst, n_in, rng);
   }
   c.w = {c.w_bytes.data(), t, n_in, n_out, 1, rb};
   const ActType at = kernels::act_type(t, p);
@@ -73,7 +92,8 @@ void bm_matmul(benchmark::State& st, DType t, Isa isa, Precision p, int64_t n_ou
   st.counters["tok/s"] = benchmark::Counter(double(st.iterations()) * double(n_tok), benchmark::Counter::kIsRate);
 }
 
-// A Q4_K or Q6_K matrix repacked 16 rows at a time (tensor/repack.h, AVX-512 only).
+// A matrix repacked 16 rows at a time (tensor/repack.h, AVX-512 only). Bytes/s counts the
+// GGUF bytes of the matrix (the expanded IQ code layouts read more).
 void bm_matmul_repacked(benchmark::State& st, DType type, int64_t n_out) {
   kernels::force_isa(Isa::Avx512);
   const int64_t n_tok = st.range(0);
@@ -140,8 +160,11 @@ void bm_attention_block(benchmark::State& st, Isa isa) {
 }
 
 void register_all() {
-  const DType types[] = {DType::Q4_K, DType::Q6_K, DType::F32,  DType::Q8_0, DType::F16,  DType::Q5_K, DType::BF16,
-                         DType::MXFP4, DType::Q4_0, DType::Q4_1, DType::Q5_0, DType::Q5_1, DType::Q2_K, DType::Q3_K};
+  const DType types[] = {DType::Q4_K,   DType::Q6_K,   DType::F32,   DType::Q8_0,    DType::F16,    DType::Q5_K,
+                         DType::BF16,   DType::MXFP4,  DType::Q4_0,  DType::Q4_1,    DType::Q5_0,   DType::Q5_1,
+                         DType::Q2_K,   DType::Q3_K,   DType::IQ4_XS, DType::IQ3_S,  DType::IQ2_XXS, DType::IQ2_XS,
+                         DType::IQ2_S,  DType::IQ3_XXS, DType::IQ1_M, DType::IQ1_S,  DType::IQ4_NL, DType::TQ1_0,
+                         DType::TQ2_0};
   for (Isa isa : kernels::available_isas()) {
     const std::string in = kernels::isa_name(isa);
     for (DType t : types) {
@@ -161,6 +184,13 @@ void register_all() {
       benchmark::RegisterBenchmark("matmul/q6_K_x16/avx512", bm_matmul_repacked, DType::Q6_K, 2048)
           ->Arg(1)->Arg(2)->Arg(4)->Arg(8)->Arg(64)->Unit(benchmark::kMicrosecond);
       benchmark::RegisterBenchmark("matmul_dram/q6_K_x16/avx512", bm_matmul_repacked, DType::Q6_K, 65536)
+          ->Arg(1)->Arg(2)->Arg(4)->Unit(benchmark::kMicrosecond);
+      for (DType t : {DType::IQ4_XS, DType::IQ3_S, DType::IQ3_XXS, DType::IQ2_S, DType::IQ2_XS, DType::IQ2_XXS,
+                      DType::IQ1_M, DType::IQ1_S, DType::TQ2_0, DType::TQ1_0})
+        benchmark::RegisterBenchmark(("matmul/" + std::string(dtype_name(t)) + "_x16/avx512").c_str(),
+                                     bm_matmul_repacked, t, 2048)
+            ->Arg(1)->Arg(2)->Arg(4)->Arg(8)->Arg(64)->Unit(benchmark::kMicrosecond);
+      benchmark::RegisterBenchmark("matmul_dram/iq4_xs_x16/avx512", bm_matmul_repacked, DType::IQ4_XS, 65536)
           ->Arg(1)->Arg(2)->Arg(4)->Unit(benchmark::kMicrosecond);
     }
     benchmark::RegisterBenchmark(("moe_experts/" + in).c_str(), bm_moe_experts, isa)

@@ -370,6 +370,24 @@ TEST(Kernels, RepackedQ6kMatchesScalarReference) {
   check_repacked_matches_scalar(DType::Q6_K);
 }
 
+// The IQ / TQ types in the 4-bit code layout (every value a code into its type's table).
+TEST(Kernels, RepackedIqMatchesScalarReference) {
+  if (!have_repacked_kernels()) GTEST_SKIP() << "no AVX-512 VNNI on this CPU";
+  for (DType t : {DType::IQ4_XS, DType::IQ3_S, DType::IQ3_XXS, DType::IQ2_S, DType::IQ2_XS, DType::IQ2_XXS,
+                  DType::IQ1_M, DType::IQ1_S, DType::TQ2_0, DType::TQ1_0}) {
+    check_repacked_matches_scalar(t);
+    if (HasFatalFailure()) return;
+  }
+}
+
+// IQ4_NL (32-element blocks with an F16 scale each) has no repacked layout.
+TEST(Kernels, Iq4nlIsNotRepacked) {
+  std::mt19937 rng(3);
+  RandomMatrix m(DType::IQ4_NL, 16, 256, rng);
+  EXPECT_FALSE(kernels::can_repack(m.w));
+  EXPECT_EQ(kernels::x16_group_bytes(DType::IQ4_NL, 256), 0u);
+}
+
 INSTANTIATE_TEST_SUITE_P(AllTypes, KernelTypes, ::testing::ValuesIn(kAllTypes),
                          [](const ::testing::TestParamInfo<DType>& i) { return std::string(dtype_name(i.param)); });
 

@@ -330,7 +330,7 @@ const uint8_t* act_row(const ActRows& x, int64_t t) {
 
 // The level's kernel for rows of type t repacked 16 at a time, or null.
 X16DotFn x16_kernel(const IsaKernels& k, DType t) {
-  return t == DType::Q4_K ? k.q4k_x16 : t == DType::Q6_K ? k.q6k_x16 : nullptr;
+  return unsigned(t) < 40 ? k.x16_dot[unsigned(t)] : nullptr;
 }
 
 }  // namespace
