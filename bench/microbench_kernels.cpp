@@ -185,6 +185,8 @@ void register_all() {
           ->Arg(1)->Arg(2)->Arg(4)->Arg(8)->Arg(64)->Unit(benchmark::kMicrosecond);
       benchmark::RegisterBenchmark("matmul_dram/q6_K_x16/avx512", bm_matmul_repacked, DType::Q6_K, 65536)
           ->Arg(1)->Arg(2)->Arg(4)->Unit(benchmark::kMicrosecond);
+      benchmark::RegisterBenchmark("matmul/q5_K_x16/avx512", bm_matmul_repacked, DType::Q5_K, 2048)
+          ->Arg(1)->Arg(2)->Arg(4)->Arg(8)->Arg(64)->Unit(benchmark::kMicrosecond);
       for (DType t : {DType::IQ4_XS, DType::IQ3_S, DType::IQ3_XXS, DType::IQ2_S, DType::IQ2_XS, DType::IQ2_XXS,
                       DType::IQ1_M, DType::IQ1_S, DType::TQ2_0, DType::TQ1_0})
         benchmark::RegisterBenchmark(("matmul/" + std::string(dtype_name(t)) + "_x16/avx512").c_str(),

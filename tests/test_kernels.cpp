@@ -304,7 +304,7 @@ TEST(Kernels, IqBlocksAtTheLimitsMatchScalar) {
   }
 }
 
-// Q4_K and Q6_K rows repacked 16 at a time (tensor/repack.h) give, through matmul, exactly the
+// Rows repacked 16 at a time (tensor/repack.h) give, through matmul, exactly the
 // scalar reference's value for every (row, token) pair: 16-aligned ranges take the
 // repacked kernel (1..4 tokens per call, partial token groups, index lists with repeats),
 // other ranges fall back to the GGUF rows; the second matrix of a 3-D tensor (an expert)
@@ -368,6 +368,11 @@ TEST(Kernels, RepackedQ4kMatchesScalarReference) {
 TEST(Kernels, RepackedQ6kMatchesScalarReference) {
   if (!have_repacked_kernels()) GTEST_SKIP() << "no AVX-512 VNNI on this CPU";
   check_repacked_matches_scalar(DType::Q6_K);
+}
+
+TEST(Kernels, RepackedQ5kMatchesScalarReference) {
+  if (!have_repacked_kernels()) GTEST_SKIP() << "no AVX-512 VNNI on this CPU";
+  check_repacked_matches_scalar(DType::Q5_K);
 }
 
 // The IQ / TQ types in the 4-bit code layout (every value a code into its type's table).

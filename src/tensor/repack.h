@@ -1,4 +1,4 @@
-// Q4_K, Q6_K and IQ / TQ weights repacked 16 rows at a time for the AVX-512 VNNI kernels.
+// Q4_K, Q5_K, Q6_K and IQ / TQ weights repacked 16 rows at a time for the AVX-512 VNNI kernels.
 //
 // In the GGUF layout each row's blocks follow each other, so a one-token dot product
 // multiplies 64 weights of ONE row per vpdpbusd and must then reduce and scale per row.
@@ -20,6 +20,11 @@
 //                32 s + 16 + 4 c + b (high nibbles), b = 0..3
 // The scales and mins are stored as whole bytes (not 6-bit packed): 2.8 % more bytes than
 // the GGUF blocks, in exchange for one widening load per scale vector.
+// Q5_K: the same 2368 bytes per block (its fifth bits left out of the nibbles), then
+//   [2368, 2880) fifth bits: for quant vector v (0..31) 16 bytes at 2368 + 16 v, two 64-bit
+//                masks: bit 4r + b of the first / second is bit 4 of the value in the low /
+//                high nibble of byte 4r + b of vector v
+// (2.9 % more bytes than the GGUF blocks).
 // The integer sums and the float steps per block are the scalar reference's (dot_q4_k), so
 // results are bit-identical to it.
 //
@@ -65,6 +70,7 @@ namespace step35::kernels {
 
 constexpr int kX16Rows = 16;  // rows per repacked group, every type
 constexpr size_t kQ4kX16BlockBytes = 2368;
+constexpr size_t kQ5kX16BlockBytes = 2880;  // the Q4_K layout + 512 bytes of fifth bits
 constexpr size_t kQ6kX16BlockBytes = 3328;
 
 // The signed value of each 4-bit code of the repacked IQ / TQ layout, per type (unused
@@ -85,12 +91,13 @@ constexpr int iq_x16_groups(DType t) {
 }
 constexpr size_t iq_x16_block_bytes(DType t) { return size_t(16 * iq_x16_groups(t)) + 2048; }
 
-// Bytes of one repacked 16-row group of n_in weights per row (Q4_K, Q6_K or an IQ / TQ type;
-// 0 for other types).
+// Bytes of one repacked 16-row group of n_in weights per row (Q4_K, Q5_K, Q6_K or an IQ / TQ
+// type; 0 for other types).
 size_t x16_group_bytes(DType t, int64_t n_in);
 
 // Whether w can be repacked and the active kernel level has the repacked kernel for its
-// type (AVX-512 with VNNI): Q4_K, Q6_K or an IQ / TQ type but IQ4_NL, rows a multiple of 16.
+// type (AVX-512 with VNNI): Q4_K, Q5_K, Q6_K or an IQ / TQ type but IQ4_NL, rows a multiple
+// of 16.
 bool can_repack(const WeightMatrix& w);
 
 // Bytes of the repacked copy of all w.n_mat matrices of w.
