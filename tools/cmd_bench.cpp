@@ -160,13 +160,13 @@ ParallelResult bench_parallel_once(Engine& engine, int32_t n_seq, int32_t n_prom
     engine.submit(std::move(req), [&, my_times](const GenerateEvent& ev) {
       if (!ev.done) {
         my_times->push_back(now_seconds());
-        return true;
+        return SinkReply::Continue;
       }
       std::lock_guard<std::mutex> lock(mu);
       if (ev.reason == FinishReason::Error) error = ev.error;
       ++n_done;
       cv.notify_all();
-      return true;
+      return SinkReply::Continue;
     });
   }
   {

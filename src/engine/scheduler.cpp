@@ -42,7 +42,7 @@ struct Request {
   int32_t worst_positions = 0;  // full KV blocks are reserved for this many positions
   std::unique_ptr<Sampler> sampler;
   bool cancel = false;
-  bool sink_closed = false;     // the sink returned false
+  bool sink_closed = false;     // the sink answered Cancel
   bool prompt_published = false;
   // MTP speculation: drafts for the next step and the tokens run this step.
   MtpState mtp;
@@ -97,6 +97,8 @@ class BatchEngine final : public Engine {
     pool_ = std::make_unique<ThreadPool>(opts_.n_threads);
     ws_.precision = opts_.precision;
     free_slots_hint_ = opts_.n_parallel;
+    stats_.kv_pool_bytes = int64_t(kv_->bytes());
+    stats_.kv_blocks_total = kv_->n_blocks(KvKind::Full) + kv_->n_blocks(KvKind::Swa);
     if (opts_.warm_up) warm_up();
     thread_ = std::thread([this] { loop(); });
   }
@@ -112,8 +114,10 @@ class BatchEngine final : public Engine {
                          " tokens, which does not fit the context of " + std::to_string(n_ctx) + " tokens");
     for (int32_t t : request.prompt)
       if (t < 0 || t >= hp.n_vocab) throw RequestError("token id " + std::to_string(t) + " is outside the vocabulary");
-    if (request.constraint && request.ignore_eos)
+    if (request.constraint && request.constraint->decides_end() && request.ignore_eos)
       throw RequestError("ignore_eos cannot be combined with structured output (the grammar ends the text)");
+    if (request.constraint && request.constraint->decides_end() && request.min_tokens > 0)
+      throw RequestError("min_tokens cannot be combined with structured output (the grammar ends the text)");
     if (request.n_top_logprobs < 0 || request.n_top_logprobs > 20)
       throw RequestError("top_logprobs must be between 0 and 20");
     request.n_ctx = n_ctx;
@@ -270,8 +274,9 @@ class BatchEngine final : public Engine {
     const size_t V = size_t(model_.hparams().n_vocab);
     const int32_t k_used = r.step_drafts;
     if (r.req.constraint) r.req.constraint->mask(rows, V);  // (constrained requests never draft)
-    if (r.req.ignore_eos)
-      for (int32_t i = 0; i <= k_used; ++i)
+    // Row i gives the token after n_generated + i others (when the drafts before it hold).
+    for (int32_t i = 0; i <= k_used; ++i)
+      if (r.req.ignore_eos || r.n_generated + i < r.req.min_tokens)
         for (int32_t e : tok.eog_ids()) rows[size_t(i) * V + size_t(e)] = -INFINITY;
     r.produced.clear();
     const int32_t accepted = verify_drafts(*r.sampler, rows, V, r.mtp.drafts, r.mtp.q, -1, r.produced);
@@ -309,11 +314,13 @@ class BatchEngine final : public Engine {
       ev.token = next;
       if (r.req.want_logprobs || r.req.n_top_logprobs > 0) fill_logprobs(r, row, next, ev);
       if (r.req.constraint) r.req.constraint->accept(next);
-      if (!r.sink(ev)) {
+      const SinkReply reply = r.sink(ev);
+      if (reply == SinkReply::Cancel) {
         r.sink_closed = true;
         return finish_reason_ = FinishReason::Cancelled, false;
       }
       r.tokens.push_back(next);
+      if (reply == SinkReply::Stop) return finish_reason_ = FinishReason::Stop, false;
       if (r.req.max_tokens >= 0 && r.n_generated >= r.req.max_tokens)
         return finish_reason_ = FinishReason::Length, false;
       // Prompt + completion fit the context (the last sampled token needs no KV slot).
@@ -743,6 +750,22 @@ class BatchEngine final : public Engine {
 
 std::unique_ptr<Engine> make_engine(const Model& model, const EngineOptions& options) {
   return std::make_unique<BatchEngine>(model, options);
+}
+
+KvBudget kv_budget(const Model& model, const EngineOptions& options) {
+  // The sizing of BatchEngine's constructor.
+  const int32_t n_ctx = std::clamp(options.n_ctx, 2, model.hparams().n_ctx_train);
+  const auto layers = model.kv_layers();
+  const auto per_seq = KvPool::blocks_for_sequence(layers, n_ctx, model.hparams().swa_window,
+                                                   std::min(std::max(1, options.n_batch), n_ctx));
+  const auto [fb, sb] = KvPool::block_bytes(layers, KvPool::kDefaultBlockSize);
+  KvBudget b;
+  b.per_sequence_bytes = per_seq.first * int64_t(fb) + per_seq.second * int64_t(sb);
+  // A budget of B bytes makes B / per_sequence_bytes sequences' worth of blocks of each kind.
+  const int64_t most_blocks = std::max(per_seq.first, per_seq.second);
+  const double max_sequences = most_blocks > 0 ? double((int64_t(1) << 31) - 1) / double(most_blocks) : 1e18;
+  b.max_pool_bytes = int64_t(std::min(9e18, max_sequences * double(b.per_sequence_bytes)));
+  return b;
 }
 
 }  // namespace step35

@@ -29,7 +29,7 @@ GenerationRun::GenerationRun(Engine& engine, std::vector<GenerateRequest> reques
       // (token events already on their way are skipped by drive()).
       const uint64_t id = engine_.submit(std::move(requests[i]), [q, index](const GenerateEvent& ev) {
         q->push(index, ev);
-        return true;
+        return SinkReply::Continue;
       });
       ids_.push_back(id);
       done_.push_back(false);

@@ -6,6 +6,7 @@
 #include <cmath>
 #include <stdexcept>
 
+#include "structured/gbnf.h"
 #include "structured/grammar_constraint.h"
 #include "structured/json_schema.h"
 
@@ -26,6 +27,11 @@ std::unique_ptr<TokenConstraint> make_tool_call_constraint(const nlohmann::json&
   };
   auto grammar = grammar::compile_tool_calls(tools, only_name, has_special);
   return std::make_unique<grammar::GrammarConstraint>(std::move(grammar), std::move(trie));
+}
+
+std::unique_ptr<TokenConstraint> make_gbnf_constraint(std::string_view gbnf, const Tokenizer& tok) {
+  auto grammar = grammar::compile_gbnf(gbnf);
+  return std::make_unique<grammar::GrammarConstraint>(std::move(grammar), grammar::TokenTrie::of(tok));
 }
 
 bool tool_parameter_is_raw_string(const nlohmann::json& schema) { return grammar::parameter_is_raw_string(schema); }

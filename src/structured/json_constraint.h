@@ -5,6 +5,7 @@
 
 #include <memory>
 #include <string>
+#include <string_view>
 
 #include <nlohmann/json.hpp>
 
@@ -30,6 +31,11 @@ std::unique_ptr<TokenConstraint> make_json_constraint(const nlohmann::json& sche
 // tokens of the vocabulary spelled exactly so, or plain text.
 std::unique_ptr<TokenConstraint> make_tool_call_constraint(const nlohmann::json& tools, const std::string& only_name,
                                                            const Tokenizer& tok);
+
+// Output must match a GBNF grammar (llama.cpp's notation, structured/gbnf.h) from its
+// `root` rule, then an end-of-generation token. Throws std::invalid_argument naming the
+// line and column of a syntax error, or the rule at fault.
+std::unique_ptr<TokenConstraint> make_gbnf_constraint(std::string_view gbnf, const Tokenizer& tok);
 
 // How make_tool_call_constraint writes a parameter with this schema: true = raw text
 // (string-only schemas: "type":"string", or an enum of strings), false = JSON. Parsers of
