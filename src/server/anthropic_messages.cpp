@@ -6,6 +6,7 @@
 
 #include "server/api_error.h"
 #include "server/chat_plan.h"
+#include "server/client_connection.h"
 #include "server/generation.h"
 #include "server/request_validation.h"
 #include "server/server_context.h"
@@ -14,7 +15,6 @@
 namespace step35::server {
 
 using nlohmann::json;
-using Clock = std::chrono::steady_clock;
 
 namespace {
 
@@ -50,15 +50,36 @@ void throw_if_failed(const GenerateEvent& ev) {
 }  // namespace
 
 // The Anthropic body as an OpenAI chat body.
-json anthropic_to_openai(const json& body) {
+json anthropic_to_openai(const json& body, bool counting) {
   Fields f(body);
-  f.only({"model", "messages", "system", "max_tokens", "stop_sequences", "temperature", "top_p", "top_k", "stream",
-          "tools", "tool_choice", "metadata", "thinking"});
+  if (counting) {
+    f.only({"model", "messages", "system", "tools", "tool_choice", "thinking", "mcp_servers"});
+  } else {
+    f.only({"model", "messages", "system", "max_tokens", "stop_sequences", "temperature", "top_p", "top_k", "stream",
+            "tools", "tool_choice", "metadata", "thinking", "service_tier"});
+  }
   json out = json::object();
   if (auto model = f.string("model")) out["model"] = *model;
   const auto max_tokens = f.integer("max_tokens", 1, INT32_MAX);
-  if (!max_tokens) throw ApiError(400, "'max_tokens' is required", "max_tokens");
-  out["max_tokens"] = *max_tokens;
+  if (!max_tokens && !counting) throw ApiError(400, "'max_tokens' is required", "max_tokens");
+  if (max_tokens) out["max_tokens"] = *max_tokens;
+  // Accepted and ignored (docs/server.md).
+  f.object("metadata");
+  f.string("service_tier");
+  f.array("mcp_servers");
+  // Extended thinking: a budget for the reasoning, or none at all.
+  if (const json* thinking = f.object("thinking")) {
+    Fields t(*thinking, "thinking.");
+    t.only({"type", "budget_tokens"});
+    const std::string type = t.choice("type", {"enabled", "disabled", "adaptive"}).value_or("");
+    if (type.empty()) throw ApiError(400, "'thinking.type' is required", "thinking.type");
+    if (type == "disabled") out["reasoning_budget"] = 0;
+    if (type == "enabled") {
+      const auto budget = t.integer("budget_tokens", 1, INT32_MAX);
+      if (!budget) throw ApiError(400, "'thinking.budget_tokens' is required with type 'enabled'", "thinking.budget_tokens");
+      out["reasoning_budget"] = *budget;
+    }
+  }
   for (const char* k : {"temperature", "top_p", "top_k", "stream"})
     if (f.has(k)) out[k] = f.raw(k);
   if (!f.has("temperature")) out["temperature"] = 1.0;
@@ -115,6 +136,11 @@ json anthropic_to_openai(const json& body) {
       messages.push_back({{"role", "user"}, {"content", text}});
     }
   }
+  // A last assistant message is a prefill: the answer continues it.
+  if (!msgs->empty() && (*msgs)[msgs->size() - 1].is_object() && (*msgs)[msgs->size() - 1].value("role", "") == "assistant") {
+    out["continue_final_message"] = true;
+    out["add_generation_prompt"] = false;
+  }
   out["messages"] = messages;
   if (const json* tools = f.array("tools")) {
     json t = json::array();
@@ -131,6 +157,7 @@ json anthropic_to_openai(const json& body) {
     Fields c(*tc, "tool_choice.");
     c.only({"type", "name", "disable_parallel_tool_use"});
     const std::string type = c.choice("type", {"auto", "any", "tool", "none"}).value_or("auto");
+    if (c.boolean("disable_parallel_tool_use").value_or(false)) out["parallel_tool_calls"] = false;
     if (type == "any") out["tool_choice"] = "required";
     if (type == "none") out["tool_choice"] = "none";
     if (type == "auto") out["tool_choice"] = "auto";
@@ -143,52 +170,62 @@ json anthropic_to_openai(const json& body) {
   return out;
 }
 
-void handle_messages(ServerContext& ctx, const json& body, httplib::Response& res) {
+void handle_messages(ServerContext& ctx, const json& body, HttpExchange& ex) {
   ChatPlan plan = plan_chat(ctx, anthropic_to_openai(body));
   const Tokenizer& tok = ctx.tokenizer();
-  auto run = std::make_shared<GenerationRun>(*ctx.engine, replicate(plan.request, 1));
-  auto texts = std::make_shared<std::vector<ChoiceText>>();
-  OutputParserOptions po;
-  po.in_reasoning = plan.in_reasoning;
-  po.call_id_prefix = random_id("toolu_") + "_";
-  texts->emplace_back(tok, plan.stops, plan.tools, po);
-  const auto deadline = Clock::now() + std::chrono::duration_cast<Clock::duration>(
-                                           std::chrono::duration<double>(ctx.options.timeout_s + 5));
+  std::vector<ChoiceText> texts;
+  texts.emplace_back(tok, plan.text_options(random_id("toolu_") + "_", 0));
+  auto run = std::make_shared<GenerationRun>(*ctx.engine, replicate(plan.request, 1), std::move(texts));
+  const auto deadline = generation_deadline(ctx);
   const std::string id = random_id("msg_");
+  ex.trace->prompt_tokens = int64_t(plan.request.prompt.size());
 
   if (!plan.stream) {
     GenerateEvent final_ev;
-    const bool ok = drive(
-        *run, *texts, deadline, [](int, const GenerateEvent&, const TextDelta&) { return true; },
+    const ClientConnection client(ex.req);
+    const DriveEnd end = drive(
+        *run, deadline, [](int, const GenerateEvent&, const TextDelta&) { return true; },
         [&](int, const GenerateEvent& ev, const TextDelta&) {
           final_ev = ev;
           ctx.metrics.observe_generation(ev);
           return true;
-        });
-    if (!ok) throw ApiError(408, "the request timed out");
+        },
+        [&client] { return client.gone(); });
+    if (end == DriveEnd::Abandoned) {
+      ex.res.status = 499;
+      return;
+    }
+    if (end == DriveEnd::Deadline) throw ApiError(408, "the request timed out");
     throw_if_failed(final_ev);
-    const ChoiceText& t = (*texts)[0];
+    const ChoiceText& t = run->text(0);
     json content = json::array();
     if (!t.reasoning().empty()) content.push_back({{"type", "thinking"}, {"thinking", t.reasoning()}, {"signature", ""}});
-    if (!t.content().empty()) content.push_back({{"type", "text"}, {"text", t.content()}});
-    for (const ParsedToolCall& c : t.tool_calls())
-      content.push_back({{"type", "tool_use"}, {"id", c.id}, {"name", c.name}, {"input", json::parse(c.arguments)}});
-    set_json(res, {{"id", id},
-                   {"type", "message"},
-                   {"role", "assistant"},
-                   {"model", plan.model},
-                   {"content", content},
-                   {"stop_reason", stop_reason(final_ev, t)},
-                   {"stop_sequence", t.stopped() ? json(t.matched_stop()) : json(nullptr)},
-                   {"usage", {{"input_tokens", final_ev.n_prompt}, {"output_tokens", final_ev.n_generated},
-                              {"cache_read_input_tokens", final_ev.n_cached}}}});
+    if (t.truncated_call()) {
+      // Cut off inside a tool call: the output is text, not a call (stop_reason max_tokens).
+      content.push_back({{"type", "text"}, {"text", t.text_after_reasoning()}});
+    } else {
+      if (!t.content().empty()) content.push_back({{"type", "text"}, {"text", t.content()}});
+      for (const ParsedToolCall& c : t.tool_calls())
+        content.push_back({{"type", "tool_use"}, {"id", c.id}, {"name", c.name}, {"input", json::parse(c.arguments)}});
+    }
+    ex.trace->completion_tokens = final_ev.n_generated;
+    set_json(ex.res, {{"id", id},
+                      {"type", "message"},
+                      {"role", "assistant"},
+                      {"model", plan.model},
+                      {"content", content},
+                      {"stop_reason", stop_reason(final_ev, t)},
+                      {"stop_sequence", t.stopped() ? json(t.matched_stop()) : json(nullptr)},
+                      {"usage", {{"input_tokens", final_ev.n_prompt}, {"output_tokens", final_ev.n_generated},
+                                 {"cache_read_input_tokens", final_ev.n_cached}}}});
     return;
   }
 
-  auto first = std::make_shared<ChoiceEvent>();
-  if (!run->next(*first, deadline)) throw ApiError(408, "the request timed out");
-  if (first->event.done) throw_if_failed(first->event);
-  set_event_stream(ctx, res, [&ctx, plan, run, texts, first, deadline, id](httplib::DataSink& sink) {
+  ChoiceEvent first;
+  if (!run->peek(first, deadline)) throw ApiError(408, "the request timed out");
+  if (first.event.done) throw_if_failed(first.event);
+  std::shared_ptr<RequestTrace> trace = ex.trace;
+  set_event_stream(ctx, ex, [&ctx, plan, run, deadline, id, trace](httplib::DataSink& sink) {
     // Content blocks are opened as their kind of output starts and closed when another
     // kind begins: thinking, then text, then one tool_use block per call.
     int block = -1;
@@ -234,6 +271,7 @@ void handle_messages(ServerContext& ctx, const json& body, httplib::Response& re
     auto on_done = [&](int, const GenerateEvent& ev, const TextDelta& d) {
       final_ev = ev;
       ctx.metrics.observe_generation(ev);
+      trace->completion_tokens = ev.n_generated;
       return emit(d);
     };
     bool ok = write("message_start", {{"type", "message_start"},
@@ -242,24 +280,14 @@ void handle_messages(ServerContext& ctx, const json& body, httplib::Response& re
                                                    {"stop_reason", nullptr}, {"stop_sequence", nullptr},
                                                    {"usage", {{"input_tokens", int(plan.request.prompt.size())},
                                                               {"output_tokens", 0}}}}}});
-    ChoiceText& t = (*texts)[0];
-    if (ok) {
-      if (!first->event.done) {
-        const TextDelta d = t.push(first->event.token);
-        ok = on_token(0, first->event, d);
-        if (d.stop_matched) run->stop(0);
-      } else {
-        run->mark_done(0);
-        ok = on_done(0, first->event, t.finish());
-      }
-    }
-    if (ok) ok = drive(*run, *texts, deadline, on_token, on_done);
+    if (ok) ok = drive(*run, deadline, on_token, on_done) == DriveEnd::Finished;
     if (ok) ok = close_block();
     if (ok && (final_ev.reason == FinishReason::Error || final_ev.reason == FinishReason::Timeout))
       ok = write("error", {{"type", "error"},
                            {"error", {{"type", final_ev.reason == FinishReason::Timeout ? "timeout_error" : "api_error"},
                                       {"message", final_ev.reason == FinishReason::Timeout ? "the request timed out"
                                                                                            : final_ev.error}}}});
+    const ChoiceText& t = run->text(0);
     if (ok)
       ok = write("message_delta", {{"type", "message_delta"},
                                    {"delta", {{"stop_reason", stop_reason(final_ev, t)},
@@ -269,6 +297,14 @@ void handle_messages(ServerContext& ctx, const json& body, httplib::Response& re
     if (!ok) run->cancel_all();
     sink.done();
   });
+}
+
+// POST /v1/messages/count_tokens: the prompt the request would run, counted.
+void handle_count_tokens(ServerContext& ctx, const json& body, HttpExchange& ex) {
+  json chat = anthropic_to_openai(body, true);
+  chat["max_tokens"] = 1;
+  const ChatPlan plan = plan_chat(ctx, chat);
+  set_json(ex.res, {{"input_tokens", plan.request.prompt.size()}});
 }
 
 }  // namespace step35::server

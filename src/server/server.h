@@ -6,17 +6,42 @@
 #include <cstdint>
 #include <functional>
 #include <string>
+#include <vector>
 
 #include "engine/engine.h"
 
 namespace step35::server {
+
+// Sampling settings for requests that leave them out (`serve --temp` etc.); the defaults
+// are OpenAI's (temperature 1, top_p 1) with top-k and min-p off.
+struct SamplingDefaults {
+  float temperature = 1.0f;
+  float top_p = 1.0f;
+  int32_t top_k = 0;
+  float min_p = 0.0f;
+};
+
+// Reasoning budgets in tokens (-1: unbounded, 0: no reasoning).
+struct ReasoningDefaults {
+  int32_t budget = -1;       // requests that ask for nothing
+  int32_t low = 512;         // reasoning_effort "low"
+  int32_t medium = 2048;     // "medium"
+  int32_t high = -1;         // "high" (and "xhigh")
+};
+
+enum class LogFormat : uint8_t { Text, Json };
 
 struct ServerOptions {
   std::string model_path;
   std::string model_id;            // the name /v1/models reports; default: the file name
   std::string host = "127.0.0.1";
   int port = 8080;
-  std::string api_key;             // empty: no authentication
+  std::vector<std::string> api_keys;  // empty: no authentication; else any of them
+  std::vector<std::string> cors_origins;  // origins answered with CORS headers ("*": any)
+  LogFormat log_format = LogFormat::Text;
+  bool access_log = true;          // one line per request
+  SamplingDefaults sampling;
+  ReasoningDefaults reasoning;
   double timeout_s = 600;          // per request (408 when exceeded)
   size_t max_body_bytes = 8 << 20; // 413 beyond
   int max_n = 8;                   // choices per request at most
@@ -29,14 +54,18 @@ struct ServerOptions {
   float adaptive_mass = 0.9f;
   int32_t adaptive_min_k = 4;
   double shutdown_grace_s = 10;    // SIGTERM: how long in-flight requests may finish
+  // engine.n_ctx: the context per sequence; 0 = the model's, < 0 = 4096 (or the model's
+  // when smaller). More than the model's is cut to the model's.
   EngineOptions engine;
   // Called once the model is loaded, before the engine's first forward pass (e.g. to
   // install the expert-parallel executor of `--ep`).
   std::function<void(Model&)> on_model_loaded;
 };
 
-// Loads the model, serves until SIGTERM/SIGINT, returns the exit status (0 after a
-// graceful shutdown). Throws for a port that cannot be bound or a model that fails to load.
+// Listens, loads the model, serves until SIGTERM/SIGINT; returns the exit status (0 after
+// a graceful shutdown, or after a signal during the load, which ends the process at once).
+// Throws for a port that cannot be bound (already in use included) or a model that fails
+// to load, after releasing the port.
 int serve(const ServerOptions& options);
 
 }  // namespace step35::server
