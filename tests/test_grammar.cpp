@@ -24,6 +24,7 @@
 #include "structured/grammar_constraint.h"
 #include "structured/json_schema.h"
 #include "structured/regex_grammar.h"
+#include "chat/tool_calls.h"
 
 using namespace step35::grammar;
 
@@ -430,7 +431,7 @@ TEST(TokenTrie, SpecialTokensOnlyWhereTheGrammarHasTheirText) {
   auto has_special = [&](const std::string& text) { return id_of(text) >= 0; };
   const json tools = json::parse(R"([{"type":"function","function":{"name":"f","parameters":{"type":"object",
       "properties":{"x":{"type":"integer"}},"required":["x"]}}}])");
-  GrammarConstraint c(compile_tool_calls(tools, "", has_special), trie);
+  GrammarConstraint c(step35::compile_tool_calls(tools, "", has_special), trie);
   std::vector<uint8_t> allowed;
   c.allowed_tokens(allowed);
   EXPECT_TRUE(allowed[size_t(open)]);

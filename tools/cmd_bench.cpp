@@ -18,11 +18,10 @@
 #include "commands.h"
 #include "common.h"
 #include "ep_options.h"
-#include "model/session.h"
 #include "engine/engine.h"
-#include "engine/sampler.h"
-#include "engine/speculative.h"
+#include "engine/generator.h"
 #include "exec/thread_pool.h"
+#include "model/session.h"
 #include "tensor/kernels.h"
 
 namespace step35::cli {
@@ -313,7 +312,7 @@ static int bench_main(const Args& args) {
       SpeculationStats spec_total;
       uint64_t plain_steps = 0, probes = 0, paying_probes = 0;
       nlohmann::json cost_model;  // what the adaptive controller learned in the last repetition
-      std::unique_ptr<SpeculativeDecoder> spec_dec;
+      std::unique_ptr<Generator> spec_gen;
       for (int r = 0; r <= reps; ++r) {
         if (mtp.max_k == 0) {
           session.cache().clear();
@@ -327,40 +326,45 @@ static int bench_main(const Args& args) {
           if (r > 0) tps.push_back(double(n_gen) / dt);
           continue;
         }
-        // Speculative: greedy decoding from one random token, n_gen tokens produced. One
-        // decoder for all repetitions (as the plain test reuses its session), reset each time.
-        if (!spec_dec)
-          spec_dec = std::make_unique<SpeculativeDecoder>(*model, n_ctx + 4, std::min<int32_t>(n_batch, n_ctx), prec,
-                                                          mtp.max_k, mtp.adaptive);
-        SpeculativeDecoder& dec = *spec_dec;
-        dec.reset();
-        SamplingParams sp;
-        sp.temperature = 0;
-        sp.seed = uint64_t(r);
-        Sampler sampler(sp, size_t(hp.n_vocab));
-        const int32_t first = tok_dist(rng);
-        std::vector<int32_t> produced = {first};
-        int64_t n_done = 0;
-        const double t0 = now_seconds();
-        while (n_done < n_gen && dec.n_pos() + 4 < dec.n_ctx()) {
-          const int32_t pending = produced.back();
-          produced.clear();
-          dec.step(pending, sampler, produced, pool, synthetic);
-          n_done += int64_t(produced.size());
+        // Speculative: greedy decoding from one random token (run as the first decode step,
+        // with drafts), n_gen tokens produced. One generator for all repetitions (as the
+        // plain test reuses its session), restarted each time.
+        if (!spec_gen) {
+          GeneratorOptions go;
+          go.n_ctx = n_ctx + 4;
+          go.n_batch = std::min<int32_t>(n_batch, n_ctx);
+          go.precision = prec;
+          go.mtp = mtp.max_k;
+          go.mtp_adaptive = mtp.adaptive;
+          spec_gen = std::make_unique<Generator>(*model, go);
         }
+        Generator& gen = *spec_gen;
+        SequenceParams sq;
+        sq.prompt = {tok_dist(rng)};
+        sq.last_prompt_token_pending = true;
+        sq.sampling.temperature = 0;
+        sq.sampling.seed = uint64_t(r);
+        sq.stop_at_eog = false;
+        sq.max_tokens = int32_t(n_gen);
+        sq.synthetic_accept = synthetic;
+        int64_t n_done = 0;
+        gen.start(std::move(sq), [&n_done](const GenerateEvent&) { return ++n_done, SinkReply::Continue; });
+        const double t0 = now_seconds();
+        gen.run(pool);
         const double dt = now_seconds() - t0;
         if (r > 0) {
           tps.push_back(double(n_done) / dt);
-          spec_total.add(dec.stats());
-          plain_steps += dec.plain_steps();
-          const AdaptiveK& a = dec.adaptive();
+          const SpeculationStats& st = gen.sequence().speculation_stats();
+          spec_total.add(st);
+          plain_steps += st.plain_steps;
+          const AdaptiveK& a = gen.speculation()->controller();
           probes += a.probes();
           paying_probes += a.paying_probes();
           const double c0 = a.verify_cost(0);
           nlohmann::json verify = nlohmann::json::array(), rel = nlohmann::json::array(),
                          measured = nlohmann::json::array(), expected = nlohmann::json::array(),
                          speedup = nlohmann::json::array();
-          for (int32_t k = 0; k <= dec.max_k(); ++k) {
+          for (int32_t k = 0; k <= gen.max_k(); ++k) {
             verify.push_back(a.verify_cost(k) * 1e3);
             rel.push_back(c0 > 0 ? a.verify_cost(k) / c0 : 0.0);
             measured.push_back(a.verify_measured(k));

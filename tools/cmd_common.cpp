@@ -8,6 +8,7 @@
 
 #include "args.h"
 #include "common.h"
+#include "engine/mtp_limits.h"
 #include "model/make_tiny.h"
 
 namespace step35::cli {
@@ -86,14 +87,16 @@ std::string builtin_tiny_model_path() {
 MtpSetting parse_mtp_value(const std::string& value) {
   MtpSetting m;
   if (value == "auto") {
-    m.max_k = 3;
+    m.max_k = kMaxDrafts;
     m.adaptive = true;
-  } else if (value.size() == 1 && value[0] >= '0' && value[0] <= '3') {
-    m.max_k = value[0] - '0';
-  } else {
-    throw UsageError("--mtp expects 0, 1, 2, 3 or auto, got '" + value + "'");
+    return m;
   }
-  return m;
+  for (int32_t k = 0; k <= kMaxDrafts; ++k)
+    if (value == std::to_string(k)) {
+      m.max_k = k;
+      return m;
+    }
+  throw UsageError("--mtp expects 0.." + std::to_string(kMaxDrafts) + " or auto, got '" + value + "'");
 }
 
 MtpSetting parse_mtp(const std::string& value, const Model& model) {

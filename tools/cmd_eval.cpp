@@ -5,11 +5,11 @@
 #include <nlohmann/json.hpp>
 
 #include "args.h"
-#include "model/session.h"
 #include "commands.h"
 #include "common.h"
-#include "ep_options.h"
+#include "engine/generator.h"
 #include "engine/sampler.h"
+#include "ep_options.h"
 #include "exec/thread_pool.h"
 
 namespace step35::cli {
@@ -46,43 +46,52 @@ static int eval_main(const Args& args) {
   if (ep.is_follower()) return ep.follow(p.str("model"), n_threads);
   auto model = load_model(p.str("model"));
   ep.attach(*model);
-  const int n_vocab = model->hparams().n_vocab;
-  Session session(*model, n_ctx, std::min<int>(n_batch, n_ctx), p.has("exact") ? Precision::Exact : Precision::Native);
-  print_kv_cache(session.cache());
+  const size_t V = size_t(model->hparams().n_vocab), E = size_t(model->hparams().n_embd), T = tokens.size();
+  GeneratorOptions go;
+  go.n_ctx = n_ctx;
+  go.n_batch = n_batch;
+  go.precision = p.has("exact") ? Precision::Exact : Precision::Native;
+  Generator gen(*model, go);
+  std::fprintf(stderr, "kv cache: %s\n", gen.describe_kv().c_str());
   ThreadPool pool(n_threads);
 
-  std::vector<float> logits, hidden;
-  session.forward(tokens.data(), int32_t(tokens.size()), true, logits, pool, p.has("hidden") ? &hidden : nullptr);
+  // The prompt as one batch (in chunks of -b): every position's logits and hidden rows;
+  // then greedy decoding from its last row, one token per pass.
+  std::vector<float> logits(T * V), hidden(p.has("hidden") ? T * E : 0);
+  SequenceParams params;
+  params.prompt = tokens;
+  params.sampling.temperature = 0;
+  params.stop_at_eog = false;  // end-of-sequence tokens are not special here
+  params.max_tokens = n_greedy;
+  params.on_prompt_rows = [&](int32_t first, int32_t n, const float* lg, const float* hd) {
+    std::copy(lg, lg + size_t(n) * V, logits.begin() + ptrdiff_t(size_t(first) * V));
+    if (!hidden.empty()) std::copy(hd, hd + size_t(n) * E, hidden.begin() + ptrdiff_t(size_t(first) * E));
+  };
+  std::vector<int32_t> greedy;
+  gen.start(std::move(params), [&](const GenerateEvent& ev) {
+    if (int(greedy.size()) >= n_greedy) return SinkReply::Cancel;
+    greedy.push_back(ev.token);
+    return int(greedy.size()) < n_greedy ? SinkReply::Continue : SinkReply::Cancel;
+  });
+  gen.run(pool);
+
   nlohmann::json out;
-  out["n_vocab"] = n_vocab;
-  out["n_tokens"] = tokens.size();
+  out["n_vocab"] = V;
+  out["n_tokens"] = T;
   nlohmann::json argmax = nlohmann::json::array(), rows = nlohmann::json::array();
-  for (size_t t = 0; t < tokens.size(); ++t) {
-    const float* row = logits.data() + t * size_t(n_vocab);
-    argmax.push_back(Sampler::argmax(row, size_t(n_vocab)));
-    if (p.has("all-logits") || t + 1 == tokens.size()) rows.push_back(std::vector<float>(row, row + n_vocab));
+  for (size_t t = 0; t < T; ++t) {
+    const float* row = logits.data() + t * V;
+    argmax.push_back(Sampler::argmax(row, V));
+    if (p.has("all-logits") || t + 1 == T) rows.push_back(std::vector<float>(row, row + V));
   }
   out["argmax"] = argmax;
   out["logits"] = rows;
   if (p.has("hidden")) {
-    const size_t E = size_t(model->hparams().n_embd);
     nlohmann::json h = nlohmann::json::array();
-    for (size_t t = 0; t < tokens.size(); ++t)
-      h.push_back(std::vector<float>(hidden.begin() + t * E, hidden.begin() + (t + 1) * E));
+    for (size_t t = 0; t < T; ++t) h.push_back(std::vector<float>(hidden.begin() + ptrdiff_t(t * E), hidden.begin() + ptrdiff_t((t + 1) * E)));
     out["hidden"] = h;
   }
-  if (n_greedy > 0) {
-    std::vector<int32_t> greedy;
-    int32_t next = Sampler::argmax(logits.data() + (tokens.size() - 1) * size_t(n_vocab), size_t(n_vocab));
-    for (int i = 0; i < n_greedy; ++i) {
-      greedy.push_back(next);
-      if (i + 1 == n_greedy) break;
-      std::vector<float> step;
-      session.forward(&next, 1, false, step, pool);
-      next = Sampler::argmax(step.data(), size_t(n_vocab));
-    }
-    out["greedy"] = greedy;
-  }
+  if (n_greedy > 0) out["greedy"] = greedy;
   std::string s = out.dump();
   std::fwrite(s.data(), 1, s.size(), stdout);
   std::fputc('\n', stdout);

@@ -4,14 +4,12 @@
 #include <random>
 
 #include "args.h"
-#include "model/session.h"
+#include "chat/chat_template.h"
 #include "commands.h"
 #include "common.h"
+#include "engine/generator.h"
 #include "ep_options.h"
-#include "engine/sampler.h"
-#include "engine/speculative.h"
 #include "exec/thread_pool.h"
-#include "chat/chat_template.h"
 
 namespace step35::cli {
 
@@ -110,68 +108,59 @@ static int run_main(const Args& args) {
   // reproducible).
   const bool seeded_sampling = sp.temperature > 0 && p.has("seed");
   const MtpSetting mtp = parse_mtp(p.str("mtp", model->has_mtp() && !seeded_sampling ? "auto" : "0"), *model);
-  SpeculativeDecoder decoder(*model, n_ctx, std::min(n_batch, n_ctx), p.has("exact") ? Precision::Exact : Precision::Native,
-                             mtp.max_k, mtp.adaptive);
-  print_kv_cache(decoder.cache());
+  GeneratorOptions go;
+  go.n_ctx = n_ctx;
+  go.n_batch = n_batch;
+  go.precision = p.has("exact") ? Precision::Exact : Precision::Native;
+  go.mtp = mtp.max_k;
+  go.mtp_adaptive = mtp.adaptive;
+  Generator gen(*model, go);
+  std::fprintf(stderr, "kv cache: %s\n", gen.describe_kv().c_str());
   ThreadPool pool(n_threads);
-  Sampler sampler(sp, size_t(model->hparams().n_vocab));
-  for (int32_t t : tokens) sampler.accept(t);
 
-  std::vector<float> logits;
-  const double t0 = now_seconds();
-  decoder.prefill(tokens.data(), int32_t(tokens.size()), logits, pool);
-  const double t_prompt = now_seconds() - t0;
-
+  // -n is counted here rather than given as the sequence's max_tokens: a step near the end
+  // still drafts as far as the context allows, as it always has, so seeded runs repeat.
+  SequenceParams params;
+  params.prompt = tokens;
+  params.sampling = sp;
+  params.stop_at_eog = !p.has("ignore-eos");
   Utf8Stream utf8;
   const bool special = p.has("special");
-  int n_gen = 0;
+  int n_printed = 0;
+  gen.start(std::move(params), [&](const GenerateEvent& ev) {
+    const std::string text = utf8.push(tok.token_to_piece(ev.token, special));
+    std::fwrite(text.data(), 1, text.size(), stdout);
+    return ++n_printed < n_predict ? SinkReply::Continue : SinkReply::Cancel;
+  });
+  const double t0 = now_seconds();
+  std::optional<FinishReason> end = gen.prefill(pool);
+  const double t_prompt = now_seconds() - t0;
   const double t1 = now_seconds();
-  std::vector<int32_t> produced;
-  int32_t pending = sampler.sample(logits.data());
-  sampler.accept(pending);
-  produced.push_back(pending);
-  bool stop = false;
-  while (!stop) {
-    // Emit what the last step produced (the first token, or accepted drafts + the next).
-    for (int32_t t : produced) {
-      ++n_gen;
-      if (tok.is_eog(t) && !p.has("ignore-eos")) {
-        stop = true;
-        break;
-      }
-      const std::string text = utf8.push(tok.token_to_piece(t, special));
-      std::fwrite(text.data(), 1, text.size(), stdout);
-      if (n_gen >= n_predict) {
-        stop = true;
-        break;
-      }
-    }
+  while (!end) {
     std::fflush(stdout);
-    if (stop) break;
-    pending = produced.back();
-    if (decoder.n_pos() + 1 >= decoder.n_ctx()) {
-      std::fprintf(stderr, "\n[context full after %d tokens]\n", decoder.n_pos() + 1);
-      break;
-    }
-    produced.clear();
-    decoder.step(pending, sampler, produced, pool);
+    end = gen.step(pool);
   }
+  std::fflush(stdout);
+  const Sequence& seq = gen.sequence();
+  if (*end == FinishReason::Context)
+    std::fprintf(stderr, "\n[context full after %d tokens]\n", seq.n_prompt() + seq.n_generated());
   const std::string rest = utf8.flush();
   std::fwrite(rest.data(), 1, rest.size(), stdout);
   std::fputc('\n', stdout);
   const double t_gen = now_seconds() - t1;
+  const int n_gen = seq.n_generated();
   std::fprintf(stderr,
                "\ntimings: load %.0f ms | prompt %zu tokens in %.1f ms (%.1f tok/s) | generation %d tokens in "
                "%.1f ms (%.1f tok/s) | %d threads, seed %llu\n",
                t_load * 1e3, tokens.size(), t_prompt * 1e3, double(tokens.size()) / std::max(t_prompt, 1e-9),
                n_gen, t_gen * 1e3, n_gen / std::max(t_gen, 1e-9), n_threads, (unsigned long long)sp.seed);
-  if (decoder.max_k() > 0) {
-    const SpeculationStats& st = decoder.stats();
+  if (gen.max_k() > 0) {
+    const SpeculationStats& st = seq.speculation_stats();
     std::fprintf(stderr,
                  "mtp: %s (max %d drafts) | %llu speculative steps, %.2f tokens/step | acceptance by draft position "
                  "%.2f %.2f %.2f | %llu plain steps\n",
-                 mtp.adaptive ? "auto" : "fixed", decoder.max_k(), (unsigned long long)st.steps, st.mean_tokens_per_step(),
-                 st.acceptance(1), st.acceptance(2), st.acceptance(3), (unsigned long long)decoder.plain_steps());
+                 mtp.adaptive ? "auto" : "fixed", gen.max_k(), (unsigned long long)st.steps, st.mean_tokens_per_step(),
+                 st.acceptance(1), st.acceptance(2), st.acceptance(3), (unsigned long long)st.plain_steps);
   }
   return 0;
 }

@@ -2,8 +2,9 @@
 
 #include <algorithm>
 
-#include "structured/json_constraint.h"
+#include "chat/step35_format.h"
 #include "chat/stop_strings.h"
+#include "chat/tool_calls.h"
 
 namespace step35 {
 
@@ -12,14 +13,7 @@ namespace {
 using json = nlohmann::json;
 using ordered_json = nlohmann::ordered_json;
 
-constexpr std::string_view kThinkOpen = "<think>";
-constexpr std::string_view kThinkClose = "</think>";
-constexpr std::string_view kCallOpen = "<tool_call>";
-constexpr std::string_view kCallClose = "</tool_call>";
-constexpr std::string_view kFunctionOpen = "<function=";
-constexpr std::string_view kFunctionClose = "</function>";
-constexpr std::string_view kParamOpen = "<parameter=";
-constexpr std::string_view kParamClose = "</parameter>";
+using namespace step35_format;
 
 // Function and parameter names longer than this end where they are (the rest of the tag
 // is skipped as stray text): a model looping inside a tag cannot grow a name unboundedly.
@@ -90,7 +84,7 @@ std::vector<OutputDelta> OutputParser::push(TokenId token) {
   const TokenType type = tok_->token_type(token);
   if (type == TokenType::CONTROL || type == TokenType::UNKNOWN) {
     // Control tokens carry no text, except the tags this parser reads.
-    static const std::string_view kTags[] = {kThinkOpen, kThinkClose, kCallOpen, kCallClose};
+    static const std::string_view kTags[] = {kThinkOpen, kThinkClose, kToolCallOpen, kToolCallClose};
     if (std::find(std::begin(kTags), std::end(kTags), piece) == std::end(kTags)) return {};
   }
   return push_text(piece);
@@ -149,7 +143,7 @@ bool OutputParser::step_reasoning(std::vector<OutputDelta>& out, bool at_end) {
     skip_newline_ = false;
   }
   std::vector<std::string> tags = {std::string(kThinkClose), std::string(kThinkOpen)};
-  if (tools_enabled_) tags.emplace_back(kCallOpen);
+  if (tools_enabled_) tags.emplace_back(kToolCallOpen);
   const MarkerMatch m = find_first_marker(buf_, tags);
   if (m.pos == std::string::npos) {
     size_t keep = 0;
@@ -194,7 +188,7 @@ bool OutputParser::step_content(std::vector<OutputDelta>& out, bool at_end) {
     after_call_ = false;
   }
   std::vector<std::string> tags = {std::string(kThinkOpen), std::string(kThinkClose)};
-  if (tools_enabled_) tags.emplace_back(kCallOpen);
+  if (tools_enabled_) tags.emplace_back(kToolCallOpen);
   const MarkerMatch m = find_first_marker(buf_, tags);
   if (m.pos == std::string::npos) {
     const size_t keep = at_end ? 0 : partial_marker_suffix(buf_, tags);
@@ -205,7 +199,7 @@ bool OutputParser::step_content(std::vector<OutputDelta>& out, bool at_end) {
   emit_content(out, std::string_view(buf_).substr(0, m.pos));
   const std::string& tag = tags[m.marker];
   buf_.erase(0, m.pos + tag.size());
-  if (tag == kCallOpen) {
+  if (tag == kToolCallOpen) {
     held_space_.clear();  // whitespace before a call is formatting
     mode_ = Mode::ToolCall;
     call_state_ = CallState::ExpectFunction;
@@ -260,39 +254,39 @@ bool OutputParser::step_call(std::vector<OutputDelta>& out, bool at_end) {
       skip_space();
       if (buf_.empty()) return false;
       if (call_state_ == CallState::ExpectFunction) {
-        const int t = match_tag(buf_, {kFunctionOpen, kCallClose}, at_end);
+        const int t = match_tag(buf_, {kFunctionOpen, kToolCallClose}, at_end);
         if (t == -2) return false;
         if (t == 0) {
           buf_.erase(0, kFunctionOpen.size());
           call_text_.clear();
           call_state_ = CallState::FunctionName;
         } else if (t == 1) {
-          buf_.erase(0, kCallClose.size());
+          buf_.erase(0, kToolCallClose.size());
           close_call(out);
         } else {
           skip_stray("before <function=");
         }
       } else if (call_state_ == CallState::ExpectParameter) {
-        const int t = match_tag(buf_, {kParamOpen, kFunctionClose, kCallClose}, at_end);
+        const int t = match_tag(buf_, {kParameterOpen, kFunctionClose, kToolCallClose}, at_end);
         if (t == -2) return false;
         if (t == 0) {
-          buf_.erase(0, kParamOpen.size());
+          buf_.erase(0, kParameterOpen.size());
           call_text_.clear();
           call_state_ = CallState::ParameterName;
         } else if (t == 1) {
           buf_.erase(0, kFunctionClose.size());
           call_state_ = CallState::ExpectCallEnd;
         } else if (t == 2) {
-          buf_.erase(0, kCallClose.size());
+          buf_.erase(0, kToolCallClose.size());
           close_call(out);
         } else {
           skip_stray("between parameters");
         }
       } else {
-        const int t = match_tag(buf_, {kCallClose}, at_end);
+        const int t = match_tag(buf_, {kToolCallClose}, at_end);
         if (t == -2) return false;
         if (t == 0) {
-          buf_.erase(0, kCallClose.size());
+          buf_.erase(0, kToolCallClose.size());
           close_call(out);
         } else {
           skip_stray("after </function>");
@@ -316,9 +310,9 @@ bool OutputParser::step_call(std::vector<OutputDelta>& out, bool at_end) {
       return true;
     }
     case CallState::ParameterValue: {
-      const size_t end = buf_.find(kParamClose);
+      const size_t end = buf_.find(kParameterClose);
       if (end == std::string::npos) {
-        const size_t keep = at_end ? 0 : partial_marker_suffix(buf_, {std::string(kParamClose)});
+        const size_t keep = at_end ? 0 : partial_marker_suffix(buf_, {std::string(kParameterClose)});
         if (value_streamed_) {
           stream_value(out, std::string_view(buf_).substr(0, buf_.size() - keep), false);
         } else {
@@ -333,7 +327,7 @@ bool OutputParser::step_call(std::vector<OutputDelta>& out, bool at_end) {
         call_text_.append(buf_, 0, end);
         finish_parameter(out, call_text_);
       }
-      buf_.erase(0, end + kParamClose.size());
+      buf_.erase(0, end + kParameterClose.size());
       call_text_.clear();
       call_state_ = CallState::ExpectParameter;
       return true;

@@ -5,7 +5,7 @@
 //
 //   <tool_call>\n<function=NAME>\n<parameter=KEY>\nVALUE\n</parameter>\n...</function>\n</tool_call>
 //
-// Rules this parser applies (deterministic; documented in docs/output-parser.md):
+// Rules this parser applies (deterministic; the markers are step35_format.h's):
 // * Reasoning mode first when the prompt opened `<think>` (the generation prompt does).
 //   Reasoning ends at `</think>` or at the first `<tool_call>`. One newline right before
 //   and one right after `</think>` are dropped. A `<think>` in content mode opens a new

@@ -5,11 +5,13 @@
 #include <string>
 #include <vector>
 
+#include "chat/step35_format.h"
+
 namespace step35 {
 
 namespace {
 
-constexpr std::string_view kThinkClose = "</think>";
+using step35_format::kThinkClose;
 
 // Bytes at the end of `text` that start a UTF-8 character still missing continuation
 // bytes (0 when the text ends on a character boundary).

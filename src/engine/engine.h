@@ -11,8 +11,9 @@
 #include <string>
 #include <vector>
 
-#include "structured/constraint.h"
+#include "engine/mtp_limits.h"
 #include "engine/sampler.h"
+#include "structured/constraint.h"
 #include "tensor/kernels.h"
 
 namespace step35 {
@@ -162,8 +163,8 @@ struct EngineStats {
   double adaptive_mean_k = 0;          // their mean number of experts
   // MTP speculation (requests that finished):
   uint64_t mtp_steps = 0;              // verification steps with drafts
-  uint64_t mtp_drafted[4] = {};        // by draft position 1..3
-  uint64_t mtp_accepted[4] = {};
+  uint64_t mtp_drafted[kMaxDrafts + 1] = {};   // by draft position 1..kMaxDrafts
+  uint64_t mtp_accepted[kMaxDrafts + 1] = {};
   uint64_t mtp_tokens = 0;             // tokens those steps produced
   int64_t kv_pool_bytes = 0;           // address space reserved for the KV pool
 };

@@ -227,32 +227,7 @@ size_t Sampler::candidates() {
 
   size_t keep = c;
   if (params_.top_p < 1.0f) {
-    // top-p needs the candidates in probability order, but only up to the nucleus: sort a
-    // growing prefix (select the next chunk with nth_element, then sort just that chunk),
-    // so a peaked distribution over a big vocabulary costs O(n), not O(n log n).
-    const double top_p = double(params_.top_p);
-    double cum = 0.0;
-    size_t sorted = 0, chunk = 64;
-    bool done = false;
-    while (!done && sorted < c) {
-      const size_t end = std::min(c, sorted + chunk);
-      auto first = idx_.begin() + std::ptrdiff_t(sorted);
-      auto stop = idx_.begin() + std::ptrdiff_t(end);
-      if (end < c) std::nth_element(first, stop - 1, idx_.begin() + std::ptrdiff_t(c), by_logit);
-      std::sort(first, stop, by_logit);
-      for (size_t i = sorted; i < end; ++i) {
-        cum += weight(idx_[i]) / z;
-        if (cum >= top_p) {
-          keep = i + 1;
-          done = true;
-          break;
-        }
-      }
-      sorted = end;
-      chunk *= 4;
-    }
-    // Not reached (rounding, or min-p left less than top_p of the mass): everything left
-    // is sorted and kept.
+    keep = nucleus(c, max_logit, z);
   } else if (!id_order) {
     // No top-p: draw over the candidates in id order, a canonical order independent of
     // nth_element's.
@@ -261,6 +236,36 @@ size_t Sampler::candidates() {
 
   for (size_t i = 0; i < keep; ++i) probs_[i] = weight(idx_[i]);
   return keep;
+}
+
+// top-p over the c candidates in idx_ (z: their softmax normaliser): sorts them into
+// probability order only as far as the nucleus reaches (select the next chunk with
+// nth_element, then sort just that chunk), so a peaked distribution over a big vocabulary
+// costs O(n), not O(n log n). Returns how many candidates the nucleus keeps.
+size_t Sampler::nucleus(size_t c, float max_logit, double z) {
+  const float* w = work_.data();
+  const double temp = double(params_.temperature);
+  auto by_logit = [w](int32_t a, int32_t b) { return w[a] > w[b] || (w[a] == w[b] && a < b); };
+  auto weight = [&](int32_t t) { return std::exp((double(w[t]) - double(max_logit)) / temp); };
+  const double top_p = double(params_.top_p);
+  double cum = 0.0;
+  size_t sorted = 0, chunk = 64;
+  while (sorted < c) {
+    const size_t end = std::min(c, sorted + chunk);
+    auto first = idx_.begin() + std::ptrdiff_t(sorted);
+    auto stop = idx_.begin() + std::ptrdiff_t(end);
+    if (end < c) std::nth_element(first, stop - 1, idx_.begin() + std::ptrdiff_t(c), by_logit);
+    std::sort(first, stop, by_logit);
+    for (size_t i = sorted; i < end; ++i) {
+      cum += weight(idx_[i]) / z;
+      if (cum >= top_p) return i + 1;
+    }
+    sorted = end;
+    chunk *= 4;
+  }
+  // Not reached (rounding, or min-p left less than top_p of the mass): everything left is
+  // sorted and kept.
+  return c;
 }
 
 }  // namespace step35

@@ -79,6 +79,7 @@ class Sampler {
   // Fills idx_[0, keep) / probs_[0, keep) (unnormalised) with the candidates of
   // work_ (penalised logits) at temperature > 0; returns keep (0: take argmax(work_)).
   size_t candidates();
+  size_t nucleus(size_t c, float max_logit, double z);
   bool penalties_active() const;
 
   SamplingParams params_;

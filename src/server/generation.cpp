@@ -2,6 +2,8 @@
 
 #include <algorithm>
 
+#include "chat/step35_format.h"
+
 namespace step35::server {
 
 void EventQueue::push(ChoiceEvent ev) {
@@ -122,11 +124,12 @@ std::string ChoiceText::text_after_reasoning() const {
   if (!parser_) return content_;
   if (!options_.parser.in_reasoning) return raw_;
   // Reasoning ends at the first </think>, or at the first <tool_call> (with tools).
-  const size_t think_end = raw_.find("</think>");
-  const size_t call = options_.tools.is_array() && !options_.tools.empty() ? raw_.find("<tool_call>") : std::string::npos;
+  const size_t think_end = raw_.find(step35_format::kThinkClose);
+  const size_t call = options_.tools.is_array() && !options_.tools.empty() ? raw_.find(step35_format::kToolCallOpen)
+                                                                           : std::string::npos;
   if (call < think_end) return raw_.substr(call);
   if (think_end == std::string::npos) return "";
-  size_t from = think_end + 8;
+  size_t from = think_end + step35_format::kThinkClose.size();
   if (from < raw_.size() && raw_[from] == '\n') ++from;
   return raw_.substr(from);
 }
@@ -167,11 +170,16 @@ DriveEnd drive(GenerationRun& run, std::chrono::steady_clock::time_point deadlin
   using Clock = std::chrono::steady_clock;
   size_t remaining = run.running();
   ChoiceEvent ce;
+  constexpr auto kClientCheck = std::chrono::milliseconds(100);
+  auto next_check = Clock::now() + kClientCheck;
   while (remaining > 0) {
-    const auto wake = client_gone ? std::min(deadline, Clock::now() + std::chrono::milliseconds(100)) : deadline;
-    if (!run.next(ce, wake)) {
-      if (Clock::now() >= deadline) return DriveEnd::Deadline;
+    // Whether events keep coming or not, the client is looked at every 100 ms.
+    if (client_gone && Clock::now() >= next_check) {
       if (client_gone()) return DriveEnd::Abandoned;
+      next_check = Clock::now() + kClientCheck;
+    }
+    if (!run.next(ce, client_gone ? std::min(deadline, next_check) : deadline)) {
+      if (Clock::now() >= deadline) return DriveEnd::Deadline;
       continue;
     }
     if (!ce.event.done) {

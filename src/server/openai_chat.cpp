@@ -5,6 +5,8 @@
 #include <chrono>
 
 #include "chat/reasoning_budget.h"
+#include "chat/step35_format.h"
+#include "chat/tool_calls.h"
 #include "server/api_error.h"
 #include "server/chat_plan.h"
 #include "server/client_connection.h"

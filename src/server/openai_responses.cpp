@@ -292,9 +292,10 @@ ResponseOutput build_output(const ChoiceText& t, const std::string& reasoning_id
   return o;
 }
 
+// (No `output_text`: OpenAI's clients compute it from the output items, and only when the
+// object does not carry one.)
 json response_object(const std::string& id, int64_t created, const std::string& model, const ResponsesRequest& rq,
-                     const char* status, const json& output, const std::string& output_text, const json& usage,
-                     const json& incomplete_details) {
+                     const char* status, const json& output, const json& usage, const json& incomplete_details) {
   json r = {{"id", id},
             {"object", "response"},
             {"created_at", created},
@@ -303,7 +304,6 @@ json response_object(const std::string& id, int64_t created, const std::string& 
             {"incomplete_details", incomplete_details},
             {"model", model},
             {"output", output},
-            {"output_text", output_text},
             {"usage", usage}};
   for (auto it = rq.echo.begin(); it != rq.echo.end(); ++it) r[it.key()] = it.value();
   return r;
@@ -348,7 +348,7 @@ void handle_responses(ServerContext& ctx, const json& body, HttpExchange& ex) {
     const bool incomplete = ev.reason == FinishReason::Length || ev.reason == FinishReason::Context;
     const ResponseOutput o = build_output(t, reasoning_id, message_id, call_ids, incomplete);
     const json details = incomplete ? json{{"reason", "max_output_tokens"}} : json(nullptr);
-    json r = response_object(id, created, plan.model, rq, incomplete ? "incomplete" : "completed", o.items, o.text,
+    json r = response_object(id, created, plan.model, rq, incomplete ? "incomplete" : "completed", o.items,
                              usage_of(ev, *reasoning_tokens), details);
     if (rq.store) {
       json turn = rq.new_messages;
@@ -399,7 +399,7 @@ void handle_responses(ServerContext& ctx, const json& body, HttpExchange& ex) {
       return sse_write(sink, sse_event(type, payload));
     };
     const json in_progress =
-        response_object(id, created, plan.model, rq, "in_progress", json::array(), "", nullptr, nullptr);
+        response_object(id, created, plan.model, rq, "in_progress", json::array(), nullptr, nullptr);
     bool ok = write("response.created", {{"response", in_progress}}) &&
               write("response.in_progress", {{"response", in_progress}});
     // Output items open as their kind of output starts: reasoning, then the message, then

@@ -6,7 +6,10 @@
 namespace step35::server {
 
 size_t ResponseStore::size_of(const Entry& e) {
-  return e.previous_id.size() + e.messages.dump().size() + e.response.dump().size();
+  // (Generated text may hold invalid UTF-8: dumped with replacement, as it is sent.)
+  const auto replace = nlohmann::json::error_handler_t::replace;
+  return e.previous_id.size() + e.messages.dump(-1, ' ', false, replace).size() +
+         e.response.dump(-1, ' ', false, replace).size();
 }
 
 void ResponseStore::put(const std::string& id, Entry entry) {

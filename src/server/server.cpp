@@ -8,11 +8,13 @@
 #include <chrono>
 #include <condition_variable>
 #include <cstdio>
+#include <cstdlib>
 #include <cstring>
 #include <map>
 #include <random>
 #include <thread>
 
+#include "chat/step35_format.h"
 #include "server/api_error.h"
 #include "server/chat_plan.h"
 #include "server/request_validation.h"
@@ -558,11 +560,15 @@ int serve(const ServerOptions& options) {
     try {
       Model::LoadOptions lo;
       ctx.model = Model::load(options.model_path, lo);
+      // Test seam (tests/test_server_lifecycle.cpp): a load that takes this long, so that a
+      // test can signal a server that is still loading.
+      if (const char* delay = std::getenv("STEP35_TEST_LOAD_DELAY_MS"))
+        std::this_thread::sleep_for(std::chrono::milliseconds(std::atoll(delay)));
       if (options.on_model_loaded) options.on_model_loaded(*ctx.model);
       const Tokenizer& tok = ctx.model->tokenizer();
       ctx.chat_template = std::make_unique<ChatTemplate>(ctx.model->file().opt_str("tokenizer.chat_template").value_or(""),
                                                          tok.bos() >= 0 ? tok.token_to_piece(tok.bos()) : "");
-      ctx.think_end = tok.find_token("</think>");
+      ctx.think_end = step35_format::think_end_token(tok);
       EngineOptions eo = options.engine;
       const int32_t n_ctx_train = ctx.model->hparams().n_ctx_train;
       if (eo.n_ctx == 0) eo.n_ctx = n_ctx_train;  // -c 0: the model's context
