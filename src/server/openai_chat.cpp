@@ -23,9 +23,10 @@ using nlohmann::json;
 namespace {
 
 // The grammar the output must follow, if any: response_format, grammar (GBNF) or a forced
-// tool call; after a think block it applies once the reasoning ends (within the budget).
-std::shared_ptr<TokenConstraint> structured_output(ServerContext& ctx, const Fields& f, const json* tools,
-                                                   bool in_reasoning, int32_t reasoning_budget) {
+// tool call (`tool_choice`: the request's, or its legacy function_call mapped); after a
+// think block it applies once the reasoning ends (within the budget).
+std::shared_ptr<TokenConstraint> structured_output(ServerContext& ctx, const Fields& f, const json& tool_choice,
+                                                   const json* tools, bool in_reasoning, int32_t reasoning_budget) {
   std::unique_ptr<TokenConstraint> inner;
   const char* source = "response_format";
   try {
@@ -54,13 +55,15 @@ std::shared_ptr<TokenConstraint> structured_output(ServerContext& ctx, const Fie
       if (inner) throw ApiError(400, "'grammar' cannot be combined with 'response_format'", "grammar");
       inner = make_gbnf_constraint(*gbnf, ctx.tokenizer());
     }
-    if (tools && f.has("tool_choice")) {
+    if (tools && !tool_choice.is_null()) {
       source = "tools";
-      const json& tc = f.raw("tool_choice");
+      const json& tc = tool_choice;
       std::string only;
       bool forced = false;
       if (tc.is_string()) {
-        f.choice("tool_choice", {"none", "auto", "required"});
+        if (tc != "none" && tc != "auto" && tc != "required")
+          throw ApiError(400, "'tool_choice' must be one of 'none', 'auto', 'required' (got " + tc.dump() + ")",
+                         "tool_choice");
         forced = tc == "required";
       } else if (tc.is_object()) {
         Fields t(tc, "tool_choice.");
@@ -239,10 +242,8 @@ ChatPlan plan_chat(ServerContext& ctx, const json& body) {
   r.ignore_eos = f.boolean("ignore_eos").value_or(false);
   r.min_tokens = int32_t(f.integer("min_tokens", 0, ctx_max).value_or(0));
   plan.single_tool_call = !f.boolean("parallel_tool_calls").value_or(true);
-  json for_constraint = body;
-  if (!tool_choice.is_null()) for_constraint["tool_choice"] = tool_choice;
-  Fields fc(for_constraint);
-  r.constraint = structured_output(ctx, fc, have_tools ? &tools : nullptr, plan.in_reasoning, plan.reasoning_budget);
+  r.constraint =
+      structured_output(ctx, f, tool_choice, have_tools ? &tools : nullptr, plan.in_reasoning, plan.reasoning_budget);
   if (r.constraint && r.ignore_eos) throw ApiError(400, "'ignore_eos' cannot be combined with structured output", "ignore_eos");
   if (r.constraint && r.min_tokens > 0)
     throw ApiError(400, "'min_tokens' cannot be combined with structured output", "min_tokens");
