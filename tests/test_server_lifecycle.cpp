@@ -270,7 +270,7 @@ TEST(ServerLifecycle, ContextAndKvMemLimits) {
     std::ifstream in(s.log_path());
     std::stringstream ss;
     ss << in.rdbuf();
-    EXPECT_NE(ss.str().find("-c 100000 is more than the model's context: using 4096"), std::string::npos) << ss.str();
+    EXPECT_NE(ss.str().find("context 100000 (-c) is more than the model's 4096: using 4096"), std::string::npos) << ss.str();
   }
   for (const auto& [mib, says] : std::vector<std::pair<std::string, std::string>>{
            {"1", "--kv-mem 1 MiB is less than one sequence of 4096 tokens needs"},

@@ -29,6 +29,10 @@ enum class Priority : uint8_t { Normal, LowLatency, HighThroughput };
 // never the default): per token keep the smallest set of top-ranked experts whose
 // normalised router weights reach `adaptive_mass`, never fewer than `adaptive_min_k`.
 enum class ExpertPolicy : uint8_t { Strict, Adaptive };
+// The adaptive policy's default mass and minimum (GenerateRequest, the server's options,
+// the command line).
+inline constexpr float kDefaultAdaptiveMass = 0.9f;
+inline constexpr int32_t kDefaultAdaptiveMinK = 4;
 
 enum class FinishReason : uint8_t {
   Stop,       // an end-of-generation token (or the constraint completed)
@@ -53,8 +57,8 @@ struct GenerateRequest {
   std::shared_ptr<TokenConstraint> constraint;  // optional
   Priority priority = Priority::Normal;
   ExpertPolicy expert_policy = ExpertPolicy::Strict;
-  float adaptive_mass = 0.9f;
-  int32_t adaptive_min_k = 4;
+  float adaptive_mass = kDefaultAdaptiveMass;
+  int32_t adaptive_min_k = kDefaultAdaptiveMinK;
   double timeout_s = 0;              // 0: none
 };
 

@@ -2,15 +2,13 @@
 // body is mapped to the OpenAI chat shape and planned like a chat request; the answer is
 // a message of content blocks (thinking, text, tool_use), streamed as Anthropic's named
 // SSE events.
-#include <chrono>
-
 #include "server/api_error.h"
 #include "server/chat_plan.h"
-#include "server/client_connection.h"
 #include "server/generation.h"
 #include "server/request_validation.h"
 #include "server/server_context.h"
 #include "server/sse.h"
+#include "server/streaming.h"
 
 namespace step35::server {
 
@@ -35,16 +33,10 @@ std::string block_text(const json& content, const std::string& where) {
   return out;
 }
 
-
 const char* stop_reason(const GenerateEvent& ev, const ChoiceText& t) {
   if (t.stopped()) return "stop_sequence";
   if (!t.tool_calls().empty() && ev.reason == FinishReason::Stop) return "tool_use";
   return ev.reason == FinishReason::Stop ? "end_turn" : "max_tokens";
-}
-
-void throw_if_failed(const GenerateEvent& ev) {
-  if (ev.reason == FinishReason::Timeout) throw ApiError(408, "the request timed out");
-  if (ev.reason == FinishReason::Error) throw ApiError(500, "generation failed: " + ev.error);
 }
 
 }  // namespace
@@ -170,133 +162,129 @@ json anthropic_to_openai(const json& body, bool counting) {
   return out;
 }
 
+namespace {
+
+// Anthropic's named events: message_start, content blocks opened as their kind of output
+// starts and closed when another kind begins (thinking, then text, then one tool_use block
+// per call), an error event for a failed generation, message_delta and message_stop.
+class MessageStream final : public EventWriter {
+ public:
+  MessageStream(std::string id, std::string model, int n_prompt)
+      : id_(std::move(id)), model_(std::move(model)), n_prompt_(n_prompt) {}
+
+  bool begin(httplib::DataSink& sink) override {
+    return write(sink, "message_start",
+                 {{"type", "message_start"},
+                  {"message", {{"id", id_}, {"type", "message"}, {"role", "assistant"}, {"model", model_},
+                               {"content", json::array()}, {"stop_reason", nullptr}, {"stop_sequence", nullptr},
+                               {"usage", {{"input_tokens", n_prompt_}, {"output_tokens", 0}}}}}});
+  }
+
+  bool token(httplib::DataSink& sink, int, const GenerateEvent&, const TextDelta& d) override { return emit(sink, d); }
+
+  bool done(httplib::DataSink& sink, int, const GenerateEvent& ev, const TextDelta& d, const ChoiceText& t) override {
+    final_ = ev;
+    text_ = &t;
+    return emit(sink, d);
+  }
+
+  bool end(httplib::DataSink& sink) override {
+    if (!close_block(sink)) return false;
+    if (final_.reason == FinishReason::Error || final_.reason == FinishReason::Timeout) {
+      const bool timeout = final_.reason == FinishReason::Timeout;
+      if (!write(sink, "error", {{"type", "error"},
+                                 {"error", {{"type", timeout ? "timeout_error" : "api_error"},
+                                            {"message", timeout ? "the request timed out" : final_.error}}}}))
+        return false;
+    }
+    if (!write(sink, "message_delta",
+               {{"type", "message_delta"},
+                {"delta", {{"stop_reason", stop_reason(final_, *text_)},
+                           {"stop_sequence", text_->stopped() ? json(text_->matched_stop()) : json(nullptr)}}},
+                {"usage", {{"output_tokens", final_.n_generated}}}}))
+      return false;
+    return write(sink, "message_stop", {{"type", "message_stop"}});
+  }
+
+ private:
+  static bool write(httplib::DataSink& sink, const char* event, const json& payload) {
+    return sse_write(sink, sse_event(event, payload));
+  }
+  bool close_block(httplib::DataSink& sink) {
+    if (open_kind_.empty()) return true;
+    open_kind_.clear();
+    return write(sink, "content_block_stop", {{"type", "content_block_stop"}, {"index", block_}});
+  }
+  bool open_block(httplib::DataSink& sink, const std::string& kind, const json& start) {
+    if (!close_block(sink)) return false;
+    open_kind_ = kind;
+    ++block_;
+    return write(sink, "content_block_start", {{"type", "content_block_start"}, {"index", block_}, {"content_block", start}});
+  }
+  bool delta(httplib::DataSink& sink, const json& d) {
+    return write(sink, "content_block_delta", {{"type", "content_block_delta"}, {"index", block_}, {"delta", d}});
+  }
+  bool emit(httplib::DataSink& sink, const TextDelta& d) {
+    if (!d.reasoning.empty()) {
+      if (open_kind_ != "thinking" && !open_block(sink, "thinking", {{"type", "thinking"}, {"thinking", ""}})) return false;
+      if (!delta(sink, {{"type", "thinking_delta"}, {"thinking", d.reasoning}})) return false;
+    }
+    if (!d.content.empty()) {
+      if (open_kind_ != "text" && !open_block(sink, "text", {{"type", "text"}, {"text", ""}})) return false;
+      if (!delta(sink, {{"type", "text_delta"}, {"text", d.content}})) return false;
+    }
+    for (const OutputDelta& o : d.tool_calls) {
+      if (o.kind == OutputDelta::Kind::ToolCallStart) {
+        if (!open_block(sink, "tool_use",
+                        {{"type", "tool_use"}, {"id", o.tool_id}, {"name", o.tool_name}, {"input", json::object()}}))
+          return false;
+      } else if (!delta(sink, {{"type", "input_json_delta"}, {"partial_json", o.text}})) {
+        return false;
+      }
+    }
+    return true;
+  }
+
+  std::string id_, model_;
+  int n_prompt_;
+  int block_ = -1;
+  std::string open_kind_;  // "thinking" | "text" | "tool_use" | ""
+  GenerateEvent final_;
+  const ChoiceText* text_ = nullptr;  // set with final_
+};
+
+}  // namespace
+
 void handle_messages(ServerContext& ctx, const json& body, HttpExchange& ex) {
   ChatPlan plan = plan_chat(ctx, anthropic_to_openai(body));
   const Tokenizer& tok = ctx.tokenizer();
   std::vector<ChoiceText> texts;
   texts.emplace_back(tok, plan.text_options(random_id("toolu_") + "_", 0));
-  auto run = std::make_shared<GenerationRun>(*ctx.engine, replicate(plan.request, 1), std::move(texts));
-  const auto deadline = generation_deadline(ctx);
+  auto gen = std::make_shared<Generation>(ctx, ex, plan.request, 1, std::move(texts));
   const std::string id = random_id("msg_");
-  ex.trace->prompt_tokens = int64_t(plan.request.prompt.size());
-
-  if (!plan.stream) {
-    GenerateEvent final_ev;
-    const ClientConnection client(ex.req);
-    const DriveEnd end = drive(
-        *run, deadline, [](int, const GenerateEvent&, const TextDelta&) { return true; },
-        [&](int, const GenerateEvent& ev, const TextDelta&) {
-          final_ev = ev;
-          ctx.metrics.observe_generation(ev);
-          return true;
-        },
-        [&client] { return client.gone(); });
-    if (end == DriveEnd::Abandoned) {
-      ex.res.status = 499;
-      return;
-    }
-    if (end == DriveEnd::Deadline) throw ApiError(408, "the request timed out");
-    throw_if_failed(final_ev);
-    const ChoiceText& t = run->text(0);
-    json content = json::array();
-    if (!t.reasoning().empty()) content.push_back({{"type", "thinking"}, {"thinking", t.reasoning()}, {"signature", ""}});
-    if (t.truncated_call()) {
-      // Cut off inside a tool call: the output is text, not a call (stop_reason max_tokens).
-      content.push_back({{"type", "text"}, {"text", t.text_after_reasoning()}});
-    } else {
-      if (!t.content().empty()) content.push_back({{"type", "text"}, {"text", t.content()}});
-      for (const ParsedToolCall& c : t.tool_calls())
-        content.push_back({{"type", "tool_use"}, {"id", c.id}, {"name", c.name}, {"input", json::parse(c.arguments)}});
-    }
-    ex.trace->completion_tokens = final_ev.n_generated;
-    set_json(ex.res, {{"id", id},
-                      {"type", "message"},
-                      {"role", "assistant"},
-                      {"model", plan.model},
-                      {"content", content},
-                      {"stop_reason", stop_reason(final_ev, t)},
-                      {"stop_sequence", t.stopped() ? json(t.matched_stop()) : json(nullptr)},
-                      {"usage", {{"input_tokens", final_ev.n_prompt}, {"output_tokens", final_ev.n_generated},
-                                 {"cache_read_input_tokens", final_ev.n_cached}}}});
-    return;
+  if (plan.stream)
+    return stream(gen, ex, std::make_shared<MessageStream>(id, plan.model, int(plan.request.prompt.size())));
+  const GenerateEvent final_ev = gen->collect(ex, [](int, const GenerateEvent&, const TextDelta&) { return true; })[0];
+  const ChoiceText& t = gen->text(0);
+  json content = json::array();
+  if (!t.reasoning().empty()) content.push_back({{"type", "thinking"}, {"thinking", t.reasoning()}, {"signature", ""}});
+  if (t.truncated_call()) {
+    // Cut off inside a tool call: the output is text, not a call (stop_reason max_tokens).
+    content.push_back({{"type", "text"}, {"text", t.text_after_reasoning()}});
+  } else {
+    if (!t.content().empty()) content.push_back({{"type", "text"}, {"text", t.content()}});
+    for (const ParsedToolCall& c : t.tool_calls())
+      content.push_back({{"type", "tool_use"}, {"id", c.id}, {"name", c.name}, {"input", json::parse(c.arguments)}});
   }
-
-  ChoiceEvent first;
-  if (!run->peek(first, deadline)) throw ApiError(408, "the request timed out");
-  if (first.event.done) throw_if_failed(first.event);
-  std::shared_ptr<RequestTrace> trace = ex.trace;
-  set_event_stream(ctx, ex, [&ctx, plan, run, deadline, id, trace](httplib::DataSink& sink) {
-    // Content blocks are opened as their kind of output starts and closed when another
-    // kind begins: thinking, then text, then one tool_use block per call.
-    int block = -1;
-    std::string open_kind;  // "thinking" | "text" | "tool_use" | ""
-    auto write = [&](const char* event, const json& payload) { return sse_write(sink, sse_event(event, payload)); };
-    auto close_block = [&] {
-      if (open_kind.empty()) return true;
-      open_kind.clear();
-      return write("content_block_stop", {{"type", "content_block_stop"}, {"index", block}});
-    };
-    auto open_block = [&](const std::string& kind, const json& start) {
-      if (!close_block()) return false;
-      open_kind = kind;
-      ++block;
-      return write("content_block_start", {{"type", "content_block_start"}, {"index", block}, {"content_block", start}});
-    };
-    auto emit = [&](const TextDelta& d) {
-      if (!d.reasoning.empty()) {
-        if (open_kind != "thinking" && !open_block("thinking", {{"type", "thinking"}, {"thinking", ""}})) return false;
-        if (!write("content_block_delta", {{"type", "content_block_delta"}, {"index", block},
-                                           {"delta", {{"type", "thinking_delta"}, {"thinking", d.reasoning}}}}))
-          return false;
-      }
-      if (!d.content.empty()) {
-        if (open_kind != "text" && !open_block("text", {{"type", "text"}, {"text", ""}})) return false;
-        if (!write("content_block_delta", {{"type", "content_block_delta"}, {"index", block},
-                                           {"delta", {{"type", "text_delta"}, {"text", d.content}}}}))
-          return false;
-      }
-      for (const OutputDelta& o : d.tool_calls) {
-        if (o.kind == OutputDelta::Kind::ToolCallStart) {
-          if (!open_block("tool_use", {{"type", "tool_use"}, {"id", o.tool_id}, {"name", o.tool_name}, {"input", json::object()}}))
-            return false;
-        } else if (!write("content_block_delta", {{"type", "content_block_delta"}, {"index", block},
-                                                  {"delta", {{"type", "input_json_delta"}, {"partial_json", o.text}}}})) {
-          return false;
-        }
-      }
-      return true;
-    };
-    GenerateEvent final_ev;
-    auto on_token = [&](int, const GenerateEvent&, const TextDelta& d) { return emit(d); };
-    auto on_done = [&](int, const GenerateEvent& ev, const TextDelta& d) {
-      final_ev = ev;
-      ctx.metrics.observe_generation(ev);
-      trace->completion_tokens = ev.n_generated;
-      return emit(d);
-    };
-    bool ok = write("message_start", {{"type", "message_start"},
-                                      {"message", {{"id", id}, {"type", "message"}, {"role", "assistant"},
-                                                   {"model", plan.model}, {"content", json::array()},
-                                                   {"stop_reason", nullptr}, {"stop_sequence", nullptr},
-                                                   {"usage", {{"input_tokens", int(plan.request.prompt.size())},
-                                                              {"output_tokens", 0}}}}}});
-    if (ok) ok = drive(*run, deadline, on_token, on_done) == DriveEnd::Finished;
-    if (ok) ok = close_block();
-    if (ok && (final_ev.reason == FinishReason::Error || final_ev.reason == FinishReason::Timeout))
-      ok = write("error", {{"type", "error"},
-                           {"error", {{"type", final_ev.reason == FinishReason::Timeout ? "timeout_error" : "api_error"},
-                                      {"message", final_ev.reason == FinishReason::Timeout ? "the request timed out"
-                                                                                           : final_ev.error}}}});
-    const ChoiceText& t = run->text(0);
-    if (ok)
-      ok = write("message_delta", {{"type", "message_delta"},
-                                   {"delta", {{"stop_reason", stop_reason(final_ev, t)},
-                                              {"stop_sequence", t.stopped() ? json(t.matched_stop()) : json(nullptr)}}},
-                                   {"usage", {{"output_tokens", final_ev.n_generated}}}});
-    if (ok) write("message_stop", {{"type", "message_stop"}});
-    if (!ok) run->cancel_all();
-    sink.done();
-  });
+  set_json(ex.res, {{"id", id},
+                    {"type", "message"},
+                    {"role", "assistant"},
+                    {"model", plan.model},
+                    {"content", content},
+                    {"stop_reason", stop_reason(final_ev, t)},
+                    {"stop_sequence", t.stopped() ? json(t.matched_stop()) : json(nullptr)},
+                    {"usage", {{"input_tokens", final_ev.n_prompt}, {"output_tokens", final_ev.n_generated},
+                               {"cache_read_input_tokens", final_ev.n_cached}}}});
 }
 
 // POST /v1/messages/count_tokens: the prompt the request would run, counted.

@@ -2,18 +2,16 @@
 // with the model's chat template, reasoning returned as reasoning_content (and limited by
 // reasoning_budget / reasoning_effort), structured output (response_format, grammar,
 // forced tool calls) through grammar constraints, SSE streaming.
-#include <chrono>
-
 #include "chat/reasoning_budget.h"
 #include "chat/step35_format.h"
 #include "chat/tool_calls.h"
 #include "server/api_error.h"
 #include "server/chat_plan.h"
-#include "server/client_connection.h"
 #include "server/generation.h"
 #include "server/request_validation.h"
 #include "server/server_context.h"
 #include "server/sse.h"
+#include "server/streaming.h"
 #include "structured/json_constraint.h"
 
 namespace step35::server {
@@ -260,6 +258,7 @@ ChatPlan plan_chat(ServerContext& ctx, const json& body) {
   return plan;
 }
 
+
 namespace {
 
 json logprob_entry(const Tokenizer& tok, int32_t token, float logprob, const std::vector<TokenLogprob>* top) {
@@ -275,23 +274,168 @@ json logprob_entry(const Tokenizer& tok, int32_t token, float logprob, const std
   return e;
 }
 
-json usage_json(int32_t prompt, int32_t cached, int64_t completion) {
-  return {{"prompt_tokens", prompt},
-          {"completion_tokens", completion},
-          {"total_tokens", prompt + completion},
-          {"prompt_tokens_details", {{"cached_tokens", cached}}}};
-}
-
-// The error a choice's final event carries, for a response that has not started.
-void throw_if_failed(const GenerateEvent& ev) {
-  if (ev.reason == FinishReason::Timeout) throw ApiError(408, "the request timed out");
-  if (ev.reason == FinishReason::Error) throw ApiError(500, "generation failed: " + ev.error);
-}
-
+// OpenAI's finish_reason, with the legacy name for a call answered as function_call.
 const char* chat_finish_reason(const ChatPlan& plan, const GenerateEvent& ev, const ChoiceText& t) {
   const char* reason = openai_finish_reason(ev, t);
   if (plan.legacy_functions && std::string(reason) == "tool_calls") return "function_call";
   return reason;
+}
+
+// Tool-call deltas: as tool_calls, or (legacy functions) the first call as function_call.
+void add_tool_call_deltas(const ChatPlan& plan, const std::vector<OutputDelta>& deltas, json& delta) {
+  if (deltas.empty()) return;
+  if (plan.legacy_functions) {
+    for (const OutputDelta& o : deltas) {
+      if (o.tool_index != 0) continue;
+      if (o.kind == OutputDelta::Kind::ToolCallStart)
+        delta["function_call"] = {{"name", o.tool_name}, {"arguments", ""}};
+      else
+        delta["function_call"] = {{"arguments", o.text}};
+    }
+    return;
+  }
+  json tc = json::array();
+  for (const OutputDelta& o : deltas) {
+    if (o.kind == OutputDelta::Kind::ToolCallStart)
+      tc.push_back({{"index", o.tool_index}, {"id", o.tool_id}, {"type", "function"},
+                    {"function", {{"name", o.tool_name}, {"arguments", ""}}}});
+    else
+      tc.push_back({{"index", o.tool_index}, {"function", {{"arguments", o.text}}}});
+  }
+  delta["tool_calls"] = tc;
+}
+
+// The chat.completion.chunk stream: a delta per token that added text (or logprobs), the
+// role in a choice's first delta, its finish_reason in a last one, then usage and [DONE].
+class ChatStream final : public EventWriter {
+ public:
+  ChatStream(const Tokenizer& tok, const ChatPlan& plan, std::string id, int64_t created, json step35_info)
+      : tok_(tok), plan_(plan), id_(std::move(id)), created_(created), step35_info_(std::move(step35_info)),
+        started_(size_t(plan.n), false) {}
+
+  bool token(httplib::DataSink& sink, int i, const GenerateEvent& ev, const TextDelta& d) override {
+    const bool logprob = plan_.logprobs && !tok_.is_eog(ev.token);
+    if (d.reasoning.empty() && d.content.empty() && d.tool_calls.empty() && !logprob && started_[size_t(i)]) return true;
+    return sse_write(sink, sse_data(chunk(json::array({delta_choice(i, d, &ev)}))));
+  }
+
+  bool done(httplib::DataSink& sink, int i, const GenerateEvent& ev, const TextDelta& d, const ChoiceText& t) override {
+    usage_.add(ev);
+    if (!d.reasoning.empty() || !d.content.empty() || !d.tool_calls.empty() || !started_[size_t(i)])
+      if (!sse_write(sink, sse_data(chunk(json::array({delta_choice(i, d, nullptr)}))))) return false;
+    json c = delta_choice(i, TextDelta{}, nullptr);
+    c["finish_reason"] = chat_finish_reason(plan_, ev, t);
+    if (ev.reason == FinishReason::Error || ev.reason == FinishReason::Timeout) {
+      const json err = ApiError(ev.reason == FinishReason::Timeout ? 408 : 500,
+                                ev.reason == FinishReason::Timeout ? "the request timed out" : "generation failed: " + ev.error)
+                           .body();
+      if (!sse_write(sink, sse_data(err))) return false;
+    }
+    return sse_write(sink, sse_data(chunk(json::array({c}))));
+  }
+
+  bool end(httplib::DataSink& sink) override {
+    if (plan_.include_usage) {
+      json u = chunk(json::array());
+      u["usage"] = usage_.openai();
+      sse_write(sink, sse_data(u));
+    }
+    sse_write(sink, sse_done());
+    return true;
+  }
+
+ private:
+  json chunk(json choices) const {
+    json c = {{"id", id_}, {"object", "chat.completion.chunk"}, {"created", created_}, {"model", plan_.model},
+              {"choices", std::move(choices)}};
+    if (!step35_info_.is_null()) c["step35"] = step35_info_;
+    if (plan_.include_usage) c["usage"] = nullptr;
+    return c;
+  }
+
+  json delta_choice(int i, const TextDelta& d, const GenerateEvent* tok_ev) {
+    json delta = json::object();
+    if (!started_[size_t(i)]) {
+      delta["role"] = "assistant";
+      started_[size_t(i)] = true;
+    }
+    if (!d.reasoning.empty()) delta["reasoning_content"] = d.reasoning;
+    if (!d.content.empty()) delta["content"] = d.content;
+    add_tool_call_deltas(plan_, d.tool_calls, delta);
+    json c = {{"index", i}, {"delta", delta}, {"logprobs", nullptr}, {"finish_reason", nullptr}};
+    if (plan_.logprobs && tok_ev && !tok_.is_eog(tok_ev->token))
+      c["logprobs"] = {{"content", json::array({logprob_entry(tok_, tok_ev->token, tok_ev->logprob, &tok_ev->top)})}};
+    return c;
+  }
+
+  const Tokenizer& tok_;
+  ChatPlan plan_;
+  std::string id_;
+  int64_t created_;
+  json step35_info_;  // null unless /v1/step35/execute
+  std::vector<bool> started_;
+  Usage usage_;
+};
+
+// What /v1/step35/execute applied, echoed in the response's "step35" object.
+json execute_info(const ServerContext& ctx, const ExecuteOptions& exec) {
+  const bool adaptive = exec.applied_policy == ExpertPolicy::Adaptive;
+  json info = {{"routing_hint", exec.routing_hint.empty() ? json(nullptr) : json(exec.routing_hint)},
+               {"priority", exec.priority == Priority::LowLatency       ? "low_latency"
+                            : exec.priority == Priority::HighThroughput ? "high_throughput"
+                                                                         : "normal"},
+               {"context_window", exec.context_window ? exec.context_window : ctx.engine->options().n_ctx},
+               {"expert_policy", exec.expert_policy},
+               {"expert_policy_applied", adaptive ? "adaptive" : "strict"}};
+  if (adaptive) {
+    info["adaptive_mass"] = ctx.options.adaptive_mass;
+    info["adaptive_min_k"] = ctx.options.adaptive_min_k;
+  }
+  return info;
+}
+
+// A choice's message: content, reasoning, tool calls (or the legacy function_call); a call
+// cut off by max_tokens or the context is not a call the client could run, so the output
+// comes back as the text it is (finish_reason "length").
+json chat_message(const ChatPlan& plan, const ChoiceText& t) {
+  json message = {{"role", "assistant"}, {"content", t.content()}};
+  if (plan.in_reasoning || !t.reasoning().empty()) message["reasoning_content"] = t.reasoning();
+  const auto calls = t.tool_calls();
+  if (t.truncated_call()) {
+    message["content"] = t.text_after_reasoning();
+  } else if (!calls.empty() && plan.legacy_functions) {
+    message["function_call"] = {{"name", calls[0].name}, {"arguments", calls[0].arguments}};
+    if (t.content().empty()) message["content"] = nullptr;
+  } else if (!calls.empty()) {
+    json tc = json::array();
+    for (const ParsedToolCall& c : calls)
+      tc.push_back({{"id", c.id}, {"type", "function"}, {"function", {{"name", c.name}, {"arguments", c.arguments}}}});
+    message["tool_calls"] = tc;
+    if (t.content().empty()) message["content"] = nullptr;
+  }
+  return message;
+}
+
+// The whole chat.completion object but its id and created time.
+json chat_completion(const Tokenizer& tok, const ChatPlan& plan, Generation& gen, HttpExchange& ex) {
+  std::vector<json> logprobs(size_t(plan.n), json::array());
+  const std::vector<GenerateEvent> finals = gen.collect(ex, [&](int i, const GenerateEvent& ev, const TextDelta&) {
+    if (plan.logprobs && !tok.is_eog(ev.token))
+      logprobs[size_t(i)].push_back(logprob_entry(tok, ev.token, ev.logprob, &ev.top));
+    return true;
+  });
+  json choices = json::array();
+  Usage usage;
+  for (int i = 0; i < plan.n; ++i) {
+    const GenerateEvent& ev = finals[size_t(i)];
+    const ChoiceText& t = gen.text(i);
+    choices.push_back({{"index", i},
+                       {"message", chat_message(plan, t)},
+                       {"logprobs", plan.logprobs ? json{{"content", logprobs[size_t(i)]}} : json(nullptr)},
+                       {"finish_reason", chat_finish_reason(plan, ev, t)}});
+    usage.add(ev);
+  }
+  return {{"object", "chat.completion"}, {"model", plan.model}, {"choices", choices}, {"usage", usage.openai()}};
 }
 
 }  // namespace
@@ -305,184 +449,21 @@ void handle_chat(ServerContext& ctx, json body, const ExecuteOptions* exec, Http
     plan.request.expert_policy = exec->applied_policy;
     plan.request.adaptive_mass = ctx.options.adaptive_mass;
     plan.request.adaptive_min_k = ctx.options.adaptive_min_k;
-    const bool adaptive = exec->applied_policy == ExpertPolicy::Adaptive;
-    step35_info = {{"routing_hint", exec->routing_hint.empty() ? json(nullptr) : json(exec->routing_hint)},
-                   {"priority", exec->priority == Priority::LowLatency       ? "low_latency"
-                                : exec->priority == Priority::HighThroughput ? "high_throughput"
-                                                                             : "normal"},
-                   {"context_window", exec->context_window ? exec->context_window : ctx.engine->options().n_ctx},
-                   {"expert_policy", exec->expert_policy},
-                   {"expert_policy_applied", adaptive ? "adaptive" : "strict"}};
-    if (adaptive) {
-      step35_info["adaptive_mass"] = ctx.options.adaptive_mass;
-      step35_info["adaptive_min_k"] = ctx.options.adaptive_min_k;
-    }
+    step35_info = execute_info(ctx, *exec);
   }
   const Tokenizer& tok = ctx.tokenizer();
   std::vector<ChoiceText> texts;
   const std::string call_prefix = random_id("call_") + "_";
   for (int i = 0; i < plan.n; ++i) texts.emplace_back(tok, plan.text_options(call_prefix, i));
-  auto run = std::make_shared<GenerationRun>(*ctx.engine, replicate(plan.request, plan.n), std::move(texts));
-  const auto deadline = generation_deadline(ctx);
+  auto gen = std::make_shared<Generation>(ctx, ex, plan.request, plan.n, std::move(texts));
   const std::string id = random_id("chatcmpl-");
   const int64_t created = unix_time();
-  ex.trace->prompt_tokens = int64_t(plan.request.prompt.size());
-
-  if (!plan.stream) {
-    std::vector<json> logprobs(size_t(plan.n), json::array());
-    std::vector<GenerateEvent> finals(size_t(plan.n));
-    const ClientConnection client(ex.req);
-    const DriveEnd end = drive(
-        *run, deadline,
-        [&](int i, const GenerateEvent& ev, const TextDelta&) {
-          if (plan.logprobs && !tok.is_eog(ev.token))
-            logprobs[size_t(i)].push_back(logprob_entry(tok, ev.token, ev.logprob, &ev.top));
-          return true;
-        },
-        [&](int i, const GenerateEvent& ev, const TextDelta&) {
-          finals[size_t(i)] = ev;
-          ctx.metrics.observe_generation(ev);
-          return true;
-        },
-        [&client] { return client.gone(); });
-    if (end == DriveEnd::Abandoned) {
-      ex.res.status = 499;  // nobody reads it (nginx's "client closed request", for the log)
-      return;
-    }
-    if (end == DriveEnd::Deadline) throw ApiError(408, "the request timed out");
-    std::vector<json> choices(size_t(plan.n));
-    int32_t n_prompt = 0, n_cached = 0;
-    int64_t n_completion = 0;
-    for (int i = 0; i < plan.n; ++i) {
-      const GenerateEvent& ev = finals[size_t(i)];
-      throw_if_failed(ev);
-      const ChoiceText& t = run->text(i);
-      json message = {{"role", "assistant"}, {"content", t.content()}};
-      if (plan.in_reasoning || !t.reasoning().empty()) message["reasoning_content"] = t.reasoning();
-      const auto calls = t.tool_calls();
-      if (t.truncated_call()) {
-        // Cut off inside a tool call: not a call the client could run, so the output comes
-        // back as the text it is (finish_reason "length").
-        message["content"] = t.text_after_reasoning();
-      } else if (!calls.empty() && plan.legacy_functions) {
-        message["function_call"] = {{"name", calls[0].name}, {"arguments", calls[0].arguments}};
-        if (t.content().empty()) message["content"] = nullptr;
-      } else if (!calls.empty()) {
-        json tc = json::array();
-        for (const ParsedToolCall& c : calls)
-          tc.push_back({{"id", c.id}, {"type", "function"}, {"function", {{"name", c.name}, {"arguments", c.arguments}}}});
-        message["tool_calls"] = tc;
-        if (t.content().empty()) message["content"] = nullptr;
-      }
-      choices[size_t(i)] = {{"index", i},
-                            {"message", message},
-                            {"logprobs", plan.logprobs ? json{{"content", logprobs[size_t(i)]}} : json(nullptr)},
-                            {"finish_reason", chat_finish_reason(plan, ev, t)}};
-      n_prompt = ev.n_prompt;
-      n_cached = std::max(n_cached, ev.n_cached);
-      n_completion += ev.n_generated;
-    }
-    ex.trace->completion_tokens = n_completion;
-    json out = {{"id", id},
-                {"object", "chat.completion"},
-                {"created", created},
-                {"model", plan.model},
-                {"choices", choices},
-                {"usage", usage_json(n_prompt, n_cached, n_completion)}};
-    if (exec) out["step35"] = step35_info;
-    set_json(ex.res, out);
-    return;
-  }
-
-  // Streaming: wait for the first event before answering, so a request that fails before
-  // its first token (timeout in the queue, engine error) still gets its HTTP status.
-  ChoiceEvent first;
-  if (!run->peek(first, deadline)) throw ApiError(408, "the request timed out");
-  if (first.event.done) throw_if_failed(first.event);
-  std::shared_ptr<RequestTrace> trace = ex.trace;
-  set_event_stream(ctx, ex, [&ctx, plan, run, deadline, id, created, step35_info, trace,
-                             exec_given = exec != nullptr](httplib::DataSink& sink) {
-    const Tokenizer& tok = ctx.tokenizer();
-    auto chunk = [&](json choices) {
-      json c = {{"id", id}, {"object", "chat.completion.chunk"}, {"created", created}, {"model", plan.model},
-                {"choices", std::move(choices)}};
-      if (exec_given) c["step35"] = step35_info;
-      if (plan.include_usage) c["usage"] = nullptr;
-      return c;
-    };
-    std::vector<bool> started(size_t(plan.n), false);
-    auto delta_choice = [&](int i, const TextDelta& d, const GenerateEvent* tok_ev) -> json {
-      json delta = json::object();
-      if (!started[size_t(i)]) {
-        delta["role"] = "assistant";
-        started[size_t(i)] = true;
-      }
-      if (!d.reasoning.empty()) delta["reasoning_content"] = d.reasoning;
-      if (!d.content.empty()) delta["content"] = d.content;
-      if (!d.tool_calls.empty() && plan.legacy_functions) {
-        // Legacy function calling: one call, as function_call deltas.
-        for (const OutputDelta& o : d.tool_calls) {
-          if (o.tool_index != 0) continue;
-          if (o.kind == OutputDelta::Kind::ToolCallStart)
-            delta["function_call"] = {{"name", o.tool_name}, {"arguments", ""}};
-          else
-            delta["function_call"] = {{"arguments", o.text}};
-        }
-      } else if (!d.tool_calls.empty()) {
-        json tc = json::array();
-        for (const OutputDelta& o : d.tool_calls) {
-          if (o.kind == OutputDelta::Kind::ToolCallStart)
-            tc.push_back({{"index", o.tool_index}, {"id", o.tool_id}, {"type", "function"},
-                          {"function", {{"name", o.tool_name}, {"arguments", ""}}}});
-          else
-            tc.push_back({{"index", o.tool_index}, {"function", {{"arguments", o.text}}}});
-        }
-        delta["tool_calls"] = tc;
-      }
-      json c = {{"index", i}, {"delta", delta}, {"logprobs", nullptr}, {"finish_reason", nullptr}};
-      if (plan.logprobs && tok_ev && !tok.is_eog(tok_ev->token))
-        c["logprobs"] = {{"content", json::array({logprob_entry(tok, tok_ev->token, tok_ev->logprob, &tok_ev->top)})}};
-      return c;
-    };
-    int32_t n_prompt = 0, n_cached = 0;
-    int64_t n_completion = 0;
-    auto on_token = [&](int i, const GenerateEvent& ev, const TextDelta& d) {
-      if (d.reasoning.empty() && d.content.empty() && d.tool_calls.empty() && !(plan.logprobs && !tok.is_eog(ev.token)) &&
-          started[size_t(i)])
-        return true;
-      return sse_write(sink, sse_data(chunk(json::array({delta_choice(i, d, &ev)}))));
-    };
-    auto on_done = [&](int i, const GenerateEvent& ev, const TextDelta& d) {
-      ctx.metrics.observe_generation(ev);
-      n_prompt = ev.n_prompt;
-      n_cached = std::max(n_cached, ev.n_cached);
-      n_completion += ev.n_generated;
-      trace->completion_tokens = n_completion;
-      if (!d.reasoning.empty() || !d.content.empty() || !d.tool_calls.empty() || !started[size_t(i)])
-        if (!sse_write(sink, sse_data(chunk(json::array({delta_choice(i, d, nullptr)}))))) return false;
-      json c = delta_choice(i, TextDelta{}, nullptr);
-      c["finish_reason"] = chat_finish_reason(plan, ev, run->text(i));
-      if (ev.reason == FinishReason::Error || ev.reason == FinishReason::Timeout) {
-        json err = ApiError(ev.reason == FinishReason::Timeout ? 408 : 500,
-                            ev.reason == FinishReason::Timeout ? "the request timed out" : "generation failed: " + ev.error)
-                       .body();
-        if (!sse_write(sink, sse_data(err))) return false;
-      }
-      return sse_write(sink, sse_data(chunk(json::array({c}))));
-    };
-    if (drive(*run, deadline, on_token, on_done) != DriveEnd::Finished) {
-      run->cancel_all();
-      sink.done();
-      return;
-    }
-    if (plan.include_usage) {
-      json u = chunk(json::array());
-      u["usage"] = usage_json(n_prompt, n_cached, n_completion);
-      sse_write(sink, sse_data(u));
-    }
-    sse_write(sink, sse_done());
-    sink.done();
-  });
+  if (plan.stream) return stream(gen, ex, std::make_shared<ChatStream>(tok, plan, id, created, step35_info));
+  json out = chat_completion(tok, plan, *gen, ex);
+  out["id"] = id;
+  out["created"] = created;
+  if (exec) out["step35"] = step35_info;
+  set_json(ex.res, out);
 }
 
 }  // namespace step35::server

@@ -1,15 +1,14 @@
 // POST /v1/completions: a prompt string (or token ids) continued as is, no chat template.
 #include <algorithm>
-#include <chrono>
 #include <numeric>
 
 #include "server/api_error.h"
 #include "server/chat_plan.h"
-#include "server/client_connection.h"
 #include "server/generation.h"
 #include "server/request_validation.h"
 #include "server/server_context.h"
 #include "server/sse.h"
+#include "server/streaming.h"
 
 namespace step35::server {
 
@@ -53,11 +52,6 @@ json completion_logprobs(const Tokenizer& tok, const std::vector<GenerateEvent>&
     offset += piece.size();
   }
   return {{"tokens", tokens}, {"token_logprobs", lps}, {"top_logprobs", tops}, {"text_offset", offsets}};
-}
-
-json usage_json(int32_t p, int32_t cached, int64_t c) {
-  return json{{"prompt_tokens", p}, {"completion_tokens", c}, {"total_tokens", p + c},
-              {"prompt_tokens_details", {{"cached_tokens", cached}}}};
 }
 
 }  // namespace
@@ -110,17 +104,69 @@ CompletionsPlan plan_completions(ServerContext& ctx, const json& body) {
   return plan;
 }
 
+
+namespace {
+
+class CompletionStream final : public EventWriter {
+ public:
+  CompletionStream(const Tokenizer& tok, const CompletionsPlan& plan, std::string id, int64_t created)
+      : tok_(tok), model_(plan.model), include_usage_(plan.include_usage), want_logprobs_(plan.request.want_logprobs),
+        id_(std::move(id)), created_(created), offsets_(size_t(plan.n), 0) {}
+
+  bool token(httplib::DataSink& sink, int i, const GenerateEvent& ev, const TextDelta& d) override {
+    const bool lp = want_logprobs_ && !tok_.is_eog(ev.token);
+    if (d.content.empty() && !lp) return true;
+    json logprobs = nullptr;
+    if (lp) {
+      logprobs = completion_logprobs(tok_, {ev}, offsets_[size_t(i)]);
+      offsets_[size_t(i)] += tok_.token_to_piece(ev.token, false).size();
+    }
+    return sse_write(sink, sse_data(chunk(i, d.content, std::move(logprobs), nullptr)));
+  }
+
+  bool done(httplib::DataSink& sink, int i, const GenerateEvent& ev, const TextDelta& d, const ChoiceText& t) override {
+    usage_.add(ev);
+    return sse_write(sink, sse_data(chunk(i, d.content, nullptr, openai_finish_reason(ev, t))));
+  }
+
+  bool end(httplib::DataSink& sink) override {
+    if (include_usage_) {
+      const json u = {{"id", id_}, {"object", "text_completion"}, {"created", created_}, {"model", model_},
+                      {"choices", json::array()}, {"usage", usage_.openai()}};
+      sse_write(sink, sse_data(u));
+    }
+    sse_write(sink, sse_done());
+    return true;
+  }
+
+ private:
+  json chunk(int i, const std::string& text, json logprobs, json finish) const {
+    json c = {{"id", id_}, {"object", "text_completion"}, {"created", created_}, {"model", model_},
+              {"choices", json::array({{{"index", i}, {"text", text}, {"logprobs", logprobs}, {"finish_reason", finish}}})}};
+    if (include_usage_) c["usage"] = nullptr;
+    return c;
+  }
+
+  const Tokenizer& tok_;
+  std::string model_;
+  bool include_usage_, want_logprobs_;
+  std::string id_;
+  int64_t created_;
+  std::vector<size_t> offsets_;  // text_offset of each choice's next token
+  Usage usage_;
+};
+
+}  // namespace
+
 void handle_completions(ServerContext& ctx, const json& body, HttpExchange& ex) {
   CompletionsPlan plan = plan_completions(ctx, body);
   GenerateRequest& r = plan.request;
-  const int n = plan.n;
   const Tokenizer& tok = ctx.tokenizer();
   const std::string echo_text = plan.echo ? tok.decode(r.prompt, false) : "";
-  ex.trace->prompt_tokens = int64_t(r.prompt.size());
   if (r.max_tokens == 0) {
     // Nothing to generate: answer with the prompt's usage (and its echo).
     json choices = json::array();
-    for (int i = 0; i < n; ++i)
+    for (int i = 0; i < plan.n; ++i)
       choices.push_back({{"index", i}, {"text", echo_text}, {"logprobs", nullptr}, {"finish_reason", "length"}});
     set_json(ex.res, {{"id", random_id("cmpl-")}, {"object", "text_completion"}, {"created", unix_time()},
                       {"model", plan.model}, {"choices", choices},
@@ -130,122 +176,46 @@ void handle_completions(ServerContext& ctx, const json& body, HttpExchange& ex) 
   }
   // best_of ranks the candidates by the log-probability of their tokens.
   const bool show_logprobs = r.want_logprobs;
-  const int generated = plan.best_of;
-  if (generated > n) r.want_logprobs = true;
+  const int candidates = plan.best_of;
+  if (candidates > plan.n) r.want_logprobs = true;
   std::vector<ChoiceText> texts;
-  for (int i = 0; i < generated; ++i) {
+  for (int i = 0; i < candidates; ++i) {
     ChoiceTextOptions o;
     o.stops = plan.stops;
     texts.emplace_back(tok, std::move(o));
   }
-  auto run = std::make_shared<GenerationRun>(*ctx.engine, replicate(r, generated), std::move(texts));
-  const auto deadline = generation_deadline(ctx);
+  auto gen = std::make_shared<Generation>(ctx, ex, r, candidates, std::move(texts));
   const std::string id = random_id("cmpl-");
   const int64_t created = unix_time();
-
-  if (!plan.stream) {
-    std::vector<std::vector<GenerateEvent>> events(static_cast<size_t>(generated));
-    std::vector<GenerateEvent> finals(static_cast<size_t>(generated));
-    std::vector<double> score(static_cast<size_t>(generated), 0.0);
-    const ClientConnection client(ex.req);
-    const DriveEnd end = drive(
-        *run, deadline,
-        [&](int i, const GenerateEvent& ev, const TextDelta&) {
-          if (r.want_logprobs && !tok.is_eog(ev.token)) {
-            events[size_t(i)].push_back(ev);
-            score[size_t(i)] += ev.logprob;
-          }
-          return true;
-        },
-        [&](int i, const GenerateEvent& ev, const TextDelta&) {
-          finals[size_t(i)] = ev;
-          ctx.metrics.observe_generation(ev);
-          return true;
-        },
-        [&client] { return client.gone(); });
-    if (end == DriveEnd::Abandoned) {
-      ex.res.status = 499;
-      return;
+  // (best_of > n cannot stream: plan_completions refused it.)
+  if (plan.stream) return stream(gen, ex, std::make_shared<CompletionStream>(tok, plan, id, created));
+  std::vector<std::vector<GenerateEvent>> events(static_cast<size_t>(candidates));
+  std::vector<double> score(static_cast<size_t>(candidates), 0.0);
+  const std::vector<GenerateEvent> finals = gen->collect(ex, [&](int i, const GenerateEvent& ev, const TextDelta&) {
+    if (r.want_logprobs && !tok.is_eog(ev.token)) {
+      events[size_t(i)].push_back(ev);
+      score[size_t(i)] += ev.logprob;
     }
-    if (end == DriveEnd::Deadline) throw ApiError(408, "the request timed out");
-    std::vector<int> order(static_cast<size_t>(generated));
-    std::iota(order.begin(), order.end(), 0);
-    if (generated > n)
-      std::stable_sort(order.begin(), order.end(), [&](int a, int b) { return score[size_t(a)] > score[size_t(b)]; });
-    json choices = json::array();
-    int32_t n_prompt = 0, n_cached = 0;
-    int64_t n_completion = 0;
-    for (int i = 0; i < generated; ++i) {
-      const GenerateEvent& ev = finals[size_t(i)];
-      if (ev.reason == FinishReason::Timeout) throw ApiError(408, "the request timed out");
-      if (ev.reason == FinishReason::Error) throw ApiError(500, "generation failed: " + ev.error);
-      n_prompt = ev.n_prompt;
-      n_cached = std::max(n_cached, ev.n_cached);
-      n_completion += ev.n_generated;  // every candidate counts
-    }
-    for (int k = 0; k < n; ++k) {
-      const int i = order[size_t(k)];
-      const ChoiceText& t = run->text(i);
-      choices.push_back({{"index", k},
-                         {"text", echo_text + t.content()},
-                         {"logprobs", show_logprobs ? completion_logprobs(tok, events[size_t(i)], echo_text.size())
-                                                    : json(nullptr)},
-                         {"finish_reason", openai_finish_reason(finals[size_t(i)], t)}});
-    }
-    ex.trace->completion_tokens = n_completion;
-    set_json(ex.res, {{"id", id}, {"object", "text_completion"}, {"created", created}, {"model", plan.model},
-                      {"choices", choices}, {"usage", usage_json(n_prompt, n_cached, n_completion)}});
-    return;
-  }
-
-  ChoiceEvent first;
-  if (!run->peek(first, deadline)) throw ApiError(408, "the request timed out");
-  if (first.event.done && first.event.reason == FinishReason::Timeout) throw ApiError(408, "the request timed out");
-  if (first.event.done && first.event.reason == FinishReason::Error)
-    throw ApiError(500, "generation failed: " + first.event.error);
-  const bool include_usage = plan.include_usage;
-  const std::string model = plan.model;
-  std::shared_ptr<RequestTrace> trace = ex.trace;
-  set_event_stream(ctx, ex, [&ctx, run, deadline, id, created, model, include_usage, show_logprobs, trace](
-                                httplib::DataSink& sink) {
-    const Tokenizer& tok = ctx.tokenizer();
-    auto chunk = [&](int i, const std::string& text, json logprobs, json finish) {
-      json c = {{"id", id}, {"object", "text_completion"}, {"created", created}, {"model", model},
-                {"choices", json::array({{{"index", i}, {"text", text}, {"logprobs", logprobs}, {"finish_reason", finish}}})}};
-      if (include_usage) c["usage"] = nullptr;
-      return c;
-    };
-    int32_t n_prompt = 0, n_cached = 0;
-    int64_t n_completion = 0;
-    std::vector<size_t> offsets(run->size(), 0);
-    auto on_token = [&](int i, const GenerateEvent& ev, const TextDelta& d) {
-      const bool lp = show_logprobs && !tok.is_eog(ev.token);
-      if (d.content.empty() && !lp) return true;
-      json logprobs = lp ? completion_logprobs(tok, {ev}, offsets[size_t(i)]) : json(nullptr);
-      if (lp) offsets[size_t(i)] += tok.token_to_piece(ev.token, false).size();
-      return sse_write(sink, sse_data(chunk(i, d.content, std::move(logprobs), nullptr)));
-    };
-    auto on_done = [&](int i, const GenerateEvent& ev, const TextDelta& d) {
-      ctx.metrics.observe_generation(ev);
-      n_prompt = ev.n_prompt;
-      n_cached = std::max(n_cached, ev.n_cached);
-      n_completion += ev.n_generated;
-      trace->completion_tokens = n_completion;
-      return sse_write(sink, sse_data(chunk(i, d.content, nullptr, openai_finish_reason(ev, run->text(i)))));
-    };
-    if (drive(*run, deadline, on_token, on_done) != DriveEnd::Finished) {
-      run->cancel_all();
-      sink.done();
-      return;
-    }
-    if (include_usage) {
-      json u = {{"id", id}, {"object", "text_completion"}, {"created", created}, {"model", model},
-                {"choices", json::array()}, {"usage", usage_json(n_prompt, n_cached, n_completion)}};
-      sse_write(sink, sse_data(u));
-    }
-    sse_write(sink, sse_done());
-    sink.done();
+    return true;
   });
+  std::vector<int> order(static_cast<size_t>(candidates));
+  std::iota(order.begin(), order.end(), 0);
+  if (candidates > plan.n)
+    std::stable_sort(order.begin(), order.end(), [&](int a, int b) { return score[size_t(a)] > score[size_t(b)]; });
+  Usage usage;
+  for (const GenerateEvent& ev : finals) usage.add(ev);  // every candidate counts
+  json choices = json::array();
+  for (int k = 0; k < plan.n; ++k) {
+    const int i = order[size_t(k)];
+    const ChoiceText& t = gen->text(i);
+    choices.push_back({{"index", k},
+                       {"text", echo_text + t.content()},
+                       {"logprobs", show_logprobs ? completion_logprobs(tok, events[size_t(i)], echo_text.size())
+                                                  : json(nullptr)},
+                       {"finish_reason", openai_finish_reason(finals[size_t(i)], t)}});
+  }
+  set_json(ex.res, {{"id", id}, {"object", "text_completion"}, {"created", created}, {"model", plan.model},
+                    {"choices", choices}, {"usage", usage.openai()}});
 }
 
 }  // namespace step35::server

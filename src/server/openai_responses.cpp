@@ -3,15 +3,13 @@
 // list of output items (reasoning, message, function calls), streamed as Responses events
 // (`event: response.output_text.delta` ...). Responses are kept in memory for
 // `previous_response_id` (response_store.h) unless `store` is false.
-#include <chrono>
-
 #include "server/api_error.h"
 #include "server/chat_plan.h"
-#include "server/client_connection.h"
 #include "server/generation.h"
 #include "server/request_validation.h"
 #include "server/server_context.h"
 #include "server/sse.h"
+#include "server/streaming.h"
 
 namespace step35::server {
 
@@ -317,217 +315,215 @@ json usage_of(const GenerateEvent& ev, size_t reasoning_tokens) {
           {"total_tokens", ev.n_prompt + ev.n_generated}};
 }
 
-void throw_if_failed(const GenerateEvent& ev) {
-  if (ev.reason == FinishReason::Timeout) throw ApiError(408, "the request timed out");
-  if (ev.reason == FinishReason::Error) throw ApiError(500, "generation failed: " + ev.error);
-}
+// One response in the making: its ids, what it echoes, and how it is finished (stored
+// unless store is false). Counts its reasoning tokens from the deltas: the tokens
+// generated while the reasoning was still open.
+class ResponseBuilder {
+ public:
+  ResponseBuilder(ServerContext& ctx, ResponsesRequest rq, const ChatPlan& plan)
+      : ctx_(ctx), rq_(std::move(rq)), model_(plan.model), reasoning_open_(plan.in_reasoning) {}
+
+  void count(const TextDelta& d) {
+    if (reasoning_open_ && d.content.empty() && d.tool_calls.empty()) ++reasoning_tokens_;
+    if (!d.content.empty() || !d.tool_calls.empty()) reasoning_open_ = false;
+  }
+
+  json in_progress() const { return response_object(id_, created_, model_, rq_, "in_progress", json::array(), nullptr, nullptr); }
+
+  json finish(const ChoiceText& t, const GenerateEvent& ev, const std::vector<std::string>& call_item_ids) {
+    const bool incomplete = ev.reason == FinishReason::Length || ev.reason == FinishReason::Context;
+    const ResponseOutput o = build_output(t, reasoning_id_, message_id_, call_item_ids, incomplete);
+    const json details = incomplete ? json{{"reason", "max_output_tokens"}} : json(nullptr);
+    json r = response_object(id_, created_, model_, rq_, incomplete ? "incomplete" : "completed", o.items,
+                             usage_of(ev, reasoning_tokens_), details);
+    if (rq_.store) {
+      json turn = rq_.new_messages;
+      turn.push_back(o.assistant);
+      ctx_.responses.put(id_, {rq_.previous_id, turn, r});
+    }
+    return r;
+  }
+
+  const std::string& reasoning_id() const { return reasoning_id_; }
+  const std::string& message_id() const { return message_id_; }
+
+ private:
+  ServerContext& ctx_;
+  ResponsesRequest rq_;
+  std::string model_;
+  std::string id_ = random_id("resp_"), reasoning_id_ = random_id("rs_"), message_id_ = random_id("msg_");
+  int64_t created_ = unix_time();
+  bool reasoning_open_;
+  size_t reasoning_tokens_ = 0;
+};
+
+// The Responses event stream: response.created / in_progress, then the output items as
+// their kind of output starts (reasoning, the message, one function_call per call), each
+// opened, filled with deltas and closed, then response.completed / incomplete / failed.
+// Every event carries its type and a sequence number.
+class ResponsesStream final : public EventWriter {
+ public:
+  explicit ResponsesStream(std::shared_ptr<ResponseBuilder> builder) : b_(std::move(builder)) {}
+
+  bool begin(httplib::DataSink& sink) override {
+    const json r = b_->in_progress();
+    return write(sink, "response.created", {{"response", r}}) && write(sink, "response.in_progress", {{"response", r}});
+  }
+
+  bool token(httplib::DataSink& sink, int, const GenerateEvent&, const TextDelta& d) override {
+    b_->count(d);
+    return emit(sink, d);
+  }
+
+  bool done(httplib::DataSink& sink, int, const GenerateEvent& ev, const TextDelta& d, const ChoiceText& t) override {
+    final_ = ev;
+    text_ = &t;
+    return emit(sink, d);
+  }
+
+  bool end(httplib::DataSink& sink) override {
+    if (!close_item(sink)) return false;
+    if (final_.reason == FinishReason::Error || final_.reason == FinishReason::Timeout) {
+      json failed = b_->in_progress();
+      failed["status"] = "failed";
+      failed["error"] = {{"code", final_.reason == FinishReason::Timeout ? "timeout" : "server_error"},
+                         {"message", final_.reason == FinishReason::Timeout ? "the request timed out" : final_.error}};
+      return write(sink, "response.failed", {{"response", failed}});
+    }
+    const json r = b_->finish(*text_, final_, call_item_ids_);
+    return write(sink, r["status"] == "incomplete" ? "response.incomplete" : "response.completed", {{"response", r}});
+  }
+
+ private:
+  bool write(httplib::DataSink& sink, const char* type, json payload) {
+    payload["type"] = type;
+    payload["sequence_number"] = sequence_++;
+    return sse_write(sink, sse_event(type, payload));
+  }
+
+  static json message_part(const std::string& text) {
+    return {{"type", "output_text"}, {"text", text}, {"annotations", json::array()}, {"logprobs", json::array()}};
+  }
+
+  bool close_item(httplib::DataSink& sink) {
+    if (open_kind_.empty()) return true;
+    const std::string kind = std::move(open_kind_);
+    open_kind_.clear();
+    const json at = {{"output_index", index_}, {"content_index", 0}};
+    if (kind == "reasoning") {
+      const json part = {{"type", "reasoning_text"}, {"text", reasoning_text_}};
+      return write(sink, "response.reasoning_text.done", with(at, {{"item_id", b_->reasoning_id()}, {"text", reasoning_text_}})) &&
+             write(sink, "response.content_part.done", with(at, {{"item_id", b_->reasoning_id()}, {"part", part}})) &&
+             write(sink, "response.output_item.done",
+                   {{"output_index", index_},
+                    {"item", {{"id", b_->reasoning_id()}, {"type", "reasoning"}, {"summary", json::array()},
+                              {"content", json::array({part})}, {"status", "completed"}}}});
+    }
+    if (kind == "message") {
+      const json part = message_part(message_text_);
+      return write(sink, "response.output_text.done",
+                   with(at, {{"item_id", b_->message_id()}, {"text", message_text_}, {"logprobs", json::array()}})) &&
+             write(sink, "response.content_part.done", with(at, {{"item_id", b_->message_id()}, {"part", part}})) &&
+             write(sink, "response.output_item.done",
+                   {{"output_index", index_},
+                    {"item", {{"id", b_->message_id()}, {"type", "message"}, {"status", "completed"},
+                              {"role", "assistant"}, {"content", json::array({part})}}}});
+    }
+    return write(sink, "response.function_call_arguments.done",
+                 {{"item_id", call_item_id_}, {"output_index", index_}, {"name", call_name_}, {"arguments", call_arguments_}}) &&
+           write(sink, "response.output_item.done",
+                 {{"output_index", index_},
+                  {"item", {{"id", call_item_id_}, {"type", "function_call"}, {"status", "completed"},
+                            {"call_id", call_id_}, {"name", call_name_}, {"arguments", call_arguments_}}}});
+  }
+
+  bool open_item(httplib::DataSink& sink, const std::string& kind, const json& item) {
+    if (!close_item(sink)) return false;
+    open_kind_ = kind;
+    ++index_;
+    if (!write(sink, "response.output_item.added", {{"output_index", index_}, {"item", item}})) return false;
+    const json at = {{"output_index", index_}, {"content_index", 0}};
+    if (kind == "reasoning")
+      return write(sink, "response.content_part.added",
+                   with(at, {{"item_id", b_->reasoning_id()}, {"part", {{"type", "reasoning_text"}, {"text", ""}}}}));
+    if (kind == "message")
+      return write(sink, "response.content_part.added", with(at, {{"item_id", b_->message_id()}, {"part", message_part("")}}));
+    return true;
+  }
+
+  static json with(json a, const json& b) {
+    for (auto it = b.begin(); it != b.end(); ++it) a[it.key()] = it.value();
+    return a;
+  }
+
+  bool emit(httplib::DataSink& sink, const TextDelta& d) {
+    const json at = {{"content_index", 0}};
+    if (!d.reasoning.empty()) {
+      if (open_kind_ != "reasoning" &&
+          !open_item(sink, "reasoning", {{"id", b_->reasoning_id()}, {"type", "reasoning"}, {"summary", json::array()},
+                                         {"content", json::array()}, {"status", "in_progress"}}))
+        return false;
+      reasoning_text_ += d.reasoning;
+      if (!write(sink, "response.reasoning_text.delta",
+                 with(at, {{"item_id", b_->reasoning_id()}, {"output_index", index_}, {"delta", d.reasoning}})))
+        return false;
+    }
+    if (!d.content.empty()) {
+      if (open_kind_ != "message" &&
+          !open_item(sink, "message", {{"id", b_->message_id()}, {"type", "message"}, {"status", "in_progress"},
+                                       {"role", "assistant"}, {"content", json::array()}}))
+        return false;
+      message_text_ += d.content;
+      if (!write(sink, "response.output_text.delta",
+                 with(at, {{"item_id", b_->message_id()}, {"output_index", index_}, {"delta", d.content},
+                           {"logprobs", json::array()}})))
+        return false;
+    }
+    for (const OutputDelta& o : d.tool_calls) {
+      if (o.kind == OutputDelta::Kind::ToolCallStart) {
+        call_item_id_ = random_id("fc_");
+        call_item_ids_.push_back(call_item_id_);
+        call_id_ = o.tool_id;
+        call_name_ = o.tool_name;
+        call_arguments_.clear();
+        if (!open_item(sink, "function_call", {{"id", call_item_id_}, {"type", "function_call"}, {"status", "in_progress"},
+                                               {"call_id", call_id_}, {"name", call_name_}, {"arguments", ""}}))
+          return false;
+      } else {
+        call_arguments_ += o.text;
+        if (!write(sink, "response.function_call_arguments.delta",
+                   {{"item_id", call_item_id_}, {"output_index", index_}, {"delta", o.text}}))
+          return false;
+      }
+    }
+    return true;
+  }
+
+  std::shared_ptr<ResponseBuilder> b_;
+  int sequence_ = 0;
+  int index_ = -1;          // output_index of the open item
+  std::string open_kind_;   // "reasoning" | "message" | "function_call" | ""
+  std::string reasoning_text_, message_text_, call_arguments_, call_item_id_, call_id_, call_name_;
+  std::vector<std::string> call_item_ids_;
+  GenerateEvent final_;
+  const ChoiceText* text_ = nullptr;  // set with final_
+};
 
 }  // namespace
 
 void handle_responses(ServerContext& ctx, const json& body, HttpExchange& ex) {
   ResponsesRequest rq = responses_to_openai(ctx, body);
-  ChatPlan plan = plan_chat(ctx, rq.chat);
-  const Tokenizer& tok = ctx.tokenizer();
+  const ChatPlan plan = plan_chat(ctx, rq.chat);
   std::vector<ChoiceText> texts;
-  texts.emplace_back(tok, plan.text_options(random_id("call_") + "_", 0));
-  auto run = std::make_shared<GenerationRun>(*ctx.engine, replicate(plan.request, 1), std::move(texts));
-  const auto deadline = generation_deadline(ctx);
-  const std::string id = random_id("resp_");
-  const std::string reasoning_id = random_id("rs_"), message_id = random_id("msg_");
-  const int64_t created = unix_time();
-  ex.trace->prompt_tokens = int64_t(plan.request.prompt.size());
-  // Reasoning tokens: the tokens generated before the reasoning ended.
-  auto reasoning_tokens = std::make_shared<size_t>(0);
-  auto count_reasoning = [reasoning_tokens](const TextDelta& d, bool reasoning_open) {
-    if (reasoning_open || !d.reasoning.empty()) ++*reasoning_tokens;
-  };
-
-  // The finished response: stored (unless store is false) and returned.
-  auto finish = [&ctx, rq, id, created, plan, reasoning_id, message_id, reasoning_tokens](
-                    const ChoiceText& t, const GenerateEvent& ev, const std::vector<std::string>& call_ids) {
-    const bool incomplete = ev.reason == FinishReason::Length || ev.reason == FinishReason::Context;
-    const ResponseOutput o = build_output(t, reasoning_id, message_id, call_ids, incomplete);
-    const json details = incomplete ? json{{"reason", "max_output_tokens"}} : json(nullptr);
-    json r = response_object(id, created, plan.model, rq, incomplete ? "incomplete" : "completed", o.items,
-                             usage_of(ev, *reasoning_tokens), details);
-    if (rq.store) {
-      json turn = rq.new_messages;
-      turn.push_back(o.assistant);
-      ctx.responses.put(id, {rq.previous_id, turn, r});
-    }
-    return r;
-  };
-
-  if (!plan.stream) {
-    GenerateEvent final_ev;
-    bool reasoning_open = plan.in_reasoning;
-    const ClientConnection client(ex.req);
-    const DriveEnd end = drive(
-        *run, deadline,
-        [&](int, const GenerateEvent&, const TextDelta& d) {
-          count_reasoning(d, reasoning_open && d.content.empty() && d.tool_calls.empty());
-          if (!d.content.empty() || !d.tool_calls.empty()) reasoning_open = false;
-          return true;
-        },
-        [&](int, const GenerateEvent& ev, const TextDelta&) {
-          final_ev = ev;
-          ctx.metrics.observe_generation(ev);
-          return true;
-        },
-        [&client] { return client.gone(); });
-    if (end == DriveEnd::Abandoned) {
-      ex.res.status = 499;
-      return;
-    }
-    if (end == DriveEnd::Deadline) throw ApiError(408, "the request timed out");
-    throw_if_failed(final_ev);
-    ex.trace->completion_tokens = final_ev.n_generated;
-    set_json(ex.res, finish(run->text(0), final_ev, {}));
-    return;
-  }
-
-  ChoiceEvent first;
-  if (!run->peek(first, deadline)) throw ApiError(408, "the request timed out");
-  if (first.event.done) throw_if_failed(first.event);
-  std::shared_ptr<RequestTrace> trace = ex.trace;
-  set_event_stream(ctx, ex, [&ctx, plan, run, deadline, id, created, rq, reasoning_id, message_id, trace, finish,
-                             count_reasoning](httplib::DataSink& sink) {
-    int sequence = 0;
-    auto write = [&](const char* type, json payload) {
-      payload["type"] = type;
-      payload["sequence_number"] = sequence++;
-      return sse_write(sink, sse_event(type, payload));
-    };
-    const json in_progress =
-        response_object(id, created, plan.model, rq, "in_progress", json::array(), nullptr, nullptr);
-    bool ok = write("response.created", {{"response", in_progress}}) &&
-              write("response.in_progress", {{"response", in_progress}});
-    // Output items open as their kind of output starts: reasoning, then the message, then
-    // one function_call item per call.
-    int output_index = -1;
-    std::string open_kind;  // "reasoning" | "message" | "function_call" | ""
-    std::string reasoning_text, message_text, call_arguments, call_item_id, call_id, call_name;
-    std::vector<std::string> call_item_ids;
-    auto close_item = [&]() {
-      if (open_kind.empty()) return true;
-      const std::string kind = open_kind;
-      open_kind.clear();
-      if (kind == "reasoning") {
-        const json part = {{"type", "reasoning_text"}, {"text", reasoning_text}};
-        return write("response.reasoning_text.done", {{"item_id", reasoning_id}, {"output_index", output_index},
-                                                      {"content_index", 0}, {"text", reasoning_text}}) &&
-               write("response.content_part.done", {{"item_id", reasoning_id}, {"output_index", output_index},
-                                                    {"content_index", 0}, {"part", part}}) &&
-               write("response.output_item.done",
-                     {{"output_index", output_index},
-                      {"item", {{"id", reasoning_id}, {"type", "reasoning"}, {"summary", json::array()},
-                                {"content", json::array({part})}, {"status", "completed"}}}});
-      }
-      if (kind == "message") {
-        const json part = {{"type", "output_text"}, {"text", message_text}, {"annotations", json::array()},
-                           {"logprobs", json::array()}};
-        return write("response.output_text.done", {{"item_id", message_id}, {"output_index", output_index},
-                                                   {"content_index", 0}, {"text", message_text},
-                                                   {"logprobs", json::array()}}) &&
-               write("response.content_part.done", {{"item_id", message_id}, {"output_index", output_index},
-                                                    {"content_index", 0}, {"part", part}}) &&
-               write("response.output_item.done",
-                     {{"output_index", output_index},
-                      {"item", {{"id", message_id}, {"type", "message"}, {"status", "completed"}, {"role", "assistant"},
-                                {"content", json::array({part})}}}});
-      }
-      return write("response.function_call_arguments.done", {{"item_id", call_item_id}, {"output_index", output_index},
-                                                             {"name", call_name}, {"arguments", call_arguments}}) &&
-             write("response.output_item.done",
-                   {{"output_index", output_index},
-                    {"item", {{"id", call_item_id}, {"type", "function_call"}, {"status", "completed"},
-                              {"call_id", call_id}, {"name", call_name}, {"arguments", call_arguments}}}});
-    };
-    auto open_item = [&](const std::string& kind, const json& item) {
-      if (!close_item()) return false;
-      open_kind = kind;
-      ++output_index;
-      if (!write("response.output_item.added", {{"output_index", output_index}, {"item", item}})) return false;
-      if (kind == "reasoning")
-        return write("response.content_part.added", {{"item_id", reasoning_id}, {"output_index", output_index},
-                                                     {"content_index", 0},
-                                                     {"part", {{"type", "reasoning_text"}, {"text", ""}}}});
-      if (kind == "message")
-        return write("response.content_part.added",
-                     {{"item_id", message_id}, {"output_index", output_index}, {"content_index", 0},
-                      {"part", {{"type", "output_text"}, {"text", ""}, {"annotations", json::array()},
-                                {"logprobs", json::array()}}}});
-      return true;
-    };
-    auto emit = [&](const TextDelta& d) {
-      if (!d.reasoning.empty()) {
-        if (open_kind != "reasoning" &&
-            !open_item("reasoning", {{"id", reasoning_id}, {"type", "reasoning"}, {"summary", json::array()},
-                                     {"content", json::array()}, {"status", "in_progress"}}))
-          return false;
-        reasoning_text += d.reasoning;
-        if (!write("response.reasoning_text.delta", {{"item_id", reasoning_id}, {"output_index", output_index},
-                                                     {"content_index", 0}, {"delta", d.reasoning}}))
-          return false;
-      }
-      if (!d.content.empty()) {
-        if (open_kind != "message" &&
-            !open_item("message", {{"id", message_id}, {"type", "message"}, {"status", "in_progress"},
-                                   {"role", "assistant"}, {"content", json::array()}}))
-          return false;
-        message_text += d.content;
-        if (!write("response.output_text.delta", {{"item_id", message_id}, {"output_index", output_index},
-                                                  {"content_index", 0}, {"delta", d.content},
-                                                  {"logprobs", json::array()}}))
-          return false;
-      }
-      for (const OutputDelta& o : d.tool_calls) {
-        if (o.kind == OutputDelta::Kind::ToolCallStart) {
-          call_item_id = random_id("fc_");
-          call_item_ids.push_back(call_item_id);
-          call_id = o.tool_id;
-          call_name = o.tool_name;
-          call_arguments.clear();
-          if (!open_item("function_call", {{"id", call_item_id}, {"type", "function_call"}, {"status", "in_progress"},
-                                           {"call_id", call_id}, {"name", call_name}, {"arguments", ""}}))
-            return false;
-        } else {
-          call_arguments += o.text;
-          if (!write("response.function_call_arguments.delta",
-                     {{"item_id", call_item_id}, {"output_index", output_index}, {"delta", o.text}}))
-            return false;
-        }
-      }
-      return true;
-    };
-    GenerateEvent final_ev;
-    bool reasoning_open = plan.in_reasoning;
-    auto on_token = [&](int, const GenerateEvent&, const TextDelta& d) {
-      count_reasoning(d, reasoning_open && d.content.empty() && d.tool_calls.empty());
-      if (!d.content.empty() || !d.tool_calls.empty()) reasoning_open = false;
-      return emit(d);
-    };
-    auto on_done = [&](int, const GenerateEvent& ev, const TextDelta& d) {
-      final_ev = ev;
-      ctx.metrics.observe_generation(ev);
-      trace->completion_tokens = ev.n_generated;
-      return emit(d);
-    };
-    if (ok) ok = drive(*run, deadline, on_token, on_done) == DriveEnd::Finished;
-    if (ok) ok = close_item();
-    if (ok && (final_ev.reason == FinishReason::Error || final_ev.reason == FinishReason::Timeout)) {
-      json failed = in_progress;
-      failed["status"] = "failed";
-      failed["error"] = {{"code", final_ev.reason == FinishReason::Timeout ? "timeout" : "server_error"},
-                         {"message", final_ev.reason == FinishReason::Timeout ? "the request timed out" : final_ev.error}};
-      write("response.failed", {{"response", failed}});
-    } else if (ok) {
-      const json r = finish(run->text(0), final_ev, call_item_ids);
-      write(r["status"] == "incomplete" ? "response.incomplete" : "response.completed", {{"response", r}});
-    }
-    if (!ok) run->cancel_all();
-    sink.done();
-  });
+  texts.emplace_back(ctx.tokenizer(), plan.text_options(random_id("call_") + "_", 0));
+  auto gen = std::make_shared<Generation>(ctx, ex, plan.request, 1, std::move(texts));
+  auto builder = std::make_shared<ResponseBuilder>(ctx, std::move(rq), plan);
+  if (plan.stream) return stream(gen, ex, std::make_shared<ResponsesStream>(builder));
+  const GenerateEvent final_ev = gen->collect(ex, [&](int, const GenerateEvent&, const TextDelta& d) {
+    builder->count(d);
+    return true;
+  })[0];
+  set_json(ex.res, builder->finish(gen->text(0), final_ev, {}));
 }
 
 }  // namespace step35::server

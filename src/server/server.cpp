@@ -19,6 +19,7 @@
 #include "server/chat_plan.h"
 #include "server/request_validation.h"
 #include "server/server_context.h"
+#include "server/streaming.h"
 #include "tensor/dtype.h"
 
 namespace step35::server {
@@ -163,6 +164,8 @@ void run_endpoint(ServerContext& ctx, const EndpointSpec& spec, const httplib::R
       throw e;
     }
     body(ex, body_text);
+  } catch (const ClientGone&) {
+    res.status = 499;  // nobody reads it (nginx's "client closed request", for the log)
   } catch (const ApiError& e) {
     send_error(res, e, anthropic);
   } catch (const QueueFullError& e) {
@@ -237,6 +240,10 @@ json props(const ServerContext& ctx) {
               {"top_p", o.sampling.top_p},
               {"top_k", o.sampling.top_k},
               {"min_p", o.sampling.min_p},
+              {"repeat_penalty", o.sampling.repeat_penalty},
+              {"repeat_last_n", o.sampling.repeat_last_n},
+              {"presence_penalty", o.sampling.presence_penalty},
+              {"frequency_penalty", o.sampling.frequency_penalty},
               {"max_tokens", -1},
               {"reasoning_budget", o.reasoning.budget},
               {"reasoning_effort_budgets",
@@ -572,10 +579,10 @@ int serve(const ServerOptions& options) {
       EngineOptions eo = options.engine;
       const int32_t n_ctx_train = ctx.model->hparams().n_ctx_train;
       if (eo.n_ctx == 0) eo.n_ctx = n_ctx_train;  // -c 0: the model's context
-      if (eo.n_ctx < 0) eo.n_ctx = std::min(4096, n_ctx_train);
+      if (eo.n_ctx < 0) eo.n_ctx = std::min(EngineOptions{}.n_ctx, n_ctx_train);
       if (eo.n_ctx > n_ctx_train) {
-        ctx.log.event("context", "-c " + std::to_string(eo.n_ctx) + " is more than the model's context: using " +
-                                     std::to_string(n_ctx_train),
+        ctx.log.event("context", "context " + std::to_string(eo.n_ctx) + " (-c) is more than the model's " +
+                                     std::to_string(n_ctx_train) + ": using " + std::to_string(n_ctx_train),
                       {{"asked", eo.n_ctx}, {"used", n_ctx_train}});
         eo.n_ctx = n_ctx_train;
       }

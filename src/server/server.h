@@ -9,17 +9,20 @@
 #include <vector>
 
 #include "engine/engine.h"
+#include "engine/sampler.h"
 
 namespace step35::server {
 
-// Sampling settings for requests that leave them out (`serve --temp` etc.); the defaults
-// are OpenAI's (temperature 1, top_p 1) with top-k and min-p off.
-struct SamplingDefaults {
-  float temperature = 1.0f;
-  float top_p = 1.0f;
-  int32_t top_k = 0;
-  float min_p = 0.0f;
-};
+// The sampling a request gets for the fields it leaves out (`serve --temp` etc., the flags
+// `run` has): OpenAI's defaults (temperature 1, top_p 1, no penalties), top-k and min-p off.
+inline SamplingParams openai_sampling_defaults() {
+  SamplingParams sp;
+  sp.temperature = 1.0f;
+  sp.top_p = 1.0f;
+  sp.top_k = 0;
+  sp.min_p = 0.0f;
+  return sp;
+}
 
 // Reasoning budgets in tokens (-1: unbounded, 0: no reasoning).
 struct ReasoningDefaults {
@@ -40,7 +43,7 @@ struct ServerOptions {
   std::vector<std::string> cors_origins;  // origins answered with CORS headers ("*": any)
   LogFormat log_format = LogFormat::Text;
   bool access_log = true;          // one line per request
-  SamplingDefaults sampling;
+  SamplingParams sampling = openai_sampling_defaults();  // seed unused (a request's own, or random)
   ReasoningDefaults reasoning;
   double timeout_s = 600;          // per request (408 when exceeded)
   size_t max_body_bytes = 8 << 20; // 413 beyond
@@ -51,11 +54,11 @@ struct ServerOptions {
   // can keep a new request waiting for a thread.
   int keep_alive_s = 2;
   ExpertPolicy default_expert_policy = ExpertPolicy::Strict;  // what "auto" means
-  float adaptive_mass = 0.9f;
-  int32_t adaptive_min_k = 4;
+  float adaptive_mass = kDefaultAdaptiveMass;
+  int32_t adaptive_min_k = kDefaultAdaptiveMinK;
   double shutdown_grace_s = 10;    // SIGTERM: how long in-flight requests may finish
-  // engine.n_ctx: the context per sequence; 0 = the model's, < 0 = 4096 (or the model's
-  // when smaller). More than the model's is cut to the model's.
+  // engine.n_ctx: the context per sequence; 0 = the model's, < 0 = EngineOptions' default
+  // (or the model's when smaller). More than the model's is cut to the model's.
   EngineOptions engine;
   // Called once the model is loaded, before the engine's first forward pass (e.g. to
   // install the expert-parallel executor of `--ep`).
