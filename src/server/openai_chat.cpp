@@ -162,6 +162,32 @@ json tool_choice_of(const Fields& f) {
   return {{"type", "function"}, {"function", {{"name", fc["name"]}}}};
 }
 
+// The prompt: the messages rendered with the template's options (add_generation_prompt,
+// continue_final_message, chat_template_kwargs, thinking switched off for a budget of 0),
+// tokenized; whether it opens reasoning; the reasoning budget.
+void render_prompt(ServerContext& ctx, const Fields& f, const json& messages, const json& tools, ChatPlan& plan) {
+  ChatRenderOptions ro;
+  ro.kwargs = template_kwargs(f);
+  ro.continue_final_message = f.boolean("continue_final_message").value_or(false);
+  ro.add_generation_prompt = f.boolean("add_generation_prompt").value_or(!ro.continue_final_message);
+  if (ro.continue_final_message && ro.add_generation_prompt)
+    throw ApiError(400, "'continue_final_message' and 'add_generation_prompt' cannot both be true", "continue_final_message");
+  plan.reasoning_budget = reasoning_budget_of(ctx, f, ro.kwargs);
+  if (plan.reasoning_budget == 0 && ctx.chat_template->supports_thinking_switch()) ro.kwargs["enable_thinking"] = false;
+  std::string rendered;
+  std::vector<ChatMessage> msgs;
+  try {
+    msgs = ChatTemplate::messages_from_json(messages);
+    rendered = ctx.chat_template->render(msgs, tools, ro);
+  } catch (const std::invalid_argument& e) {
+    throw ApiError(400, std::string("'messages': ") + e.what(), "messages");
+  } catch (const json::exception& e) {
+    throw ApiError(400, std::string("'messages': ") + e.what(), "messages");
+  }
+  plan.request.prompt = ctx.tokenizer().encode(rendered, !ctx.chat_template->renders_bos(), true);
+  plan.in_reasoning = ctx.think_end >= 0 && ctx.chat_template->opens_reasoning(msgs, ro);
+}
+
 }  // namespace
 
 ChoiceTextOptions ChatPlan::text_options(const std::string& id_prefix, int index) const {
@@ -202,30 +228,9 @@ ChatPlan plan_chat(ServerContext& ctx, const json& body) {
   for (const char* k : {"store", "cache_prompt"}) f.boolean(k);
   f.array("modalities");
 
-  ChatRenderOptions ro;
-  ro.kwargs = template_kwargs(f);
-  ro.continue_final_message = f.boolean("continue_final_message").value_or(false);
-  ro.add_generation_prompt = f.boolean("add_generation_prompt").value_or(!ro.continue_final_message);
-  if (ro.continue_final_message && ro.add_generation_prompt)
-    throw ApiError(400, "'continue_final_message' and 'add_generation_prompt' cannot both be true", "continue_final_message");
-  plan.reasoning_budget = reasoning_budget_of(ctx, f, ro.kwargs);
-  if (plan.reasoning_budget == 0 && ctx.chat_template->supports_thinking_switch()) ro.kwargs["enable_thinking"] = false;
-
-  std::string rendered;
-  std::vector<ChatMessage> msgs;
-  try {
-    msgs = ChatTemplate::messages_from_json(*messages);
-    rendered = ctx.chat_template->render(msgs, have_tools ? tools : json::array(), ro);
-  } catch (const std::invalid_argument& e) {
-    throw ApiError(400, std::string("'messages': ") + e.what(), "messages");
-  } catch (const json::exception& e) {
-    throw ApiError(400, std::string("'messages': ") + e.what(), "messages");
-  }
+  render_prompt(ctx, f, *messages, have_tools ? tools : json::array(), plan);
   const Tokenizer& tok = ctx.tokenizer();
   GenerateRequest& r = plan.request;
-  r.prompt = tok.encode(rendered, !ctx.chat_template->renders_bos(), true);
-  plan.in_reasoning = ctx.think_end >= 0 && ctx.chat_template->opens_reasoning(msgs, ro);
-
   r.sampling = sampling_from(f, ctx.options.sampling, int32_t(tok.n_vocab()));
   const int64_t ctx_max = ctx.engine->options().n_ctx;
   auto max_tokens = f.integer("max_completion_tokens", 1, ctx_max);

@@ -3,6 +3,8 @@
 // list of output items (reasoning, message, function calls), streamed as Responses events
 // (`event: response.output_text.delta` ...). Responses are kept in memory for
 // `previous_response_id` (response_store.h) unless `store` is false.
+#include <optional>
+
 #include "server/api_error.h"
 #include "server/chat_plan.h"
 #include "server/generation.h"
@@ -127,51 +129,26 @@ json chat_tools(const json& tools) {
   return out;
 }
 
-}  // namespace
-
-ResponsesRequest responses_to_openai(ServerContext& ctx, const json& body) {
-  Fields f(body);
-  f.only({"model", "input", "instructions", "tools", "tool_choice", "parallel_tool_calls", "max_output_tokens",
-          "max_tool_calls", "temperature", "top_p", "top_logprobs", "stream", "stream_options", "reasoning", "text",
-          "store", "metadata", "previous_response_id", "user", "service_tier", "truncation", "include", "background",
-          "prompt_cache_key", "safety_identifier", "conversation", "prompt"});
-  ResponsesRequest out;
-  json& chat = out.chat;
-  chat = json::object();
-  if (auto model = f.string("model")) chat["model"] = *model;
-  if (!f.has("input")) throw ApiError(400, "'input' is required", "input");
-  out.new_messages = input_messages(f.raw("input"));
-  out.previous_id = f.string("previous_response_id").value_or("");
-  out.store = f.boolean("store").value_or(true);
-  if (f.boolean("background").value_or(false))
-    throw ApiError(400, "'background' responses are not supported", "background");
-  if (f.has("conversation")) throw ApiError(400, "'conversation' objects are not supported (use previous_response_id)", "conversation");
-  if (f.has("prompt")) throw ApiError(400, "reusable 'prompt' templates are not supported", "prompt");
-  // Accepted and ignored (docs/server.md).
-  for (const char* k : {"user", "service_tier", "prompt_cache_key", "safety_identifier"}) f.string(k);
-  f.object("metadata");
-  f.array("include");
-  f.choice("truncation", {"auto", "disabled"});
-  f.integer("top_logprobs", 0, 20);
-  if (const json* so = f.object("stream_options")) {
-    Fields s(*so, "stream_options.");
-    s.only({"include_obfuscation"});
-    s.boolean("include_obfuscation");
-  }
-
+// The conversation the chat request renders: instructions, the stored turns of
+// previous_response_id, this turn's input.
+json conversation(ServerContext& ctx, const std::optional<std::string>& instructions, const ResponsesRequest& out) {
   json messages = json::array();
-  const auto instructions = f.string("instructions");
   if (instructions) messages.push_back({{"role", "system"}, {"content", *instructions}});
   if (!out.previous_id.empty()) {
     auto earlier = ctx.responses.conversation(out.previous_id);
     if (!earlier)
-      throw ApiError(400, "previous response '" + out.previous_id + "' is not stored (unknown, evicted, or from before a restart)",
+      throw ApiError(400, "previous response '" + out.previous_id +
+                              "' is not stored (unknown, evicted, or from before a restart)",
                      "previous_response_id");
     for (const json& m : *earlier) messages.push_back(m);
   }
   for (const json& m : out.new_messages) messages.push_back(m);
   if (messages.empty()) throw ApiError(400, "'input' holds no message", "input");
-  chat["messages"] = messages;
+  return messages;
+}
+
+// tools, tool_choice, parallel_tool_calls and max_tool_calls in chat terms.
+void tool_fields(const Fields& f, json& chat) {
   if (const json* tools = f.array("tools"); tools && !tools->empty()) chat["tools"] = chat_tools(*tools);
   if (f.has("tool_choice")) {
     const json& tc = f.raw("tool_choice");
@@ -187,9 +164,11 @@ ResponsesRequest responses_to_openai(ServerContext& ctx, const json& body) {
   }
   if (auto p = f.boolean("parallel_tool_calls")) chat["parallel_tool_calls"] = *p;
   if (auto m = f.integer("max_tool_calls", 1, 1 << 20); m && *m == 1) chat["parallel_tool_calls"] = false;
-  if (f.has("max_output_tokens")) chat["max_tokens"] = f.raw("max_output_tokens");
-  for (const char* k : {"temperature", "top_p", "stream"})
-    if (f.has(k)) chat[k] = f.raw(k);
+}
+
+// reasoning (-> reasoning_effort) and text.format (-> response_format); returns what the
+// response echoes of them: {"reasoning", "text"}.
+json reasoning_and_text_fields(const Fields& f, json& chat) {
   json reasoning_echo = {{"effort", nullptr}, {"summary", nullptr}};
   if (const json* r = f.object("reasoning")) {
     Fields rf(*r, "reasoning.");
@@ -220,23 +199,72 @@ ResponsesRequest responses_to_openai(ServerContext& ctx, const json& body) {
       text_echo["format"] = *fmt;
     }
   }
-  out.echo = {{"instructions", instructions ? json(*instructions) : json(nullptr)},
-              {"max_output_tokens", f.has("max_output_tokens") ? f.raw("max_output_tokens") : json(nullptr)},
-              {"parallel_tool_calls", f.boolean("parallel_tool_calls").value_or(true)},
-              {"previous_response_id", out.previous_id.empty() ? json(nullptr) : json(out.previous_id)},
-              {"reasoning", reasoning_echo},
-              {"store", out.store},
-              {"temperature", f.has("temperature") ? f.raw("temperature") : json(ctx.options.sampling.temperature)},
-              {"top_p", f.has("top_p") ? f.raw("top_p") : json(ctx.options.sampling.top_p)},
-              {"text", text_echo},
-              {"tool_choice", f.has("tool_choice") ? f.raw("tool_choice") : json("auto")},
-              {"tools", f.has("tools") ? f.raw("tools") : json::array()},
-              {"truncation", f.string("truncation").value_or("disabled")},
-              {"metadata", f.has("metadata") ? f.raw("metadata") : json::object()},
-              {"user", f.has("user") ? f.raw("user") : json(nullptr)},
-              {"max_tool_calls", f.has("max_tool_calls") ? f.raw("max_tool_calls") : json(nullptr)},
-              {"background", false},
-              {"service_tier", "default"}};
+  return {{"reasoning", reasoning_echo}, {"text", text_echo}};
+}
+
+// The request's settings as the response object repeats them.
+json response_echo(const ServerContext& ctx, const Fields& f, const std::optional<std::string>& instructions,
+                   const ResponsesRequest& out, const json& reasoning_and_text) {
+  auto given = [&](const char* k, json otherwise) { return f.has(k) ? f.raw(k) : std::move(otherwise); };
+  return {{"instructions", instructions ? json(*instructions) : json(nullptr)},
+          {"max_output_tokens", given("max_output_tokens", nullptr)},
+          {"parallel_tool_calls", f.boolean("parallel_tool_calls").value_or(true)},
+          {"previous_response_id", out.previous_id.empty() ? json(nullptr) : json(out.previous_id)},
+          {"reasoning", reasoning_and_text["reasoning"]},
+          {"store", out.store},
+          {"temperature", given("temperature", ctx.options.sampling.temperature)},
+          {"top_p", given("top_p", ctx.options.sampling.top_p)},
+          {"text", reasoning_and_text["text"]},
+          {"tool_choice", given("tool_choice", "auto")},
+          {"tools", given("tools", json::array())},
+          {"truncation", f.string("truncation").value_or("disabled")},
+          {"metadata", given("metadata", json::object())},
+          {"user", given("user", nullptr)},
+          {"max_tool_calls", given("max_tool_calls", nullptr)},
+          {"background", false},
+          {"service_tier", "default"}};
+}
+
+}  // namespace
+
+ResponsesRequest responses_to_openai(ServerContext& ctx, const json& body) {
+  Fields f(body);
+  f.only({"model", "input", "instructions", "tools", "tool_choice", "parallel_tool_calls", "max_output_tokens",
+          "max_tool_calls", "temperature", "top_p", "top_logprobs", "stream", "stream_options", "reasoning", "text",
+          "store", "metadata", "previous_response_id", "user", "service_tier", "truncation", "include", "background",
+          "prompt_cache_key", "safety_identifier", "conversation", "prompt"});
+  ResponsesRequest out;
+  if (!f.has("input")) throw ApiError(400, "'input' is required", "input");
+  out.new_messages = input_messages(f.raw("input"));
+  out.previous_id = f.string("previous_response_id").value_or("");
+  out.store = f.boolean("store").value_or(true);
+  if (f.boolean("background").value_or(false))
+    throw ApiError(400, "'background' responses are not supported", "background");
+  if (f.has("conversation"))
+    throw ApiError(400, "'conversation' objects are not supported (use previous_response_id)", "conversation");
+  if (f.has("prompt")) throw ApiError(400, "reusable 'prompt' templates are not supported", "prompt");
+  // Accepted and ignored (docs/server.md).
+  for (const char* k : {"user", "service_tier", "prompt_cache_key", "safety_identifier"}) f.string(k);
+  f.object("metadata");
+  f.array("include");
+  f.choice("truncation", {"auto", "disabled"});
+  f.integer("top_logprobs", 0, 20);
+  if (const json* so = f.object("stream_options")) {
+    Fields s(*so, "stream_options.");
+    s.only({"include_obfuscation"});
+    s.boolean("include_obfuscation");
+  }
+  const auto instructions = f.string("instructions");
+  json& chat = out.chat;
+  chat = json::object();
+  if (auto model = f.string("model")) chat["model"] = *model;
+  chat["messages"] = conversation(ctx, instructions, out);
+  tool_fields(f, chat);
+  if (f.has("max_output_tokens")) chat["max_tokens"] = f.raw("max_output_tokens");
+  for (const char* k : {"temperature", "top_p", "stream"})
+    if (f.has(k)) chat[k] = f.raw(k);
+  const json reasoning_and_text = reasoning_and_text_fields(f, chat);
+  out.echo = response_echo(ctx, f, instructions, out, reasoning_and_text);
   return out;
 }
 

@@ -256,7 +256,8 @@ json props(const ServerContext& ctx) {
           {"build_info", "step35 serve"}};
 }
 
-void add_routes(httplib::Server& svr, ServerContext& ctx) {
+// /health, /metrics, /v1/models, /props.
+void add_info_routes(httplib::Server& svr, ServerContext& ctx) {
   svr.Get("/health", get_endpoint(ctx, {"/health", false, false}, [&ctx](HttpExchange& ex, const std::string&) {
             const std::string error = ctx.load_error();
             if (!error.empty()) {
@@ -286,6 +287,10 @@ void add_routes(httplib::Server& svr, ServerContext& ctx) {
   svr.Get("/props", get_endpoint(ctx, {"/props"}, [&ctx](HttpExchange& ex, const std::string&) {
             set_json(ex.res, props(ctx));
           }));
+}
+
+// The generation endpoints, the stored responses, /tokenize and /detokenize.
+void add_model_routes(httplib::Server& svr, ServerContext& ctx) {
   svr.Post("/v1/chat/completions",
            post_endpoint(ctx, {"/v1/chat/completions"}, [&ctx](HttpExchange& ex, const std::string& body) {
              handle_chat(ctx, parse_body(body), nullptr, ex);
@@ -325,6 +330,10 @@ void add_routes(httplib::Server& svr, ServerContext& ctx) {
   svr.Post("/detokenize", post_endpoint(ctx, {"/detokenize"}, [&ctx](HttpExchange& ex, const std::string& body) {
              set_json(ex.res, detokenize_response(ctx, parse_body(body)));
            }));
+}
+
+// CORS preflights and the JSON shape of the errors httplib answers itself.
+void add_cors_and_errors(httplib::Server& svr, ServerContext& ctx) {
   if (!ctx.options.cors_origins.empty()) {
     // Preflight: no key needed (browsers send none), the methods and headers the API uses.
     svr.Options(R"(.*)", [&ctx](const httplib::Request& req, httplib::Response& res) {
@@ -347,6 +356,12 @@ void add_routes(httplib::Server& svr, ServerContext& ctx) {
                                           : "the request could not be processed";
     set_json(res, ApiError(res.status, msg).body(), res.status);
   });
+}
+
+void add_routes(httplib::Server& svr, ServerContext& ctx) {
+  add_info_routes(svr, ctx);
+  add_model_routes(svr, ctx);
+  add_cors_and_errors(svr, ctx);
 }
 
 std::string mib(double bytes) {
@@ -506,6 +521,93 @@ class Listener {
   std::thread thread_;
 };
 
+// The HTTP settings: limits, timeouts, socket options, threads.
+void configure_http(httplib::Server& svr, const ServerOptions& options) {
+  svr.set_payload_max_length(options.max_body_bytes);
+  svr.set_read_timeout(30, 0);
+  svr.set_write_timeout(30, 0);
+  svr.set_keep_alive_max_count(1000);
+  svr.set_keep_alive_timeout(options.keep_alive_s);
+  // httplib's default sets SO_REUSEPORT, with which a second server binds the same port and
+  // the kernel splits the connections between the two. SO_REUSEADDR alone still allows a
+  // restart while old connections linger in TIME_WAIT, but not a second listener.
+  svr.set_socket_options([](socket_t sock) {
+    int yes = 1;
+    setsockopt(sock, SOL_SOCKET, SO_REUSEADDR, &yes, sizeof yes);
+  });
+  // One HTTP thread per request that can be running or queued, plus a few for
+  // health/metrics probes, so a full queue is answered with 503 rather than left hanging.
+  const int threads = options.http_threads > 0
+                          ? options.http_threads
+                          : std::min(512, options.engine.n_parallel * std::max(1, options.max_n) +
+                                              options.engine.max_queue + 8);
+  svr.new_task_queue = [threads] { return new httplib::ThreadPool(size_t(threads)); };
+}
+
+// Binds the port (0: any free one); returns it. Throws when it cannot.
+int bind_port(httplib::Server& svr, const ServerOptions& options) {
+  errno = 0;
+  const int port = options.port == 0 ? svr.bind_to_any_port(options.host) : options.port;
+  if (port <= 0 || (options.port != 0 && !svr.bind_to_port(options.host, options.port))) {
+    const bool in_use = errno == EADDRINUSE;
+    throw std::runtime_error("cannot listen on " + options.host + ":" + std::to_string(options.port) +
+                             (in_use ? ": the address is already in use (another server?)"
+                                     : " (in use, or not a local address)"));
+  }
+  return port;
+}
+
+// The engine's options for the loaded model: -c 0 is the model's context, more than the
+// model's is cut to it (and said so), --kv-mem is checked.
+EngineOptions engine_options(ServerContext& ctx, const EngineOptions& asked) {
+  EngineOptions eo = asked;
+  const int32_t n_ctx_train = ctx.model->hparams().n_ctx_train;
+  if (eo.n_ctx == 0) eo.n_ctx = n_ctx_train;
+  if (eo.n_ctx < 0) eo.n_ctx = std::min(EngineOptions{}.n_ctx, n_ctx_train);
+  if (eo.n_ctx > n_ctx_train) {
+    ctx.log.event("context", "context " + std::to_string(eo.n_ctx) + " (-c) is more than the model's " +
+                                 std::to_string(n_ctx_train) + ": using " + std::to_string(n_ctx_train),
+                  {{"asked", eo.n_ctx}, {"used", n_ctx_train}});
+    eo.n_ctx = n_ctx_train;
+  }
+  check_kv_memory(*ctx.model, eo);
+  // Not ready until one forward pass has run: otherwise the first request's TTFT
+  // includes faulting in the weights.
+  eo.warm_up = true;
+  return eo;
+}
+
+// The model, its chat template and the engine; a failure is kept for /health and thrown.
+void load(ServerContext& ctx, const ServerOptions& options) {
+  try {
+    Model::LoadOptions lo;
+    ctx.model = Model::load(options.model_path, lo);
+    // Test seam (tests/test_server_lifecycle.cpp): a load that takes this long, so that a
+    // test can signal a server that is still loading.
+    if (const char* delay = std::getenv("STEP35_TEST_LOAD_DELAY_MS"))
+      std::this_thread::sleep_for(std::chrono::milliseconds(std::atoll(delay)));
+    if (options.on_model_loaded) options.on_model_loaded(*ctx.model);
+    const Tokenizer& tok = ctx.model->tokenizer();
+    ctx.chat_template = std::make_unique<ChatTemplate>(ctx.model->file().opt_str("tokenizer.chat_template").value_or(""),
+                                                       tok.bos() >= 0 ? tok.token_to_piece(tok.bos()) : "");
+    ctx.think_end = step35_format::think_end_token(tok);
+    ctx.engine = make_engine(*ctx.model, engine_options(ctx, options.engine));
+  } catch (const std::exception& e) {
+    ctx.set_load_error(e.what());
+    throw;
+  }
+}
+
+// Refuses new requests, lets the running ones finish for a while, then cancels the rest
+// (each gets its final event, so every handler returns).
+void drain(ServerContext& ctx, double grace_s) {
+  ctx.draining = true;
+  const auto grace_end = std::chrono::steady_clock::now() + std::chrono::milliseconds(int64_t(grace_s * 1000));
+  while (ctx.in_flight > 0 && std::chrono::steady_clock::now() < grace_end)
+    std::this_thread::sleep_for(std::chrono::milliseconds(20));
+  ctx.engine->shutdown();
+}
+
 }  // namespace
 
 int serve(const ServerOptions& options) {
@@ -527,91 +629,26 @@ int serve(const ServerOptions& options) {
     ctx.options.model_id = p.substr(p.find_last_of('/') == std::string::npos ? 0 : p.find_last_of('/') + 1);
   }
   StopSignals signals(ctx, stop_signals);
-
   httplib::Server svr;
-  svr.set_payload_max_length(options.max_body_bytes);
-  svr.set_read_timeout(30, 0);
-  svr.set_write_timeout(30, 0);
-  svr.set_keep_alive_max_count(1000);
-  svr.set_keep_alive_timeout(options.keep_alive_s);
-  // httplib's default sets SO_REUSEPORT, with which a second server binds the same port and
-  // the kernel splits the connections between the two. SO_REUSEADDR alone still allows a
-  // restart while old connections linger in TIME_WAIT, but not a second listener.
-  svr.set_socket_options([](socket_t sock) {
-    int yes = 1;
-    setsockopt(sock, SOL_SOCKET, SO_REUSEADDR, &yes, sizeof yes);
-  });
-  // One HTTP thread per request that can be running or queued, plus a few for
-  // health/metrics probes, so a full queue is answered with 503 rather than left hanging.
-  const int threads = options.http_threads > 0
-                          ? options.http_threads
-                          : std::min(512, options.engine.n_parallel * std::max(1, options.max_n) +
-                                              options.engine.max_queue + 8);
-  svr.new_task_queue = [threads] { return new httplib::ThreadPool(size_t(threads)); };
+  configure_http(svr, options);
   add_routes(svr, ctx);
-  // Port 0: any free port (printed below).
-  errno = 0;
-  const int port = options.port == 0 ? svr.bind_to_any_port(options.host) : options.port;
-  if (port <= 0 || (options.port != 0 && !svr.bind_to_port(options.host, options.port))) {
-    const bool in_use = errno == EADDRINUSE;
-    throw std::runtime_error("cannot listen on " + options.host + ":" + std::to_string(options.port) +
-                             (in_use ? ": the address is already in use (another server?)"
-                                     : " (in use, or not a local address)"));
-  }
+  const int port = bind_port(svr, options);
   {
-    Listener listener(svr);
+    Listener listener(svr);  // stops listening on every way out of this block
     ctx.log.event("listening",
                   "listening on http://" + options.host + ":" + std::to_string(port) + " (loading " +
                       options.model_path + ")",
                   {{"host", options.host}, {"port", port}, {"model_path", options.model_path}});
-    try {
-      Model::LoadOptions lo;
-      ctx.model = Model::load(options.model_path, lo);
-      // Test seam (tests/test_server_lifecycle.cpp): a load that takes this long, so that a
-      // test can signal a server that is still loading.
-      if (const char* delay = std::getenv("STEP35_TEST_LOAD_DELAY_MS"))
-        std::this_thread::sleep_for(std::chrono::milliseconds(std::atoll(delay)));
-      if (options.on_model_loaded) options.on_model_loaded(*ctx.model);
-      const Tokenizer& tok = ctx.model->tokenizer();
-      ctx.chat_template = std::make_unique<ChatTemplate>(ctx.model->file().opt_str("tokenizer.chat_template").value_or(""),
-                                                         tok.bos() >= 0 ? tok.token_to_piece(tok.bos()) : "");
-      ctx.think_end = step35_format::think_end_token(tok);
-      EngineOptions eo = options.engine;
-      const int32_t n_ctx_train = ctx.model->hparams().n_ctx_train;
-      if (eo.n_ctx == 0) eo.n_ctx = n_ctx_train;  // -c 0: the model's context
-      if (eo.n_ctx < 0) eo.n_ctx = std::min(EngineOptions{}.n_ctx, n_ctx_train);
-      if (eo.n_ctx > n_ctx_train) {
-        ctx.log.event("context", "context " + std::to_string(eo.n_ctx) + " (-c) is more than the model's " +
-                                     std::to_string(n_ctx_train) + ": using " + std::to_string(n_ctx_train),
-                      {{"asked", eo.n_ctx}, {"used", n_ctx_train}});
-        eo.n_ctx = n_ctx_train;
-      }
-      check_kv_memory(*ctx.model, eo);
-      // Not ready until one forward pass has run: otherwise the first request's TTFT
-      // includes faulting in the weights.
-      eo.warm_up = true;
-      ctx.engine = make_engine(*ctx.model, eo);
-    } catch (const std::exception& e) {
-      ctx.set_load_error(e.what());
-      throw;  // the listener stops on the way out; the caller prints the reason
-    }
+    load(ctx, options);  // a failure: the caller prints the reason
     log_startup_summary(ctx);
     ctx.ready = true;
     ctx.log.event("ready", "ready: http://" + options.host + ":" + std::to_string(port) + " serves '" +
                                ctx.options.model_id + "'",
                   {{"model", ctx.options.model_id}, {"port", port}});
-
     const int sig = signals.wait();
-    ctx.log.event("stopping", std::string(sig == SIGTERM ? "SIGTERM" : "SIGINT") + " received, shutting down",
-                  {{"signal", sig == SIGTERM ? "SIGTERM" : "SIGINT"}});
-    // Refuse new requests, let the running ones finish for a while, then cancel the rest
-    // (each gets its final event, so every handler returns) and stop listening.
-    ctx.draining = true;
-    const auto grace_end = std::chrono::steady_clock::now() +
-                           std::chrono::milliseconds(int64_t(options.shutdown_grace_s * 1000));
-    while (ctx.in_flight > 0 && std::chrono::steady_clock::now() < grace_end)
-      std::this_thread::sleep_for(std::chrono::milliseconds(20));
-    ctx.engine->shutdown();
+    const char* name = sig == SIGTERM ? "SIGTERM" : "SIGINT";
+    ctx.log.event("stopping", std::string(name) + " received, shutting down", {{"signal", name}});
+    drain(ctx, options.shutdown_grace_s);
   }
   ctx.log.event("stopped", "stopped");
   return 0;
