@@ -191,6 +191,14 @@ ParallelResult bench_parallel_once(Engine& engine, int32_t n_seq, int32_t n_prom
   return r;
 }
 
+// f(i) for each draft position i = 1 .. kMaxDrafts.
+template <typename F>
+nlohmann::json by_draft_position(F f) {
+  nlohmann::json a = nlohmann::json::array();
+  for (int32_t i = 1; i <= kMaxDrafts; ++i) a.push_back(f(i));
+  return a;
+}
+
 // bench's settings, with their defaults.
 struct BenchSettings {
   std::string model, n_prompt = "512", n_gen = "128", threads = std::to_string(default_threads());
@@ -261,7 +269,7 @@ static int bench_main(const Args& args) {
   const HParams& hp = model->hparams();
   const int64_t max_prompt = *std::max_element(n_prompt_list.begin(), n_prompt_list.end());
   const int64_t max_gen = *std::max_element(n_gen_list.begin(), n_gen_list.end());
-  const int32_t n_ctx = int32_t(std::max<int64_t>({max_prompt, max_gen + 4, bs.verify_cost ? 68 : 1}));
+  const int32_t n_ctx = int32_t(std::max<int64_t>({max_prompt, max_gen + 4, bs.verify_cost ? 64 + kMaxDrafts + 1 : 1}));
   if (n_ctx > hp.n_ctx_train)
     throw UsageError("the test needs " + std::to_string(n_ctx) + " positions but the model's context is " +
                      std::to_string(hp.n_ctx_train));
@@ -389,7 +397,7 @@ static int bench_main(const Args& args) {
                         {"verify_measured", measured},
                         {"draft_ms", a.draft_cost() * 1e3},
                         {"draft_relative", c0 > 0 ? a.draft_cost() / c0 : 0.0},
-                        {"acceptance", {a.acceptance(1), a.acceptance(2), a.acceptance(3)}},
+                        {"acceptance", by_draft_position([&](int32_t i) { return a.acceptance(i); })},
                         {"expected_tokens", expected},
                         {"predicted_speedup", speedup},
                         {"best_k", a.best_k()},
@@ -404,7 +412,7 @@ static int bench_main(const Args& args) {
                             {"speculative_steps", spec_total.steps},
                             {"plain_steps", plain_steps},
                             {"mean_tokens_per_step", spec_total.mean_tokens_per_step()},
-                            {"acceptance", {spec_total.acceptance(1), spec_total.acceptance(2), spec_total.acceptance(3)}}};
+                            {"acceptance", by_draft_position([&](int32_t i) { return spec_total.acceptance(i); })}};
         if (mtp.adaptive) {
           m["probes"] = probes;
           m["paying_probes"] = paying_probes;
@@ -469,7 +477,7 @@ static int bench_main(const Args& args) {
       // distinct experts per MoE layer the pass reads.
       nlohmann::json vc = nlohmann::json::array();
       double base = 0;
-      for (int32_t k = 0; k <= 3; ++k) {
+      for (int32_t k = 0; k <= kMaxDrafts; ++k) {
         std::vector<double> secs;
         double distinct = 0;
         for (int r = 0; r <= reps * 4; ++r) {

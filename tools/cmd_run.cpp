@@ -158,11 +158,17 @@ static int run_main(const Args& args) {
                n_gen, t_gen * 1e3, n_gen / std::max(t_gen, 1e-9), n_threads, (unsigned long long)sp.seed);
   if (gen.max_k() > 0) {
     const SpeculationStats& st = seq.speculation_stats();
+    std::string acceptance;
+    for (int32_t i = 1; i <= kMaxDrafts; ++i) {
+      char buf[16];
+      std::snprintf(buf, sizeof buf, " %.2f", st.acceptance(i));
+      acceptance += buf;
+    }
     std::fprintf(stderr,
-                 "mtp: %s (max %d drafts) | %llu speculative steps, %.2f tokens/step | acceptance by draft position "
-                 "%.2f %.2f %.2f | %llu plain steps\n",
+                 "mtp: %s (max %d drafts) | %llu speculative steps, %.2f tokens/step | acceptance by draft position"
+                 "%s | %llu plain steps\n",
                  mtp.adaptive ? "auto" : "fixed", gen.max_k(), (unsigned long long)st.steps, st.mean_tokens_per_step(),
-                 st.acceptance(1), st.acceptance(2), st.acceptance(3), (unsigned long long)st.plain_steps);
+                 acceptance.c_str(), (unsigned long long)st.plain_steps);
   }
   return 0;
 }

@@ -597,16 +597,13 @@ void ForwardPass::record_routing(int il, const MoeRoute& route, const ExpertGrou
   if (!collect_routing_) moe_index_ = 0;
   rs.expert_counts.resize(size_t((moe_index_ + 1) * X), 0);
   int32_t* counts = rs.expert_counts.data() + moe_index_ * X;
-  int64_t distinct = 0, max_count = 0, total = 0;
+  int64_t distinct = 0;
   for (int64_t e = 0; e < X; ++e) {
     const int64_t c = int64_t((*groups.tokens)[size_t(e)].size());
     counts[e] = int32_t(c);
     distinct += c > 0;
-    max_count = std::max(max_count, c);
-    total += c;
   }
   rs.distinct_experts_sum += distinct;
-  if (distinct > 0) rs.skew_sum += double(max_count) / (double(total) / double(distinct));
   if (m_.expert_observer_) m_.expert_observer_->observe(il, counts, X);
   ++moe_index_;
 }
