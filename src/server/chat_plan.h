@@ -9,6 +9,7 @@
 
 #include <nlohmann/json.hpp>
 
+#include "chat/chat_template.h"
 #include "engine/engine.h"
 #include "server/generation.h"
 #include "server/request_validation.h"
@@ -40,6 +41,19 @@ struct ChatPlan : ResponsePlan {
   // How choice `index`'s text is assembled (tool-call ids start with `id_prefix`).
   ChoiceTextOptions text_options(const std::string& id_prefix, int index) const;
 };
+
+// The rendering step, the one place a chat becomes prompt text: the OpenAI-shaped messages
+// and tools with the template's options (chat_template_kwargs, add_generation_prompt,
+// continue_final_message) -> the text, and whether it leaves a think block open (the
+// answer then starts as reasoning). Every chat-shaped endpoint renders through it, so a
+// renderer of the GGUF's own (Jinja) template replaces this function and nothing else.
+// Bad messages throw std::invalid_argument or nlohmann::json::exception.
+struct RenderedChat {
+  std::string text;
+  bool opens_reasoning = false;
+};
+RenderedChat render_chat(const ChatTemplate& chat_template, const nlohmann::json& messages,
+                         const nlohmann::json& tools, const ChatRenderOptions& options);
 
 // Validates an OpenAI chat body (ApiError 400 naming the field) and plans it.
 ChatPlan plan_chat(ServerContext& ctx, const nlohmann::json& body);

@@ -162,10 +162,10 @@ json tool_choice_of(const Fields& f) {
   return {{"type", "function"}, {"function", {{"name", fc["name"]}}}};
 }
 
-// The prompt: the messages rendered with the template's options (add_generation_prompt,
-// continue_final_message, chat_template_kwargs, thinking switched off for a budget of 0),
-// tokenized; whether it opens reasoning; the reasoning budget.
-void render_prompt(ServerContext& ctx, const Fields& f, const json& messages, const json& tools, ChatPlan& plan) {
+// The template's options from the request (chat_template_kwargs, add_generation_prompt,
+// continue_final_message; thinking switched off for a reasoning budget of 0) and the
+// reasoning budget, which the plan keeps.
+ChatRenderOptions render_options(ServerContext& ctx, const Fields& f, ChatPlan& plan) {
   ChatRenderOptions ro;
   ro.kwargs = template_kwargs(f);
   ro.continue_final_message = f.boolean("continue_final_message").value_or(false);
@@ -174,21 +174,35 @@ void render_prompt(ServerContext& ctx, const Fields& f, const json& messages, co
     throw ApiError(400, "'continue_final_message' and 'add_generation_prompt' cannot both be true", "continue_final_message");
   plan.reasoning_budget = reasoning_budget_of(ctx, f, ro.kwargs);
   if (plan.reasoning_budget == 0 && ctx.chat_template->supports_thinking_switch()) ro.kwargs["enable_thinking"] = false;
-  std::string rendered;
-  std::vector<ChatMessage> msgs;
+  return ro;
+}
+
+// The prompt's tokens, and whether it leaves a think block open (only for a model that has
+// the token that closes it).
+void tokenize_prompt(ServerContext& ctx, const json& messages, const json& tools, const ChatRenderOptions& ro,
+                     ChatPlan& plan) {
+  RenderedChat rendered;
   try {
-    msgs = ChatTemplate::messages_from_json(messages);
-    rendered = ctx.chat_template->render(msgs, tools, ro);
+    rendered = render_chat(*ctx.chat_template, messages, tools, ro);
   } catch (const std::invalid_argument& e) {
     throw ApiError(400, std::string("'messages': ") + e.what(), "messages");
   } catch (const json::exception& e) {
     throw ApiError(400, std::string("'messages': ") + e.what(), "messages");
   }
-  plan.request.prompt = ctx.tokenizer().encode(rendered, !ctx.chat_template->renders_bos(), true);
-  plan.in_reasoning = ctx.think_end >= 0 && ctx.chat_template->opens_reasoning(msgs, ro);
+  plan.request.prompt = ctx.tokenizer().encode(rendered.text, !ctx.chat_template->renders_bos(), true);
+  plan.in_reasoning = ctx.think_end >= 0 && rendered.opens_reasoning;
 }
 
 }  // namespace
+
+RenderedChat render_chat(const ChatTemplate& chat_template, const json& messages, const json& tools,
+                         const ChatRenderOptions& options) {
+  const std::vector<ChatMessage> msgs = ChatTemplate::messages_from_json(messages);
+  RenderedChat out;
+  out.text = chat_template.render(msgs, tools, options);
+  out.opens_reasoning = chat_template.opens_reasoning(msgs, options);
+  return out;
+}
 
 ChoiceTextOptions ChatPlan::text_options(const std::string& id_prefix, int index) const {
   ChoiceTextOptions o;
@@ -228,7 +242,8 @@ ChatPlan plan_chat(ServerContext& ctx, const json& body) {
   for (const char* k : {"store", "cache_prompt"}) f.boolean(k);
   f.array("modalities");
 
-  render_prompt(ctx, f, *messages, have_tools ? tools : json::array(), plan);
+  const ChatRenderOptions ro = render_options(ctx, f, plan);
+  tokenize_prompt(ctx, *messages, have_tools ? tools : json::array(), ro, plan);
   const Tokenizer& tok = ctx.tokenizer();
   GenerateRequest& r = plan.request;
   r.sampling = sampling_from(f, ctx.options.sampling, int32_t(tok.n_vocab()));
