@@ -699,3 +699,70 @@ TEST(ServerApi, PropsCorsAndKeys) {
   EXPECT_EQ(c.Get("/v1/models")->status, 401);
   EXPECT_EQ(c.Get("/v1/models", {{"x-api-key", "env-key"}})->status, 200);
 }
+
+// /v1/responses on a model whose template opens a think block: the reasoning comes back as
+// a reasoning item before the message (the same texts as chat's reasoning_content and
+// content for the same budget), its tokens counted in output_tokens_details; streamed, as
+// reasoning_text deltas in an item of its own ahead of the message's; effort "none" has no
+// reasoning item.
+TEST(ServerApi, ResponsesReasoningItems) {
+  Server s({"--reasoning-effort-budgets", "2,5,-1"}, micro());
+  json chat_body = chat("think", 14);
+  chat_body["reasoning_effort"] = "medium";
+  const json c = s.ok("/v1/chat/completions", chat_body);
+  const json& m = c["choices"][0]["message"];
+  ASSERT_TRUE(m.contains("reasoning_content")) << c.dump();
+  const std::string reasoning = m["reasoning_content"], content = text_of(m["content"]);
+  const json body = {{"input", "think"}, {"max_output_tokens", 14}, {"temperature", 0}, {"reasoning", {{"effort", "medium"}}}};
+  const json r = s.ok("/v1/responses", body);
+  ASSERT_GE(r["output"].size(), 1u) << r.dump();
+  const json& item = r["output"][0];
+  EXPECT_EQ(item["type"], "reasoning") << r.dump();
+  EXPECT_EQ(item["content"][0]["type"], "reasoning_text");
+  EXPECT_EQ(item["content"][0]["text"], reasoning);
+  EXPECT_EQ(r["reasoning"]["effort"], "medium");
+  if (!content.empty()) {
+    ASSERT_EQ(r["output"].size(), 2u) << r.dump();
+    EXPECT_EQ(r["output"][1]["type"], "message");
+    EXPECT_EQ(r["output"][1]["content"][0]["text"], content);
+  }
+  EXPECT_EQ(r["usage"]["output_tokens"], c["usage"]["completion_tokens"]);
+  const int reasoning_tokens = r["usage"]["output_tokens_details"]["reasoning_tokens"];
+  EXPECT_GE(reasoning_tokens, 5);  // the budget, and the forced end of the think block
+  EXPECT_LT(reasoning_tokens, r["usage"]["output_tokens"].get<int>());
+  // Streamed: the reasoning item (index 0) is opened, filled and closed before the message.
+  json streamed_body = body;
+  streamed_body["stream"] = true;
+  const std::string raw = s.stream("/v1/responses", streamed_body);
+  const std::vector<std::string> events = sse_events(raw);
+  const std::vector<json> data = sse_data(raw);
+  ASSERT_EQ(events.size(), data.size());
+  std::string reasoning_deltas, text_deltas;
+  size_t last_reasoning = 0, first_text = events.size();
+  for (size_t i = 0; i < events.size(); ++i) {
+    if (events[i] == "response.reasoning_text.delta") {
+      EXPECT_EQ(data[i]["output_index"], 0);
+      reasoning_deltas += data[i]["delta"].get<std::string>();
+      last_reasoning = i;
+    }
+    if (events[i] == "response.output_text.delta") {
+      text_deltas += data[i]["delta"].get<std::string>();
+      first_text = std::min(first_text, i);
+    }
+  }
+  EXPECT_EQ(reasoning_deltas, reasoning);
+  EXPECT_EQ(text_deltas, content);
+  if (!content.empty()) {
+    EXPECT_LT(last_reasoning, first_text);
+  }
+  const json& final_output = data.back()["response"]["output"];
+  ASSERT_GE(final_output.size(), 1u);
+  EXPECT_EQ(final_output[0]["type"], "reasoning");
+  EXPECT_EQ(final_output[0]["content"][0]["text"], reasoning);
+  // Reasoning off: no reasoning item, and no reasoning tokens.
+  json off = body;
+  off["reasoning"] = {{"effort", "none"}};
+  const json quiet = s.ok("/v1/responses", off);
+  for (const json& o : quiet["output"]) EXPECT_NE(o["type"], "reasoning") << quiet.dump();
+  EXPECT_EQ(quiet["usage"]["output_tokens_details"]["reasoning_tokens"], 0);
+}
