@@ -458,9 +458,10 @@ TEST(ServerApi, ReasoningBudgetEffortAndThinkingSwitch) {
 }
 
 // Server-wide defaults: --reasoning-budget 0 switches reasoning off unless a request turns
-// it back on; --temp 0 makes a request without a temperature greedy.
+// it back on; --temp 0 makes a request without a temperature greedy; /props shows the
+// sampling defaults (--top-k, --top-p, --min-p).
 TEST(ServerApi, ServerDefaults) {
-  Server s({"--reasoning-budget", "0", "--temp", "0", "--top-k", "5"}, micro());
+  Server s({"--reasoning-budget", "0", "--temp", "0", "--top-k", "5", "--top-p", "0.75", "--min-p", "0.125"}, micro());
   json body = {{"messages", user("hello")}, {"max_tokens", 8}};
   const json quiet = s.ok("/v1/chat/completions", body);
   EXPECT_FALSE(quiet["choices"][0]["message"].contains("reasoning_content"));
@@ -473,6 +474,8 @@ TEST(ServerApi, ServerDefaults) {
   const json props = s.client().Get("/props") ? json::parse(s.client().Get("/props")->body) : json();
   EXPECT_EQ(props["default_generation_settings"]["params"]["temperature"], 0.0);
   EXPECT_EQ(props["default_generation_settings"]["params"]["top_k"], 5);
+  EXPECT_EQ(props["default_generation_settings"]["params"]["top_p"], 0.75);
+  EXPECT_EQ(props["default_generation_settings"]["params"]["min_p"], 0.125);
   EXPECT_EQ(props["default_generation_settings"]["params"]["reasoning_budget"], 0);
   EXPECT_EQ(props["chat_format"], "step35");
 }
