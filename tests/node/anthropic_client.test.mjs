@@ -2,11 +2,13 @@
 // streamed through the SDK's MessageStream), countTokens, an assistant prefill, forced
 // tool use (input streamed as input_json deltas), errors as the client's exception
 // classes, and a clean SIGTERM exit. Starts the server itself and kills it on every path.
-// usage: node anthropic_client.test.mjs STEP35_BINARY MODEL.gguf PORT
+// usage: node anthropic_client.test.mjs STEP35_BINARY MODEL.gguf
+// The server takes a free port (--port 0) and the test reads it from the server's
+// "listening on" line, so runs in parallel (other worktrees, other builds) never collide.
 import { spawn } from 'node:child_process';
 import assert from 'node:assert/strict';
 
-const [binary, model, port] = process.argv.slice(2);
+const [binary, model] = process.argv.slice(2);
 let Anthropic;
 try {
   ({ default: Anthropic } = await import('@anthropic-ai/sdk'));
@@ -15,8 +17,19 @@ try {
   process.exit(77);
 }
 
-const server = spawn(binary, ['serve', '-m', model, '--port', port, '-t', '1', '--api-key', 'node-key'],
-                     { stdio: ['ignore', 'inherit', 'inherit'] });
+const server = spawn(binary, ['serve', '-m', model, '--port', '0', '-t', '1', '--api-key', 'node-key'],
+                     { stdio: ['ignore', 'inherit', 'pipe'] });
+// The server's log goes on to ours; its first line names the port it listens on.
+let port = null;
+let logged = '';
+server.stderr.on('data', (chunk) => {
+  process.stderr.write(chunk);
+  if (port === null) {
+    logged += chunk.toString();
+    const m = logged.match(/listening on http:\/\/[^:\s]+:(\d+)/);
+    if (m) port = Number(m[1]);
+  }
+});
 let exited = null;
 server.on('exit', (code, signal) => { exited = { code, signal }; });
 const killServer = () => { if (exited === null) server.kill('SIGKILL'); };
@@ -24,6 +37,10 @@ process.on('exit', killServer);
 process.on('uncaughtException', (e) => { console.error(e); killServer(); process.exit(1); });
 process.on('unhandledRejection', (e) => { console.error(e); killServer(); process.exit(1); });
 
+for (let i = 0; port === null; ++i) {
+  if (i > 200 || exited) throw new Error('server did not start listening');
+  await new Promise((r) => setTimeout(r, 50));
+}
 const base = `http://127.0.0.1:${port}`;
 for (let i = 0; ; ++i) {
   try {
