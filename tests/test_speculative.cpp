@@ -73,7 +73,7 @@ std::vector<int32_t> decode(const Model& m, const std::vector<int32_t>& p, int n
   std::vector<int32_t> out;
   gen.start(std::move(params), [&](const GenerateEvent& ev) {
     out.push_back(ev.token);
-    return true;
+    return SinkReply::Continue;
   });
   EXPECT_EQ(gen.run(pool), FinishReason::Length);
   if (stats) *stats = gen.sequence().speculation_stats();
@@ -235,7 +235,7 @@ TEST(SpeculativeSampling, ModelStepFollowsTheTrunkDistribution) {
     int32_t first = -1;
     gen.start(std::move(params), [&first](const GenerateEvent& ev) {
       first = ev.token;
-      return false;
+      return SinkReply::Cancel;
     });
     ASSERT_EQ(gen.run(pool), FinishReason::Cancelled);
     ASSERT_GE(gen.sequence().n_pos(), int32_t(p.size()) + 1);
@@ -276,7 +276,7 @@ TEST(Speculation, GeneratorAndServingEngineAgree) {
     std::vector<int32_t> alone;
     gen.start(std::move(params), [&](const GenerateEvent& ev) {
       alone.push_back(ev.token);
-      return true;
+      return SinkReply::Continue;
     });
     gen.run(pool);
     ASSERT_GT(gen.sequence().speculation_stats().steps, 0u);
@@ -305,7 +305,7 @@ TEST(Speculation, GeneratorAndServingEngineAgree) {
         } else if (i == 0) {
           served.push_back(ev.token);
         }
-        return true;
+        return SinkReply::Continue;
       });
     }
     std::unique_lock<std::mutex> lock(mu);

@@ -159,13 +159,13 @@ ParallelResult bench_parallel_once(Engine& engine, int32_t n_seq, int32_t n_prom
     engine.submit(std::move(req), [&, my_times](const GenerateEvent& ev) {
       if (!ev.done) {
         my_times->push_back(now_seconds());
-        return true;
+        return SinkReply::Continue;
       }
       std::lock_guard<std::mutex> lock(mu);
       if (ev.reason == FinishReason::Error) error = ev.error;
       ++n_done;
       cv.notify_all();
-      return true;
+      return SinkReply::Continue;
     });
   }
   {
@@ -369,7 +369,7 @@ static int bench_main(const Args& args) {
         sq.max_tokens = int32_t(n_gen);
         sq.synthetic_accept = synthetic;
         int64_t n_done = 0;
-        gen.start(std::move(sq), [&n_done](const GenerateEvent&) { return ++n_done, true; });
+        gen.start(std::move(sq), [&n_done](const GenerateEvent&) { return ++n_done, SinkReply::Continue; });
         const double t0 = now_seconds();
         gen.run(pool);
         const double dt = now_seconds() - t0;

@@ -69,9 +69,9 @@ static int eval_main(const Args& args) {
   };
   std::vector<int32_t> greedy;
   gen.start(std::move(params), [&](const GenerateEvent& ev) {
-    if (int(greedy.size()) >= n_greedy) return false;
+    if (int(greedy.size()) >= n_greedy) return SinkReply::Cancel;
     greedy.push_back(ev.token);
-    return int(greedy.size()) < n_greedy;
+    return int(greedy.size()) < n_greedy ? SinkReply::Continue : SinkReply::Cancel;
   });
   gen.run(pool);
 

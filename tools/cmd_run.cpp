@@ -132,7 +132,7 @@ static int run_main(const Args& args) {
   gen.start(std::move(params), [&](const GenerateEvent& ev) {
     const std::string text = utf8.push(tok.token_to_piece(ev.token, special));
     std::fwrite(text.data(), 1, text.size(), stdout);
-    return ++n_printed < n_predict;
+    return ++n_printed < n_predict ? SinkReply::Continue : SinkReply::Cancel;
   });
   const double t0 = now_seconds();
   std::optional<FinishReason> end = gen.prefill(pool);

@@ -107,7 +107,11 @@ std::vector<OutputDelta> OutputParser::finish() {
     out_.truncated = true;
     if (call_state_ == CallState::ParameterValue) {
       warn("generation ended inside the value of parameter '" + param_name_ + "'");
-      finish_parameter(out, call_text_);
+      if (value_streamed_) {
+        stream_value(out, "", true);
+      } else {
+        finish_parameter(out, call_text_);
+      }
     } else if (call_state_ == CallState::ParameterName) {
       warn("generation ended inside a parameter name");
     }
@@ -302,19 +306,28 @@ bool OutputParser::step_call(std::vector<OutputDelta>& out, bool at_end) {
       param_name_ = std::string(trim(call_text_));
       call_text_.clear();
       call_state_ = CallState::ParameterValue;
+      open_streamed_value(out);
       return true;
     }
     case CallState::ParameterValue: {
       const size_t end = buf_.find(kParameterClose);
       if (end == std::string::npos) {
         const size_t keep = at_end ? 0 : partial_marker_suffix(buf_, {std::string(kParameterClose)});
-        call_text_.append(buf_, 0, buf_.size() - keep);
+        if (value_streamed_) {
+          stream_value(out, std::string_view(buf_).substr(0, buf_.size() - keep), false);
+        } else {
+          call_text_.append(buf_, 0, buf_.size() - keep);
+        }
         buf_.erase(0, buf_.size() - keep);
         return false;
       }
-      call_text_.append(buf_, 0, end);
+      if (value_streamed_) {
+        stream_value(out, std::string_view(buf_).substr(0, end), true);
+      } else {
+        call_text_.append(buf_, 0, end);
+        finish_parameter(out, call_text_);
+      }
       buf_.erase(0, end + kParameterClose.size());
-      finish_parameter(out, call_text_);
       call_text_.clear();
       call_state_ = CallState::ExpectParameter;
       return true;
@@ -411,7 +424,60 @@ void OutputParser::finish_parameter(std::vector<OutputDelta>& out, std::string v
   fragment += ':';
   fragment += dump_json(v);
   ++call_n_params_;
+  emit_arguments(out, std::move(fragment));
+}
+
+void OutputParser::open_streamed_value(std::vector<OutputDelta>& out) {
+  value_streamed_ = false;
+  value_started_ = false;
+  value_held_.clear();
+  if (!call_started_) return;
+  const json* schema = parameter_schema(param_name_);
+  if (schema == nullptr || !tool_parameter_is_raw_string(*schema)) return;  // one fragment at its end
+  if (std::find(call_keys_.begin(), call_keys_.end(), param_name_) != call_keys_.end()) return;  // a repeat: dropped
+  call_keys_.push_back(param_name_);
+  value_streamed_ = true;
+  std::string fragment = call_n_params_ == 0 ? "{" : ",";
+  fragment += dump_json(ordered_json(param_name_));
+  fragment += ":\"";
+  ++call_n_params_;
+  emit_arguments(out, std::move(fragment));
+}
+
+void OutputParser::stream_value(std::vector<OutputDelta>& out, std::string_view text, bool last) {
+  value_held_.append(text);
+  // The template writes "\n" + value + "\n" between the tags: one newline at each end is
+  // formatting. The first is dropped once known; a final one is held until more text
+  // shows it was not the last.
+  if (!value_started_ && !value_held_.empty()) {
+    if (value_held_.front() == '\n') value_held_.erase(0, 1);
+    value_started_ = true;
+  }
+  if (!value_started_ && !last) return;
+  size_t n = value_held_.size();
+  if (n > 0 && value_held_[n - 1] == '\n') --n;  // last: dropped; else: held
+  std::string fragment;
+  if (n > 0) {
+    const std::string quoted = dump_json(ordered_json(value_held_.substr(0, n)));
+    fragment = quoted.substr(1, quoted.size() - 2);  // the escaped characters, no quotes
+  }
+  value_held_.erase(0, n);
+  if (last) {
+    fragment += '"';
+    value_held_.clear();
+    value_streamed_ = false;
+  }
+  if (!fragment.empty()) emit_arguments(out, std::move(fragment));
+}
+
+void OutputParser::emit_arguments(std::vector<OutputDelta>& out, std::string fragment) {
   out_.tool_calls.back().arguments += fragment;
+  // Consecutive fragments of one call within one push go out as one delta.
+  if (!out.empty() && out.back().kind == OutputDelta::Kind::ToolCallArguments &&
+      out.back().tool_index == int32_t(out_.tool_calls.size() - 1)) {
+    out.back().text += fragment;
+    return;
+  }
   OutputDelta d;
   d.kind = OutputDelta::Kind::ToolCallArguments;
   d.tool_index = int32_t(out_.tool_calls.size() - 1);
@@ -421,13 +487,7 @@ void OutputParser::finish_parameter(std::vector<OutputDelta>& out, std::string v
 
 void OutputParser::close_call(std::vector<OutputDelta>& out) {
   if (call_started_) {
-    const std::string fragment = call_n_params_ == 0 ? "{}" : "}";
-    out_.tool_calls.back().arguments += fragment;
-    OutputDelta d;
-    d.kind = OutputDelta::Kind::ToolCallArguments;
-    d.tool_index = int32_t(out_.tool_calls.size() - 1);
-    d.text = fragment;
-    out.push_back(std::move(d));
+    emit_arguments(out, call_n_params_ == 0 ? "{}" : "}");
   } else {
     warn("tool call without a function name dropped");
   }
@@ -439,6 +499,8 @@ void OutputParser::close_call(std::vector<OutputDelta>& out) {
   param_name_.clear();
   call_n_params_ = 0;
   call_keys_.clear();
+  value_streamed_ = false;
+  value_held_.clear();
 }
 
 void OutputParser::warn(std::string message) {

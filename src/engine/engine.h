@@ -50,6 +50,8 @@ struct GenerateRequest {
   int32_t max_tokens = -1;           // < 0: until the context is full
   int32_t n_ctx = 0;                 // per-request context limit; 0 = the engine's
   bool ignore_eos = false;
+  // End-of-generation tokens are never sampled before this many tokens were generated.
+  int32_t min_tokens = 0;
   int32_t n_top_logprobs = 0;        // alternatives per token in events (0..20)
   bool want_logprobs = false;        // fill GenerateEvent::logprob
   std::shared_ptr<TokenConstraint> constraint;  // optional
@@ -81,10 +83,21 @@ struct GenerateEvent {
   double total_s = 0;
 };
 
-// Receives the events of one request, on the scheduler thread: keep it short (queue the
-// event and return). Returning false stops the request (the client went away, or a stop
-// string matched): its resources are released and no further events are delivered.
-using EventSink = std::function<bool(const GenerateEvent&)>;
+// What a sink answers to a token event (the answer to the final event is ignored).
+enum class SinkReply : uint8_t {
+  Continue,
+  // The output is complete (a stop string matched, the one tool call allowed closed): the
+  // request ends at this token with FinishReason::Stop, no further token is generated, and
+  // the sink still gets the final event.
+  Stop,
+  // The client went away: the request ends with FinishReason::Cancelled, and no further
+  // event (not even the final one) is delivered.
+  Cancel,
+};
+
+// Receives the events of one request, on the scheduler thread: keep it short (no I/O).
+// Its resources are released as soon as it answers Stop or Cancel.
+using EventSink = std::function<SinkReply(const GenerateEvent&)>;
 
 // Thrown by submit(): the queue is full (HTTP 503 + Retry-After).
 class QueueFullError : public std::runtime_error {
@@ -157,6 +170,7 @@ struct EngineStats {
   uint64_t mtp_drafted[kMaxDrafts + 1] = {};   // by draft position 1..kMaxDrafts
   uint64_t mtp_accepted[kMaxDrafts + 1] = {};
   uint64_t mtp_tokens = 0;             // tokens those steps produced
+  int64_t kv_pool_bytes = 0;           // address space reserved for the KV pool
 };
 
 class Engine {
@@ -177,5 +191,14 @@ class Engine {
 
 // The continuous-batching engine over a loaded model.
 std::unique_ptr<Engine> make_engine(const Model& model, const EngineOptions& options);
+
+// KV memory for `options` (its n_ctx, n_batch, mtp): what one sequence needs and the
+// largest pool the engine can index (2^31 - 1 blocks of a kind), in bytes. For checking
+// EngineOptions::kv_bytes before make_engine.
+struct KvBudget {
+  int64_t per_sequence_bytes = 0;
+  int64_t max_pool_bytes = 0;
+};
+KvBudget kv_budget(const Model& model, const EngineOptions& options);
 
 }  // namespace step35

@@ -55,6 +55,7 @@ SequenceParams sequence_params(GenerateRequest&& request) {
   p.n_ctx = request.n_ctx;
   p.stop_at_eog = !request.ignore_eos;
   p.mask_eog = request.ignore_eos;
+  p.min_tokens = request.min_tokens;
   p.want_logprobs = request.want_logprobs;
   p.n_top_logprobs = request.n_top_logprobs;
   if (request.expert_policy == ExpertPolicy::Adaptive)
@@ -80,6 +81,8 @@ class BatchEngine final : public Engine {
     pool_ = std::make_unique<ThreadPool>(opts_.n_threads);
     ws_.precision = opts_.precision;
     free_slots_hint_ = opts_.n_parallel;
+    stats_.kv_pool_bytes = int64_t(kv_->bytes());
+    stats_.kv_blocks_total = kv_->n_blocks(KvKind::Full) + kv_->n_blocks(KvKind::Swa);
     if (opts_.warm_up) warm_up();
     thread_ = std::thread([this] { loop(); });
   }
@@ -146,8 +149,10 @@ class BatchEngine final : public Engine {
     for (int32_t t : request.prompt)
       if (t < 0 || t >= model_.hparams().n_vocab)
         throw RequestError("token id " + std::to_string(t) + " is outside the vocabulary");
-    if (request.constraint && request.ignore_eos)
+    if (request.constraint && request.constraint->decides_end() && request.ignore_eos)
       throw RequestError("ignore_eos cannot be combined with structured output (the grammar ends the text)");
+    if (request.constraint && request.constraint->decides_end() && request.min_tokens > 0)
+      throw RequestError("min_tokens cannot be combined with structured output (the grammar ends the text)");
     if (request.n_top_logprobs < 0 || request.n_top_logprobs > 20)
       throw RequestError("top_logprobs must be between 0 and 20");
   }
@@ -558,6 +563,22 @@ class BatchEngine final : public Engine {
 
 std::unique_ptr<Engine> make_engine(const Model& model, const EngineOptions& options) {
   return std::make_unique<BatchEngine>(model, options);
+}
+
+KvBudget kv_budget(const Model& model, const EngineOptions& options) {
+  // The sizing of BatchEngine's constructor.
+  const int32_t n_ctx = std::clamp(options.n_ctx, 2, model.hparams().n_ctx_train);
+  const auto layers = model.kv_layers();
+  const auto per_seq = KvPool::blocks_for_sequence(layers, n_ctx, model.hparams().swa_window,
+                                                   std::min(std::max(1, options.n_batch), n_ctx));
+  const auto [fb, sb] = KvPool::block_bytes(layers, KvPool::kDefaultBlockSize);
+  KvBudget b;
+  b.per_sequence_bytes = per_seq.first * int64_t(fb) + per_seq.second * int64_t(sb);
+  // A budget of B bytes makes B / per_sequence_bytes sequences' worth of blocks of each kind.
+  const int64_t most_blocks = std::max(per_seq.first, per_seq.second);
+  const double max_sequences = most_blocks > 0 ? double((int64_t(1) << 31) - 1) / double(most_blocks) : 1e18;
+  b.max_pool_bytes = int64_t(std::min(9e18, max_sequences * double(b.per_sequence_bytes)));
+  return b;
 }
 
 }  // namespace step35

@@ -130,8 +130,9 @@ const float* Sequence::prompt_chunk_rows(const BatchOutput& out, size_t c, const
 void Sequence::mask(float* rows) const {
   const size_t V = size_t(model_.hparams().n_vocab);
   if (params_.constraint) params_.constraint->mask(rows, V);  // (constrained sequences never draft)
-  if (params_.mask_eog)
-    for (int32_t i = 0; i <= step_drafts_; ++i)
+  // Row i gives the token after n_generated + i others (when the drafts before it hold).
+  for (int32_t i = 0; i <= step_drafts_; ++i)
+    if (params_.mask_eog || n_generated_ + i < params_.min_tokens)
       for (int32_t e : model_.tokenizer().eog_ids()) rows[size_t(i) * V + size_t(e)] = -INFINITY;
 }
 
@@ -181,11 +182,13 @@ std::optional<FinishReason> Sequence::emit(const float* rows) {
     ev.token = next;
     if (params_.want_logprobs || params_.n_top_logprobs > 0) fill_logprobs(rows + i * V, next, ev);
     if (params_.constraint) params_.constraint->accept(next);
-    if (!sink_(ev)) {
+    const SinkReply reply = sink_(ev);
+    if (reply == SinkReply::Cancel) {
       sink_closed_ = true;
       return FinishReason::Cancelled;
     }
     tokens_.push_back(next);
+    if (reply == SinkReply::Stop) return FinishReason::Stop;
     if (params_.max_tokens >= 0 && n_generated_ >= params_.max_tokens) return FinishReason::Length;
     // Prompt + completion fit the context (the last sampled token needs no KV slot).
     if (n_prompt_ + n_generated_ >= params_.n_ctx) return FinishReason::Context;

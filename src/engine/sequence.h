@@ -42,6 +42,7 @@ struct SequenceParams {
   int32_t n_ctx = 0;                // positions at most, prompt + generated (> prompt size)
   bool stop_at_eog = true;          // an end-of-generation token ends the sequence (not emitted)
   bool mask_eog = false;            // end-of-generation tokens are never sampled (serving's ignore_eos)
+  int32_t min_tokens = 0;           // ... nor before this many tokens were generated (min_tokens)
   bool want_logprobs = false;       // fill GenerateEvent::logprob
   int32_t n_top_logprobs = 0;       // alternatives per token (0..20)
   RoutingPolicy routing;
@@ -55,9 +56,10 @@ struct SequenceParams {
   double synthetic_accept = -1;     // benchmarks only: accept each draft with this probability
 };
 
-// Receives the sequence's tokens in order (GenerateEvent::done is false); returning false
-// stops the sequence (FinishReason::Cancelled, and no further tokens).
-using TokenSink = std::function<bool(const GenerateEvent&)>;
+// Receives the sequence's tokens in order (GenerateEvent::done is false). Its answer:
+// Continue; Stop (the sequence ends at this token with FinishReason::Stop, e.g. a stop
+// string matched); Cancel (FinishReason::Cancelled, and no further tokens).
+using TokenSink = std::function<SinkReply(const GenerateEvent&)>;
 
 class Sequence {
  public:

@@ -41,73 +41,59 @@ const char* stop_reason(const GenerateEvent& ev, const ChoiceText& t) {
 
 }  // namespace
 
-// The Anthropic body as an OpenAI chat body.
-json anthropic_to_openai(const json& body) {
-  Fields f(body);
-  f.only({"model", "messages", "system", "max_tokens", "stop_sequences", "temperature", "top_p", "top_k", "stream",
-          "tools", "tool_choice", "metadata", "thinking"});
-  json out = json::object();
-  if (auto model = f.string("model")) out["model"] = *model;
-  const auto max_tokens = f.integer("max_tokens", 1, INT32_MAX);
-  if (!max_tokens) throw ApiError(400, "'max_tokens' is required", "max_tokens");
-  out["max_tokens"] = *max_tokens;
-  for (const char* k : {"temperature", "top_p", "top_k", "stream"})
-    if (f.has(k)) out[k] = f.raw(k);
-  if (!f.has("temperature")) out["temperature"] = 1.0;
-  auto stops = f.strings_or_string("stop_sequences", 4);
-  if (!stops.empty()) out["stop"] = stops;
-  json messages = json::array();
-  if (f.has("system")) messages.push_back({{"role", "system"}, {"content", block_text(f.raw("system"), "system")}});
-  const json* msgs = f.array("messages");
-  if (!msgs || msgs->empty()) throw ApiError(400, "'messages' must be a non-empty array", "messages");
-  for (size_t i = 0; i < msgs->size(); ++i) {
-    const std::string where = "messages[" + std::to_string(i) + "]";
-    Fields m((*msgs)[i], where + ".");
-    m.only({"role", "content"});
-    const std::string role = m.choice("role", {"user", "assistant"}).value_or("");
-    if (role.empty()) throw ApiError(400, "'" + where + ".role' is required", where + ".role");
-    if (!m.has("content")) throw ApiError(400, "'" + where + ".content' is required", where + ".content");
-    const json& content = m.raw("content");
-    if (content.is_string()) {
-      messages.push_back({{"role", role}, {"content", content}});
-      continue;
-    }
-    if (!content.is_array()) throw ApiError(400, "'" + where + ".content' must be a string or an array", where + ".content");
-    std::string text, thinking;
-    json calls = json::array();
-    for (const json& b : content) {
-      const std::string type = b.is_object() ? b.value("type", "") : "";
-      if (type == "text") {
-        text += b.value("text", "");
-      } else if (type == "thinking" && role == "assistant") {
-        thinking += b.value("thinking", "");
-      } else if (type == "tool_use" && role == "assistant") {
-        if (!b.contains("name") || !b["name"].is_string() || !b.contains("input") || !b["input"].is_object())
-          throw ApiError(400, "'" + where + "': tool_use blocks need a name and an input object", where);
-        calls.push_back({{"id", b.value("id", "")}, {"type", "function"},
-                         {"function", {{"name", b["name"]}, {"arguments", b["input"].dump()}}}});
-      } else if (type == "tool_result" && role == "user") {
-        if (!text.empty()) {
-          messages.push_back({{"role", "user"}, {"content", text}});
-          text.clear();
-        }
-        const json rc = b.contains("content") ? b["content"] : json("");
-        messages.push_back({{"role", "tool"}, {"tool_call_id", b.value("tool_use_id", "")},
-                            {"content", block_text(rc, where + ".tool_result.content")}});
-      } else {
-        throw ApiError(400, "'" + where + "': unsupported content block type '" + type + "' for role " + role, where);
+namespace {
+
+// One Anthropic message in chat messages: text blocks join, thinking becomes the
+// assistant's reasoning, tool_use blocks its calls, each tool_result a tool message.
+void add_message(const json& message, const std::string& where, json& messages) {
+  Fields m(message, where + ".");
+  m.only({"role", "content"});
+  const std::string role = m.choice("role", {"user", "assistant"}).value_or("");
+  if (role.empty()) throw ApiError(400, "'" + where + ".role' is required", where + ".role");
+  if (!m.has("content")) throw ApiError(400, "'" + where + ".content' is required", where + ".content");
+  const json& content = m.raw("content");
+  if (content.is_string()) {
+    messages.push_back({{"role", role}, {"content", content}});
+    return;
+  }
+  if (!content.is_array()) throw ApiError(400, "'" + where + ".content' must be a string or an array", where + ".content");
+  std::string text, thinking;
+  json calls = json::array();
+  for (const json& b : content) {
+    const std::string type = b.is_object() ? b.value("type", "") : "";
+    if (type == "text") {
+      text += b.value("text", "");
+    } else if (type == "thinking" && role == "assistant") {
+      thinking += b.value("thinking", "");
+    } else if (type == "tool_use" && role == "assistant") {
+      if (!b.contains("name") || !b["name"].is_string() || !b.contains("input") || !b["input"].is_object())
+        throw ApiError(400, "'" + where + "': tool_use blocks need a name and an input object", where);
+      calls.push_back({{"id", b.value("id", "")}, {"type", "function"},
+                       {"function", {{"name", b["name"]}, {"arguments", b["input"].dump()}}}});
+    } else if (type == "tool_result" && role == "user") {
+      if (!text.empty()) {
+        messages.push_back({{"role", "user"}, {"content", text}});
+        text.clear();
       }
-    }
-    if (role == "assistant") {
-      json a = {{"role", "assistant"}, {"content", text}};
-      if (!thinking.empty()) a["reasoning_content"] = thinking;
-      if (!calls.empty()) a["tool_calls"] = calls;
-      messages.push_back(a);
-    } else if (!text.empty()) {
-      messages.push_back({{"role", "user"}, {"content", text}});
+      const json rc = b.contains("content") ? b["content"] : json("");
+      messages.push_back({{"role", "tool"}, {"tool_call_id", b.value("tool_use_id", "")},
+                          {"content", block_text(rc, where + ".tool_result.content")}});
+    } else {
+      throw ApiError(400, "'" + where + "': unsupported content block type '" + type + "' for role " + role, where);
     }
   }
-  out["messages"] = messages;
+  if (role == "assistant") {
+    json a = {{"role", "assistant"}, {"content", text}};
+    if (!thinking.empty()) a["reasoning_content"] = thinking;
+    if (!calls.empty()) a["tool_calls"] = calls;
+    messages.push_back(a);
+  } else if (!text.empty()) {
+    messages.push_back({{"role", "user"}, {"content", text}});
+  }
+}
+
+// tools and tool_choice in chat terms (disable_parallel_tool_use: one call at most).
+void tool_fields(const Fields& f, json& out) {
   if (const json* tools = f.array("tools")) {
     json t = json::array();
     for (const json& tool : *tools) {
@@ -123,6 +109,7 @@ json anthropic_to_openai(const json& body) {
     Fields c(*tc, "tool_choice.");
     c.only({"type", "name", "disable_parallel_tool_use"});
     const std::string type = c.choice("type", {"auto", "any", "tool", "none"}).value_or("auto");
+    if (c.boolean("disable_parallel_tool_use").value_or(false)) out["parallel_tool_calls"] = false;
     if (type == "any") out["tool_choice"] = "required";
     if (type == "none") out["tool_choice"] = "none";
     if (type == "auto") out["tool_choice"] = "auto";
@@ -132,6 +119,61 @@ json anthropic_to_openai(const json& body) {
       out["tool_choice"] = {{"type", "function"}, {"function", {{"name", *name}}}};
     }
   }
+}
+
+// Extended thinking: a budget for the reasoning, or none at all.
+void thinking_field(const Fields& f, json& out) {
+  const json* thinking = f.object("thinking");
+  if (!thinking) return;
+  Fields t(*thinking, "thinking.");
+  t.only({"type", "budget_tokens"});
+  const std::string type = t.choice("type", {"enabled", "disabled", "adaptive"}).value_or("");
+  if (type.empty()) throw ApiError(400, "'thinking.type' is required", "thinking.type");
+  if (type == "disabled") out["reasoning_budget"] = 0;
+  if (type == "enabled") {
+    const auto budget = t.integer("budget_tokens", 1, INT32_MAX);
+    if (!budget) throw ApiError(400, "'thinking.budget_tokens' is required with type 'enabled'", "thinking.budget_tokens");
+    out["reasoning_budget"] = *budget;
+  }
+}
+
+}  // namespace
+
+// The Anthropic body as an OpenAI chat body.
+json anthropic_to_openai(const json& body, bool counting) {
+  Fields f(body);
+  if (counting) {
+    f.only({"model", "messages", "system", "tools", "tool_choice", "thinking", "mcp_servers"});
+  } else {
+    f.only({"model", "messages", "system", "max_tokens", "stop_sequences", "temperature", "top_p", "top_k", "stream",
+            "tools", "tool_choice", "metadata", "thinking", "service_tier"});
+  }
+  json out = json::object();
+  if (auto model = f.string("model")) out["model"] = *model;
+  const auto max_tokens = f.integer("max_tokens", 1, INT32_MAX);
+  if (!max_tokens && !counting) throw ApiError(400, "'max_tokens' is required", "max_tokens");
+  if (max_tokens) out["max_tokens"] = *max_tokens;
+  // Accepted and ignored (docs/server.md).
+  f.object("metadata");
+  f.string("service_tier");
+  f.array("mcp_servers");
+  thinking_field(f, out);
+  for (const char* k : {"temperature", "top_p", "top_k", "stream"})
+    if (f.has(k)) out[k] = f.raw(k);
+  auto stops = f.strings_or_string("stop_sequences", 4);
+  if (!stops.empty()) out["stop"] = stops;
+  json messages = json::array();
+  if (f.has("system")) messages.push_back({{"role", "system"}, {"content", block_text(f.raw("system"), "system")}});
+  const json* msgs = f.array("messages");
+  if (!msgs || msgs->empty()) throw ApiError(400, "'messages' must be a non-empty array", "messages");
+  for (size_t i = 0; i < msgs->size(); ++i) add_message((*msgs)[i], "messages[" + std::to_string(i) + "]", messages);
+  // A last assistant message is a prefill: the answer continues it.
+  if (msgs->back().is_object() && msgs->back().value("role", "") == "assistant") {
+    out["continue_final_message"] = true;
+    out["add_generation_prompt"] = false;
+  }
+  out["messages"] = messages;
+  tool_fields(f, out);
   return out;
 }
 
@@ -228,34 +270,44 @@ class MessageStream final : public EventWriter {
 
 }  // namespace
 
-void handle_messages(ServerContext& ctx, const json& body, httplib::Response& res) {
+void handle_messages(ServerContext& ctx, const json& body, HttpExchange& ex) {
   ChatPlan plan = plan_chat(ctx, anthropic_to_openai(body));
   const Tokenizer& tok = ctx.tokenizer();
-  OutputParserOptions po;
-  po.in_reasoning = plan.in_reasoning;
-  po.call_id_prefix = random_id("toolu_") + "_";
   std::vector<ChoiceText> texts;
-  texts.emplace_back(tok, plan.stops, plan.tools, po);
-  auto gen = std::make_shared<Generation>(ctx, plan.request, 1, std::move(texts));
+  texts.emplace_back(tok, plan.text_options(random_id("toolu_") + "_", 0));
+  auto gen = std::make_shared<Generation>(ctx, ex, plan.request, 1, std::move(texts));
   const std::string id = random_id("msg_");
   if (plan.stream)
-    return stream(gen, res, std::make_shared<MessageStream>(id, plan.model, int(plan.request.prompt.size())));
-  const GenerateEvent final_ev = gen->collect([](int, const GenerateEvent&, const TextDelta&) { return true; })[0];
+    return stream(gen, ex, std::make_shared<MessageStream>(id, plan.model, int(plan.request.prompt.size())));
+  const GenerateEvent final_ev = gen->collect(ex, [](int, const GenerateEvent&, const TextDelta&) { return true; })[0];
   const ChoiceText& t = gen->text(0);
   json content = json::array();
   if (!t.reasoning().empty()) content.push_back({{"type", "thinking"}, {"thinking", t.reasoning()}, {"signature", ""}});
-  if (!t.content().empty()) content.push_back({{"type", "text"}, {"text", t.content()}});
-  for (const ParsedToolCall& c : t.tool_calls())
-    content.push_back({{"type", "tool_use"}, {"id", c.id}, {"name", c.name}, {"input", json::parse(c.arguments)}});
-  set_json(res, {{"id", id},
-                 {"type", "message"},
-                 {"role", "assistant"},
-                 {"model", plan.model},
-                 {"content", content},
-                 {"stop_reason", stop_reason(final_ev, t)},
-                 {"stop_sequence", t.stopped() ? json(t.matched_stop()) : json(nullptr)},
-                 {"usage", {{"input_tokens", final_ev.n_prompt}, {"output_tokens", final_ev.n_generated},
-                            {"cache_read_input_tokens", final_ev.n_cached}}}});
+  if (t.truncated_call()) {
+    // Cut off inside a tool call: the output is text, not a call (stop_reason max_tokens).
+    content.push_back({{"type", "text"}, {"text", t.text_after_reasoning()}});
+  } else {
+    if (!t.content().empty()) content.push_back({{"type", "text"}, {"text", t.content()}});
+    for (const ParsedToolCall& c : t.tool_calls())
+      content.push_back({{"type", "tool_use"}, {"id", c.id}, {"name", c.name}, {"input", json::parse(c.arguments)}});
+  }
+  set_json(ex.res, {{"id", id},
+                    {"type", "message"},
+                    {"role", "assistant"},
+                    {"model", plan.model},
+                    {"content", content},
+                    {"stop_reason", stop_reason(final_ev, t)},
+                    {"stop_sequence", t.stopped() ? json(t.matched_stop()) : json(nullptr)},
+                    {"usage", {{"input_tokens", final_ev.n_prompt}, {"output_tokens", final_ev.n_generated},
+                               {"cache_read_input_tokens", final_ev.n_cached}}}});
+}
+
+// POST /v1/messages/count_tokens: the prompt the request would run, counted.
+void handle_count_tokens(ServerContext& ctx, const json& body, HttpExchange& ex) {
+  json chat = anthropic_to_openai(body, true);
+  chat["max_tokens"] = 1;
+  const ChatPlan plan = plan_chat(ctx, chat);
+  set_json(ex.res, {{"input_tokens", plan.request.prompt.size()}});
 }
 
 }  // namespace step35::server

@@ -1,6 +1,6 @@
-// What the three generation endpoints (chat completions, completions, messages) share:
-// one HTTP request's choices in the engine with their text and deadline, answered either
-// whole (collect) or as an event stream (stream), with the same protocol for all three:
+// What the generation endpoints (chat completions, completions, messages, responses)
+// share: one HTTP request's choices in the engine with their text and deadline, answered
+// either whole (collect) or as an event stream (stream), with the same protocol for all:
 // a request that fails before its first token still gets its HTTP status, events go out
 // as they come, and whatever is left is cancelled when the client goes away or the
 // deadline passes.
@@ -40,26 +40,33 @@ struct Usage {
 // a response that has not started; nothing for any other final event.
 void throw_if_failed(const GenerateEvent& final_event);
 
+// Thrown by Generation::collect when the client of a non-streamed request has gone: its
+// choices are cancelled, and the endpoint answers nobody (the access log says 499).
+struct ClientGone {};
+
 class Generation {
  public:
-  // Submits `n` choices of `request` (replicate()); texts[i] assembles choice i's text.
-  // QueueFullError / RequestError pass through (nothing stays submitted).
-  Generation(ServerContext& ctx, const GenerateRequest& request, int n, std::vector<ChoiceText> texts);
+  // Submits `n` choices of `request` (replicate()); texts[i] assembles choice i's text, in
+  // the engine's sink (generation.h). QueueFullError / RequestError pass through (nothing
+  // stays submitted). The exchange's access line gets the prompt's size.
+  Generation(ServerContext& ctx, HttpExchange& ex, const GenerateRequest& request, int n, std::vector<ChoiceText> texts);
 
   // The whole answer: runs every choice to its end, `on_token` seeing each token event
   // with the text it added, and returns the final events in choice order (recorded in the
-  // metrics). Throws ApiError 408 when the deadline passes, or a failed choice's error.
-  std::vector<GenerateEvent> collect(const TokenCallback& on_token);
+  // metrics and the access line). Throws ApiError 408 when the deadline passes, a failed
+  // choice's error, or ClientGone when the client leaves first (checked every 100 ms).
+  std::vector<GenerateEvent> collect(HttpExchange& ex, const TokenCallback& on_token);
 
-  ChoiceText& text(int choice) { return texts_[size_t(choice)]; }
-  size_t size() const { return texts_.size(); }
+  // Choice i's text: complete once its final event was delivered (after collect(), or in
+  // EventWriter::done()).
+  const ChoiceText& text(int choice) const { return run_.text(choice); }
+  size_t size() const { return run_.size(); }
 
  private:
-  friend void stream(std::shared_ptr<Generation> gen, httplib::Response& res, std::shared_ptr<EventWriter> writer);
+  friend void stream(std::shared_ptr<Generation> gen, HttpExchange& ex, std::shared_ptr<EventWriter> writer);
 
   ServerContext& ctx_;
   GenerationRun run_;
-  std::vector<ChoiceText> texts_;
   std::chrono::steady_clock::time_point deadline_;
 };
 
@@ -76,9 +83,10 @@ class EventWriter {
   virtual bool end(httplib::DataSink&) { return true; }  // after every choice ended
 };
 
-// Streams `gen` as the body of `res` through `writer`. Waits for the first event before
-// answering, so that a request failing before its first token (a timeout in the queue, an
-// engine error) gets its HTTP status: throws ApiError then (408 / 500).
-void stream(std::shared_ptr<Generation> gen, httplib::Response& res, std::shared_ptr<EventWriter> writer);
+// Streams `gen` as the body of the exchange's response through `writer`. Waits for the
+// first event before answering, so that a request failing before its first token (a
+// timeout in the queue, an engine error) gets its HTTP status: throws ApiError then
+// (408 / 500).
+void stream(std::shared_ptr<Generation> gen, HttpExchange& ex, std::shared_ptr<EventWriter> writer);
 
 }  // namespace step35::server

@@ -6,6 +6,7 @@
 #include <cmath>
 #include <stdexcept>
 
+#include "structured/gbnf.h"
 #include "structured/grammar_constraint.h"
 #include "structured/json_schema.h"
 
@@ -13,6 +14,11 @@ namespace step35 {
 
 std::unique_ptr<TokenConstraint> make_json_constraint(const nlohmann::json& schema, const Tokenizer& tok) {
   auto grammar = grammar::compile_json_schema(schema);
+  return std::make_unique<grammar::GrammarConstraint>(std::move(grammar), grammar::TokenTrie::of(tok));
+}
+
+std::unique_ptr<TokenConstraint> make_gbnf_constraint(std::string_view gbnf, const Tokenizer& tok) {
+  auto grammar = grammar::compile_gbnf(gbnf);
   return std::make_unique<grammar::GrammarConstraint>(std::move(grammar), grammar::TokenTrie::of(tok));
 }
 

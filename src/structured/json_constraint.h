@@ -5,6 +5,7 @@
 
 #include <memory>
 #include <string>
+#include <string_view>
 
 #include <nlohmann/json.hpp>
 
@@ -20,6 +21,11 @@ class Tokenizer;
 // a malformed schema or one using unsupported keywords. Supported subset, property order,
 // whitespace policy and limits: docs/structured-output.md.
 std::unique_ptr<TokenConstraint> make_json_constraint(const nlohmann::json& schema, const Tokenizer& tok);
+
+// Output must match a GBNF grammar (llama.cpp's notation, structured/gbnf.h) from its
+// `root` rule, then an end-of-generation token. Throws std::invalid_argument naming the
+// line and column of a syntax error, or the rule at fault.
+std::unique_ptr<TokenConstraint> make_gbnf_constraint(std::string_view gbnf, const Tokenizer& tok);
 
 // Leaves the first tokens free until `trigger` (e.g. the `</think>` token) is produced,
 // then applies `inner`. With max_free >= 0, after that many free tokens only `trigger`
