@@ -270,6 +270,55 @@ TEST(Step35, InstructionsComeFromTheTemplateWhenItHasThem) {
             tools_block("", {R"({"name": "f"})"}, default_instructions()));
 }
 
+// chat_template_kwargs.enable_thinking: false closes an empty think block in the
+// generation prompt (the shape of an assistant turn without reasoning), and the prompt
+// then opens no reasoning.
+TEST(Step35, EnableThinkingFalseClosesTheThinkBlock) {
+  ChatTemplate t("");
+  const std::vector<ChatMessage> m = {msg("user", "U")};
+  ChatRenderOptions o;
+  EXPECT_EQ(t.render(m, json::array(), o), "<|im_start|>user\nU<|im_end|>\n" + kGen);
+  EXPECT_TRUE(t.opens_reasoning(m, o));
+  o.kwargs = {{"enable_thinking", false}, {"anything_else", 3}};
+  EXPECT_EQ(t.render(m, json::array(), o), "<|im_start|>user\nU<|im_end|>\n<|im_start|>assistant\n<think>\n\n</think>\n");
+  EXPECT_FALSE(t.opens_reasoning(m, o));
+  o.kwargs = {{"enable_thinking", true}};
+  EXPECT_EQ(t.render(m, json::array(), o), "<|im_start|>user\nU<|im_end|>\n" + kGen);
+  // ChatML has no think block to switch.
+  ChatTemplate chatml("{{ '<|im_start|>' }}");
+  o.kwargs = {{"enable_thinking", false}};
+  EXPECT_EQ(chatml.render(m, json::array(), o), "<|im_start|>user\nU<|im_end|>\n<|im_start|>assistant\n");
+  EXPECT_FALSE(chatml.opens_reasoning(m, o));
+  EXPECT_FALSE(chatml.supports_thinking_switch());
+}
+
+// continue_final_message: the last (assistant) message is left open for the model to
+// continue: after its content with the reasoning closed, or inside its reasoning when it has
+// no content yet.
+TEST(Step35, ContinueFinalMessageLeavesTheAssistantTurnOpen) {
+  ChatTemplate t("");
+  ChatRenderOptions o;
+  o.add_generation_prompt = false;
+  o.continue_final_message = true;
+  const std::vector<ChatMessage> answer = {msg("user", "U"), msg("assistant", "The answer is ")};
+  EXPECT_EQ(t.render(answer, json::array(), o),
+            "<|im_start|>user\nU<|im_end|>\n<|im_start|>assistant\n<think>\n\n</think>\nThe answer is");
+  EXPECT_FALSE(t.opens_reasoning(answer, o));
+  const std::vector<ChatMessage> thought = {msg("user", "U"), msg("assistant", "", "Let me see")};
+  EXPECT_EQ(t.render(thought, json::array(), o), "<|im_start|>user\nU<|im_end|>\n<|im_start|>assistant\n<think>\nLet me see");
+  EXPECT_TRUE(t.opens_reasoning(thought, o));
+  const std::vector<ChatMessage> both = {msg("user", "U"), msg("assistant", "So", "Thought")};
+  EXPECT_EQ(t.render(both, json::array(), o),
+            "<|im_start|>user\nU<|im_end|>\n<|im_start|>assistant\n<think>\nThought\n</think>\nSo");
+  // ChatML: the last turn without its end.
+  ChatTemplate chatml("{{ '<|im_start|>' }}");
+  EXPECT_EQ(chatml.render(answer, json::array(), o), "<|im_start|>user\nU<|im_end|>\n<|im_start|>assistant\nThe answer is ");
+  // Misuse.
+  EXPECT_THROW(t.render({msg("user", "U")}, json::array(), o), std::invalid_argument);
+  o.add_generation_prompt = true;
+  EXPECT_THROW(t.render(answer, json::array(), o), std::invalid_argument);
+}
+
 TEST(Step35, RejectsBadInput) {
   ChatTemplate t("");
   EXPECT_THROW(t.render({msg("wizard", "x")}), std::invalid_argument);

@@ -6,6 +6,8 @@
 #include <vector>
 
 #include "args.h"
+#include "engine/engine.h"
+#include "engine/sampler.h"
 #include "model/step35.h"
 
 namespace step35::cli {
@@ -16,10 +18,6 @@ int default_threads();
 std::unique_ptr<Model> load_model(const std::string& path, bool quiet = false);
 // Prints the KV cache size and layout to stderr.
 void print_kv_cache(const KvCache& cache);
-// -ctk / --cache-type-k and -ctv / --cache-type-v (llama.cpp's flags): the KV cache types,
-// default KvTypes{} (f16 both).
-void add_kv_cache_flags(ArgParser& p);
-KvTypes parse_kv_types(const ArgParser& p);
 // The built-in tiny random model: created on first use in the cache folder
 // ($STEP35_CACHE_DIR, else $XDG_CACHE_HOME/step35, else ~/.cache/step35).
 std::string builtin_tiny_model_path();
@@ -36,14 +34,20 @@ MtpSetting parse_mtp_value(const std::string& value);
 // The value checked against the model: a fixed K needs MTP blocks; auto without them is 0.
 MtpSetting parse_mtp(const std::string& value, const Model& model);
 
-// --expert-policy strict|adaptive (each command declares that flag with its own help) and
-// the adaptive policy's --adaptive-mass X / --adaptive-min-k N (declared here).
-struct ExpertPolicySetting {
-  bool adaptive = false;
-  float mass = 0.9f;
-  int32_t min_k = 4;
-};
-void add_adaptive_policy_flags(ArgParser& p);
-ExpertPolicySetting parse_expert_policy(const ArgParser& p);
+// Flag groups several commands share, each bound to the settings it fills (their structs'
+// defaults are what --help shows).
+// --temp, --top-k, --top-p, --min-p, --repeat-penalty, --repeat-last-n, --presence-penalty,
+// --frequency-penalty (--seed is each command's: its default is no fixed value).
+void add_sampling_flags(ArgParser& p, SamplingParams& sp);
+// -t, --threads N; `threads` should hold default_threads() (shown as "number of cores").
+void add_threads_flag(ArgParser& p, int32_t& threads);
+// The adaptive expert policy's --adaptive-mass X and --adaptive-min-k N (each command
+// declares --expert-policy with its own help).
+void add_adaptive_policy_flags(ArgParser& p, float& mass, int32_t& min_k);
+// -ctk, --cache-type-k TYPE and -ctv, --cache-type-v TYPE (llama.cpp's flags): the KV cache
+// types f32, f16, bf16, q8_0, q4_0 (KvTypes' default: f16 both).
+void add_kv_cache_flags(ArgParser& p, KvTypes& types);
+// --expert-policy's value: true for adaptive, false for strict (UsageError otherwise).
+bool adaptive_expert_policy(const std::string& value);
 
 }  // namespace step35::cli

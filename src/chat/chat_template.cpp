@@ -179,28 +179,107 @@ ChatTemplate::ChatTemplate(const std::string& jinja_source, std::string bos_text
   if (tool_instructions_.empty()) tool_instructions_ = kDefaultToolInstructions;
 }
 
+namespace {
+
+ChatRenderOptions with_generation_prompt(bool add_generation_prompt) {
+  ChatRenderOptions o;
+  o.add_generation_prompt = add_generation_prompt;
+  return o;
+}
+
+// enable_thinking from the template variables: true unless given as false.
+bool thinking_enabled(const ChatRenderOptions& options) {
+  if (!options.kwargs.is_object()) return true;
+  const auto it = options.kwargs.find("enable_thinking");
+  return it == options.kwargs.end() || !it->is_boolean() || it->get<bool>();
+}
+
+// An assistant message split into its reasoning and its text.
+struct AssistantParts {
+  std::string reasoning;
+  std::string text;
+};
+
+AssistantParts assistant_parts(const ChatMessage& m, std::string_view content) {
+  AssistantParts p;
+  std::string_view text = content;
+  if (!m.reasoning_content.empty()) {
+    p.reasoning = m.reasoning_content;
+  } else {
+    // Reasoning inline: before the first </think> (after the last <think> there),
+    // content after the last </think>.
+    const size_t close = text.find("</think>");
+    if (close != std::string_view::npos) {
+      std::string_view r = rstrip_newlines(text.substr(0, close));
+      const size_t open = r.rfind("<think>");
+      if (open != std::string_view::npos) r = r.substr(open + 7);
+      p.reasoning = std::string(lstrip_newlines(r));
+      text = lstrip_newlines(text.substr(text.rfind("</think>") + 8));
+    }
+  }
+  p.text = std::string(text);
+  return p;
+}
+
+// A continued assistant turn with nothing after its reasoning (no text, no calls) goes
+// on reasoning: its think block stays open. (With thinking off and no reasoning given,
+// the block is closed and the answer continues.)
+bool continues_reasoning(const ChatMessage& m, const AssistantParts& parts, const ChatRenderOptions& options) {
+  return parts.text.empty() && m.tool_calls.empty() && (!parts.reasoning.empty() || thinking_enabled(options));
+}
+
+void check_options(const std::vector<ChatMessage>& messages, const ChatRenderOptions& options) {
+  if (!options.continue_final_message) return;
+  if (options.add_generation_prompt)
+    throw std::invalid_argument("continue_final_message and add_generation_prompt exclude each other");
+  if (messages.empty() || messages.back().role != "assistant")
+    throw std::invalid_argument("continue_final_message needs the last message to be the assistant's");
+}
+
+}  // namespace
+
 std::string ChatTemplate::render(const std::vector<ChatMessage>& messages, const nlohmann::json& tools,
                                  bool add_generation_prompt) const {
-  return render_lines(messages, tool_lines(tools), add_generation_prompt);
+  return render_lines(messages, tool_lines(tools), with_generation_prompt(add_generation_prompt));
 }
 
 std::string ChatTemplate::render(const std::vector<ChatMessage>& messages, const nlohmann::ordered_json& tools,
                                  bool add_generation_prompt) const {
-  return render_lines(messages, tool_lines(tools), add_generation_prompt);
+  return render_lines(messages, tool_lines(tools), with_generation_prompt(add_generation_prompt));
+}
+
+std::string ChatTemplate::render(const std::vector<ChatMessage>& messages, const nlohmann::json& tools,
+                                 const ChatRenderOptions& options) const {
+  check_options(messages, options);
+  return render_lines(messages, tool_lines(tools), options);
+}
+
+bool ChatTemplate::opens_reasoning(const std::vector<ChatMessage>& messages, const ChatRenderOptions& options) const {
+  if (format_ != ChatFormat::STEP35) return false;
+  if (options.continue_final_message) {
+    const ChatMessage& last = messages.back();
+    return continues_reasoning(last, assistant_parts(last, trim(last.content)), options);
+  }
+  return options.add_generation_prompt && thinking_enabled(options);
 }
 
 std::string ChatTemplate::render_lines(const std::vector<ChatMessage>& messages,
-                                       const std::vector<std::string>& tools, bool add_generation_prompt) const {
+                                       const std::vector<std::string>& tools, const ChatRenderOptions& options) const {
   for (size_t i = 0; i < messages.size(); ++i) {
     if (!is_known_role(messages[i].role))
       throw std::invalid_argument("message " + std::to_string(i) + " has unknown role '" + messages[i].role +
                                   "' (expected system, user, assistant or tool)");
   }
+  const bool add_generation_prompt = options.add_generation_prompt && !options.continue_final_message;
   std::string out;
   if (format_ == ChatFormat::CHATML) {
     // Plain ChatML renders roles and contents only (tools, reasoning and tool calls have
     // no place in it).
-    for (const ChatMessage& m : messages) out += "<|im_start|>" + m.role + "\n" + m.content + "<|im_end|>\n";
+    for (size_t i = 0; i < messages.size(); ++i) {
+      const ChatMessage& m = messages[i];
+      out += "<|im_start|>" + m.role + "\n" + m.content;
+      if (!(options.continue_final_message && i + 1 == messages.size())) out += "<|im_end|>\n";
+    }
     if (add_generation_prompt) out += "<|im_start|>assistant\n";
     return out;
   }
@@ -241,24 +320,18 @@ std::string ChatTemplate::render_lines(const std::vector<ChatMessage>& messages,
       const std::string role = (m.role == "system" && m.name == "observation") ? "observation" : m.role;
       out += "<|im_start|>" + role + "\n" + content[i] + "<|im_end|>\n";
     } else if (m.role == "assistant") {
-      std::string_view text = content[i];
-      std::string reasoning;
-      if (!m.reasoning_content.empty()) {
-        reasoning = m.reasoning_content;
-      } else {
-        // Reasoning inline: before the first </think> (after the last <think> there),
-        // content after the last </think>.
-        const size_t close = text.find("</think>");
-        if (close != std::string_view::npos) {
-          std::string_view r = rstrip_newlines(text.substr(0, close));
-          const size_t open = r.rfind("<think>");
-          if (open != std::string_view::npos) r = r.substr(open + 7);
-          reasoning = std::string(lstrip_newlines(r));
-          text = lstrip_newlines(text.substr(text.rfind("</think>") + 8));
-        }
-      }
+      const bool open_turn = options.continue_final_message && i + 1 == n;
+      const AssistantParts parts = assistant_parts(m, content[i]);
+      const std::string& reasoning = parts.reasoning;
+      const std::string_view text = parts.text;
       out += "<|im_start|>assistant\n";
-      if (i > last_query) out += "<think>\n" + reasoning + "\n</think>\n";
+      if (open_turn && continues_reasoning(m, parts, options)) {
+        // A prefill of reasoning only: the think block stays open to be continued (the
+        // model's own reasoning text starts right after "<think>\n").
+        out += "<think>\n" + reasoning;
+        continue;
+      }
+      if (i > last_query || open_turn) out += "<think>\n" + reasoning + "\n</think>\n";
       out += text;
       for (const ChatToolCall& call : m.tool_calls) {
         if (call.name.empty())
@@ -273,7 +346,7 @@ std::string ChatTemplate::render_lines(const std::vector<ChatMessage>& messages,
         }
         out += "</function>\n</tool_call>";
       }
-      out += "<|im_end|>\n";
+      if (!open_turn) out += "<|im_end|>\n";
     } else if (m.role == "tool") {
       // Consecutive tool results share one tool_response turn.
       if (i == 0 || messages[i - 1].role != "tool") out += "<|im_start|>tool_response\n";
@@ -282,7 +355,11 @@ std::string ChatTemplate::render_lines(const std::vector<ChatMessage>& messages,
     }
     // The first message, when it is a system message, was rendered above.
   }
-  if (add_generation_prompt) out += "<|im_start|>assistant\n<think>\n";
+  if (add_generation_prompt) {
+    // With thinking off the think block is closed empty, the way the template renders an
+    // assistant turn without reasoning, so the model goes straight to its answer.
+    out += thinking_enabled(options) ? "<|im_start|>assistant\n<think>\n" : "<|im_start|>assistant\n<think>\n\n</think>\n";
+  }
   return out;
 }
 

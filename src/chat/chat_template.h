@@ -25,6 +25,19 @@ struct ChatMessage {
 
 enum class ChatFormat { STEP35, CHATML };
 
+// How one conversation is rendered, beyond its messages and tools.
+struct ChatRenderOptions {
+  // End with the assistant's opening (the generation prompt).
+  bool add_generation_prompt = true;
+  // Leave the last message, which must be the assistant's, open so that generation
+  // continues it (an assistant prefill); excludes add_generation_prompt.
+  bool continue_final_message = false;
+  // The template's extra variables (OpenAI chat_template_kwargs, a JSON object). A Jinja
+  // renderer receives all of them; the native renderers honour `enable_thinking` (STEP35:
+  // false makes the generation prompt close an empty think block) and ignore the rest.
+  nlohmann::json kwargs = nlohmann::json::object();
+};
+
 class ChatTemplate {
  public:
   // Picks the format from the template text (empty -> STEP35, the model's own format).
@@ -44,6 +57,17 @@ class ChatTemplate {
   // keys, while the template writes each tool's JSON in the client's order.
   std::string render(const std::vector<ChatMessage>& messages, const nlohmann::ordered_json& tools,
                      bool add_generation_prompt = true) const;
+  // With every rendering option. Throws std::invalid_argument also for
+  // continue_final_message without a final assistant message, or with
+  // add_generation_prompt.
+  std::string render(const std::vector<ChatMessage>& messages, const nlohmann::json& tools,
+                     const ChatRenderOptions& options) const;
+  // Whether the rendered generation prompt opens a think block the model reasons in
+  // (STEP35 with thinking on; a continued assistant message when it stops inside its
+  // reasoning).
+  bool opens_reasoning(const std::vector<ChatMessage>& messages, const ChatRenderOptions& options) const;
+  // Whether enable_thinking: false can switch reasoning off in this format.
+  bool supports_thinking_switch() const { return format_ == ChatFormat::STEP35; }
 
   // Parses OpenAI-style message JSON ({"role":..,"content": string | [parts], ...}).
   static std::vector<ChatMessage> messages_from_json(const nlohmann::json& messages);
@@ -51,7 +75,7 @@ class ChatTemplate {
  private:
   // Both render() overloads: `tool_lines` are the tools already written as JSON text.
   std::string render_lines(const std::vector<ChatMessage>& messages, const std::vector<std::string>& tool_lines,
-                           bool add_generation_prompt) const;
+                           const ChatRenderOptions& options) const;
 
   ChatFormat format_;
   std::string bos_text_;

@@ -85,6 +85,13 @@ class KvPool {
                                                 KvTypes types);
   // Bytes one position of one layer takes (keys and values of all its KV heads).
   static size_t position_bytes(const KvLayerShape& layer, KvTypes types);
+  // A pool sized for one sequence of n_ctx positions written at most max_batch at a time.
+  // Throws std::invalid_argument for n_ctx or max_batch below 1 (and as the constructor).
+  static KvPool for_one_sequence(const std::vector<KvLayerShape>& layers, int32_t n_ctx, int32_t swa_window,
+                                 int32_t max_batch, int32_t keep_back = 0, KvTypes types = {});
+  // One line for logs: size, cache types, layers and the positions each kind holds for a
+  // sequence of n_ctx.
+  std::string describe(int32_t n_ctx) const;
 
   int32_t block_size() const { return block_size_; }
   int32_t swa_window() const { return swa_window_; }
