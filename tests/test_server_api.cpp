@@ -510,7 +510,20 @@ TEST(ServerApi, CompletionsBestOfEchoAndOffsets) {
   }();
   EXPECT_EQ(text.rfind("Once upon", 0), 0u);
   EXPECT_EQ(lp["text_offset"][0].get<size_t>(), prompt_len);
-  EXPECT_EQ(lp["text_offset"][1].get<size_t>(), prompt_len + lp["tokens"][0].get<std::string>().size());
+  // text_offset counts the bytes of each token's piece. A piece that is not UTF-8 on its own
+  // (a byte of a multi-byte character) reaches the client as U+FFFD, 3 bytes, whatever its
+  // own 1-3 bytes: the random tiny model emits such pieces (with the default F16 cache the
+  // first token of this continuation is one).
+  for (size_t i = 0; i + 1 < lp["tokens"].size(); ++i) {
+    const std::string piece = lp["tokens"][i];
+    const size_t step = lp["text_offset"][i + 1].get<size_t>() - lp["text_offset"][i].get<size_t>();
+    if (piece == "\xEF\xBF\xBD") {
+      EXPECT_GE(step, 1u) << i;
+      EXPECT_LE(step, 3u) << i;
+    } else {
+      EXPECT_EQ(step, piece.size()) << i << " " << piece;
+    }
+  }
 }
 
 // A non-streamed request whose client goes away is cancelled (its KV freed) at once, not
