@@ -18,9 +18,9 @@ namespace step35::jinja {
 
 // Bounds on one render; reaching one is an Error of kind Limit, never a hang or a crash.
 struct Limits {
-  size_t max_output_bytes = size_t(64) << 20;  // the rendered text
-  size_t max_value_size = size_t(64) << 20;    // bytes of one string, items of one list
-  uint64_t max_steps = 10'000'000;             // loop iterations, macro calls, elements filters visit
+  size_t max_output_bytes = size_t(16) << 20;  // the rendered text
+  size_t max_value_size = size_t(16) << 20;    // bytes of one string, items of one list
+  uint64_t max_steps = 2'000'000;              // loop iterations, macro calls, elements filters visit
   uint32_t max_depth = 400;                    // nesting of expressions, blocks and macro calls at run time
 };
 

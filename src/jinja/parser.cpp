@@ -853,7 +853,7 @@ class Parser {
 
   ExprPtr parse_call(ExprPtr node) {
     DepthGuard guard(*this);
-    auto e = make_expr(ExprKind::Call, pos_of(current()));
+    auto e = make_expr(ExprKind::Call, node->pos);  // errors of a call point at its callee
     e->items.push_back(std::move(node));
     parse_call_args(e->args);
     return e;

@@ -73,8 +73,8 @@ def make_environment(now_unix):
 
 def error_kind(error):
     """The step35 jinja::ErrorKind an exception corresponds to."""
-    if isinstance(error, (jinja2.exceptions.TemplateSyntaxError, jinja2.exceptions.TemplateAssertionError)):
-        return "syntax"
+    if isinstance(error, (jinja2.exceptions.TemplateSyntaxError, jinja2.exceptions.TemplateAssertionError, SyntaxError)):
+        return "syntax"  # SyntaxError: jinja2 compiles {% break %} outside a loop to invalid Python
     if isinstance(error, jinja2.exceptions.UndefinedError):
         return "undefined"
     if isinstance(error, jinja2.exceptions.SecurityError):
