@@ -5,7 +5,9 @@
 //   tokenizer      encode/decode round trip on arbitrary bytes;
 //   chat_template  messages render or are refused with std::invalid_argument;
 //   server_requests  request bodies are planned within limits or refused with a 4xx
-//                    (fuzz/server_request_contract.h).
+//                    (fuzz/server_request_contract.h);
+//   jinja          template sources parse and render or fail with jinja::Error, within
+//                  the render limits (fuzz/jinja_contract.h).
 #include <algorithm>
 #include <filesystem>
 #include <stdexcept>
@@ -16,6 +18,7 @@
 #include <nlohmann/json.hpp>
 
 #include "gguf/gguf.h"
+#include "jinja_contract.h"
 #include "model/step35.h"
 #include "server_request_contract.h"
 #include "support.h"
@@ -115,6 +118,19 @@ TEST(Regressions, ServerRequestInputs) {
       EXPECT_EQ(fuzzing::check_server_request(ctx, b.data(), b.size()), "") << p;
     } catch (const std::exception& e) {
       ADD_FAILURE() << p << ": an exception other than ApiError: " << e.what();
+    }
+  }
+}
+
+TEST(Regressions, JinjaInputs) {
+  const auto files = inputs("jinja");
+  ASSERT_GE(files.size(), 12u) << "the seed corpus is missing";
+  for (const fs::path& p : files) {
+    const std::vector<uint8_t> b = st::read_bytes(p.string());
+    try {
+      EXPECT_EQ(fuzzing::check_jinja_template(b.data(), b.size()), "") << p;
+    } catch (const std::exception& e) {
+      ADD_FAILURE() << p << ": an exception other than jinja::Error: " << e.what();
     }
   }
 }
