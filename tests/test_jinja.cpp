@@ -261,6 +261,10 @@ TEST(JinjaLanguage, Attributes) {
        R"~(éll fdb  (2, 3))~"},
       {R"~({{ [1, 2][true] }} {{ {(1, 2): 'tuple key'}[(1, 2)] }} {{ {1: 'int key'}[1.0] }})~",
        R"~(2 tuple key int key)~"},
+      {R"~({% set r = range(10) %}{{ r[1:] }} {{ r[::-1] }} {{ r[2:8:3] }} {{ r[20:] }})~",
+       R"~(range(1, 10) range(9, -1, -1) range(2, 8, 3) range(10, 10))~"},
+      {R"~({% set m = '<ab>'|safe %}{{ m[1:] }} {{ [m[0]] }} {{ m|list }} {{ [x] }})~",
+       R"~(ab> [Markup('<')] ['<', 'a', 'b', '>'] [Undefined])~"},
   });
 }
 
@@ -379,6 +383,8 @@ TEST(JinjaLanguage, Filters) {
        R"~(HELLO WORLD hello world Hello world Hello World-X (Y àé ÀÉ STRASSE)~"},
       {R"~([{{ '  x  '|trim }}] [{{ 'xxyxx'|trim('x') }}] [{{ '\n\t x \u3000'|trim }}])~",
        R"~([x] [y] [x])~"},
+      {R"~({% set l = [1, 2] %}{{ l|truncate(5) }} {{ x|truncate(3) }}|{{ ('<b>'|safe)|truncate(10) }})~",
+       R"~([1, 2] |<b>)~"},
       {R"~({{ 'aaa'|replace('a', 'b') }} {{ 'aaa'|replace('a', 'b', 2) }} {{ 'ab'|replace('', '-') }} {{ 1|replace(1, 2) }})~",
        R"~(bbb bba -a-b- 2)~"},
       {R"~({{ 'abc'|length }} {{ 'héllo'|count }} {{ [1, 2]|length }} {{ {'a': 1}|length }} {{ undefined_var|length }})~",
@@ -487,6 +493,8 @@ x])~"},
        R"~(True True True True True True False x x)~"},
       {R"~({{ 'a\nb\r\nc'.splitlines() }} {{ 'a\nb\n'.splitlines(true) }})~",
        R"~(['a', 'b', 'c'] ['a\n', 'b\n'])~"},
+      {R"~({% set l = [1] %}[{{ 'no conversion' % l }}] [{{ '%s' % l }}] [{{ '%s|%r' % (x, x) }}] [{{ 'text' % x }}])~",
+       R"~([no conversion] [[1]] [|Undefined] [text])~"},
       {R"~({{ '%s and %s' % ('a', 'b') }} {{ '%d%%' % 50 }} {{ '%(x)s' % {'x': 1} }} {{ '%5s|%-5s|%.2s' % ('ab', 'ab', 'abc') }} {{ '%+d % d %05d %x %#x %o %c %c' % (3, 3, -42, 255, 255, 8, 65, 'z') }} {{ '%5.1f %e %g %G %r' % (3.14159, 12345.678, 0.0001, 1e20, 'é') }} {{ '%s' % {'a': 1} }})~",
        R"~(a and b 50% 1    ab|ab   |ab +3  3 -0042 ff 0xff 10 A z   3.1 1.234568e+04 0.0001 1E+20 'é' {'a': 1})~"},
   });
@@ -602,6 +610,17 @@ TEST(JinjaLanguage, ErrorsOfTheKindJinja2Raises) {
       {R"~({{ namespace()|tojson }})~", ErrorKind::Type, R"~()~"},  // TypeError: Object of type Namespace is not JSON serializable
       {R"~({{ 'a'|tojson(foo=1) }})~", ErrorKind::Type, R"~()~"},  // TypeError: make_environment.<locals>.tojson() got an unexpected keyword argument 
       {R"~({{ [1, 2][0:1:0] }})~", ErrorKind::Type, R"~()~"},  // ValueError: slice step cannot be zero
+      {R"~({% set n = 5 %}{{ n[1:] }})~", ErrorKind::Type, R"~()~"},  // TypeError: 'int' object is not subscriptable
+      {R"~({% set d = {'a': 1} %}{{ d[:1] }})~", ErrorKind::Type, R"~()~"},  // TypeError: unhashable type: 'slice'
+      {R"~({% set l = [1, 2] %}{{ l['a':] }})~", ErrorKind::Type, R"~()~"},  // TypeError: slice indices must be integers or None or have an __index__ method
+      {R"~({{ x[1:] }})~", ErrorKind::Undefined, R"~()~"},  // UndefinedError: 'x' is undefined
+      {R"~({% set n = 5 %}{{ n|indent }})~", ErrorKind::Type, R"~()~"},  // TypeError: unsupported operand type(s) for +=: 'int' and 'str'
+      {R"~({% set l = [1, 2] %}{{ l|indent }})~", ErrorKind::Type, R"~()~"},  // AttributeError: 'list' object has no attribute 'splitlines'
+      {R"~({{ x|indent }})~", ErrorKind::Undefined, R"~()~"},  // UndefinedError: 'x' is undefined
+      {R"~({% set n = 5 %}{{ n|truncate(3, leeway=0) }})~", ErrorKind::Type, R"~()~"},  // TypeError: object of type 'int' has no len()
+      {R"~({% set l = [1, 2, 3, 4, 5, 6, 7] %}{{ l|truncate(3, leeway=0) }})~", ErrorKind::Type, R"~()~"},  // AttributeError: 'list' object has no attribute 'rsplit'
+      {R"~({% set t = (1, 2) %}{{ '%s %s %s' % t }})~", ErrorKind::Type, R"~()~"},  // TypeError: not enough arguments for format string
+      {R"~({{ '%d' % x }})~", ErrorKind::Undefined, R"~()~"},  // UndefinedError: 'x' is undefined
       {R"~({% set a, b = [1] %})~", ErrorKind::Type, R"~()~"},  // ValueError: not enough values to unpack (expected 2, got 1)
       {R"~({% set a, b = [1, 2, 3] %})~", ErrorKind::Type, R"~()~"},  // ValueError: too many values to unpack (expected 2)
       {R"~({% for x in 5 %}{% endfor %})~", ErrorKind::Type, R"~()~"},  // TypeError: 'int' object is not iterable

@@ -37,6 +37,11 @@ Value method_attribute(const Value& object, const std::shared_ptr<const std::str
   return Value();
 }
 
+// Text cut from a str (or from a Markup, which keeps the mark: Markup.__getitem__).
+Value same_kind(const Value& like, std::string s) {
+  return like.is_markup() ? Value::markup(std::move(s)) : Value::string(std::move(s));
+}
+
 // Python index into a sequence of `size`: negative counts from the end; -1 when out of range.
 int64_t normalize_index(int64_t index, size_t size) {
   const int64_t n = static_cast<int64_t>(size);
@@ -63,7 +68,7 @@ std::vector<Value> iterate(const Value& v) {
       for (size_t pos = 0; pos < s.size();) {
         const size_t start = pos;
         text::next_code_point(s, pos);
-        chars.push_back(v.is_markup() ? Value::markup(s.substr(start, pos - start)) : Value::string(s.substr(start, pos - start)));
+        chars.push_back(Value::string(s.substr(start, pos - start)));  // iterating a Markup yields plain str
       }
       return chars;
     }
@@ -135,13 +140,13 @@ Value get_item(const Value& object, const Value& key) {
         const int64_t index = key.is_bool() ? key.bool_value() : key.int_value();
         if (text::is_ascii(s)) {
           const int64_t at = normalize_index(index, s.size());
-          if (at >= 0) return Value::string(s.substr(static_cast<size_t>(at), 1));
+          if (at >= 0) return same_kind(object, s.substr(static_cast<size_t>(at), 1));
         } else {
           const std::vector<size_t> offsets = text::code_point_offsets(s);
           const int64_t at = normalize_index(index, offsets.size() - 1);
           if (at >= 0) {
             const size_t begin = offsets[static_cast<size_t>(at)];
-            return Value::string(s.substr(begin, offsets[static_cast<size_t>(at) + 1] - begin));
+            return same_kind(object, s.substr(begin, offsets[static_cast<size_t>(at) + 1] - begin));
           }
         }
       }
@@ -177,8 +182,11 @@ Value get_slice(const Value& object, const Value* start, const Value* stop, cons
   const bool sliceable = object.is_string() || (object.is_list() && (object.list_flavor() == ListFlavor::List ||
                                                                       object.list_flavor() == ListFlavor::Tuple ||
                                                                       object.list_flavor() == ListFlavor::Range));
-  // Python raises TypeError here, which the sandbox's getitem turns into an undefined value.
-  if (!ok || !sliceable) return Value::undefined_element(object.object_type(), "slice");
+  // jinja2 subscripts slices directly (not through the sandbox's getitem): a value that
+  // cannot be sliced is a TypeError.
+  if (object.is_dict()) type_error("unhashable type: 'slice'");
+  if (!sliceable) type_error(std::string("'") + object.python_type() + "' object is not subscriptable");
+  if (!ok) type_error("slice indices must be integers or None or have an __index__ method");
   if (step_value == 0) throw Error(ErrorKind::Type, "slice step cannot be zero");
 
   std::vector<size_t> offsets;  // strings: code point boundaries
@@ -222,6 +230,17 @@ Value get_slice(const Value& object, const Value* start, const Value* stop, cons
   std::vector<Value> out;
   out.reserve(picked.size());
   for (size_t i : picked) out.push_back(object.items()[i]);
+  if (object.list_flavor() == ListFlavor::Range) {
+    // A slice of a range is a range: range(start + from*step, start + to*step, step*k).
+    const ListData& r = object.list_data();
+    int64_t new_start, new_stop, new_step, offset;
+    if (__builtin_mul_overflow(from, r.range_step, &offset) || __builtin_add_overflow(r.range_start, offset, &new_start) ||
+        __builtin_mul_overflow(to, r.range_step, &offset) || __builtin_add_overflow(r.range_start, offset, &new_stop) ||
+        __builtin_mul_overflow(r.range_step, step_value, &new_step)) {
+      type_error("integer overflow (step35 keeps integers in 64 bits)");
+    }
+    return Value::range(new_start, new_stop, new_step, std::move(out));
+  }
   return Value::list(std::move(out), object.list_flavor() == ListFlavor::Tuple ? ListFlavor::Tuple : ListFlavor::List);
 }
 

@@ -392,7 +392,12 @@ Value f_indent(Interpreter& interp, const Value& v, Arguments& args) {
     interp.check_value_size(static_cast<size_t>(std::max<int64_t>(width, 0)));
     indention = std::string(static_cast<size_t>(std::max<int64_t>(width, 0)), ' ');
   }
-  const Value s = soft_str(v);
+  // jinja2 appends "\n" to the value itself: anything but a string fails there.
+  if (v.is_undefined()) raise_undefined(v);
+  if (!v.is_string()) {
+    type_error(std::string("unsupported operand type(s) for +=: '") + v.python_type() + "' and 'str'");
+  }
+  const Value& s = v;
   const std::vector<std::string> lines = split_lines(s.string_value() + "\n");
   interp.charge(lines.size());
   std::string out;
@@ -714,16 +719,31 @@ Value f_truncate(Interpreter&, const Value& v, Arguments& args) {
                                  {"killwords", Value::boolean(false)},
                                  {"end", Value::string("...")},
                                  {"leeway", Value::none()}});
-  const std::string s = v.str();
   const int64_t length = int_argument("truncate", a[0]);
   const std::string end = a[2].str();
   const int64_t leeway = a[3].is_none() ? 5 : int_argument("truncate", a[3]);
   const int64_t end_length = static_cast<int64_t>(text::length(end));
   if (length < end_length) type_error("expected length >= " + std::to_string(end_length) + ", got " + std::to_string(length));
   if (leeway < 0) type_error("expected leeway >= 0, got " + std::to_string(leeway));
+  if (!v.is_string()) {
+    // jinja2 measures the value as it is: a short enough sequence comes back unchanged,
+    // anything else fails as Python's len() or slicing would.
+    size_t size = 0;
+    if (v.is_undefined()) return v;
+    if (v.is_list()) {
+      size = v.items().size();
+    } else if (v.is_dict()) {
+      size = v.dict_value().size();
+    } else {
+      type_error(std::string("object of type '") + v.python_type() + "' has no len()");
+    }
+    if (static_cast<int64_t>(size) <= length + leeway) return v;
+    type_error(std::string("can only concatenate ") + v.python_type() + " (not \"str\") to " + v.python_type());
+  }
+  const std::string& s = v.string_value();
   const std::vector<size_t> offsets = text::code_point_offsets(s);
   const int64_t n = static_cast<int64_t>(offsets.size()) - 1;
-  if (n <= length + leeway) return Value::string(s);
+  if (n <= length + leeway) return v;
   const std::string head = s.substr(0, offsets[static_cast<size_t>(length - end_length)]);
   if (a[1].truthy()) return Value::string(head + end);
   const size_t space = head.rfind(' ');

@@ -141,11 +141,16 @@ std::string float_repr(double x) {
 std::string percent_format(std::string_view format, const Value& args) {
   std::vector<Value> values;
   const Value* mapping = nullptr;
+  // Python skips the "not all arguments converted" check when the right operand supports
+  // subscripting (PyMapping_Check: dicts, but also lists and ranges) and is not a tuple.
+  bool subscriptable = false;
   if (args.is_list() && args.list_flavor() == ListFlavor::Tuple) {
     values = args.items();
   } else {
     values.push_back(args);
     if (args.is_dict()) mapping = &args;
+    subscriptable = args.is_dict() || args.is_undefined() ||
+                    (args.is_list() && (args.list_flavor() == ListFlavor::List || args.list_flavor() == ListFlavor::Range));
   }
   size_t next = 0;
   bool used_mapping = false;
@@ -206,6 +211,9 @@ std::string percent_format(std::string_view format, const Value& args) {
     std::string body;
     std::string sign;
     bool numeric = false;
+    if (value->is_undefined() && conversion != 's' && conversion != 'r' && conversion != 'a') {
+      throw Error(ErrorKind::Undefined, value->undefined_message());
+    }
     switch (conversion) {
       case 's': body = value->str(); break;
       case 'r':
@@ -288,7 +296,7 @@ std::string percent_format(std::string_view format, const Value& args) {
     }
     out += field;
   }
-  if (mapping == nullptr && next < values.size()) type_error("not all arguments converted during string formatting");
+  if (!subscriptable && next < values.size()) type_error("not all arguments converted during string formatting");
   (void)used_mapping;
   return out;
 }

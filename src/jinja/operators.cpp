@@ -119,7 +119,8 @@ Value html_escape(const Value& v) {
 
 Value binary_operation(std::string_view op, const Value& a, const Value& b, size_t max_size) {
   if (a.is_undefined()) raise_undefined(a);
-  if (b.is_undefined()) raise_undefined(b);
+  // str % undefined is formatting: '%s' prints it as "" (percent_format decides).
+  if (b.is_undefined() && !(op == "%" && a.is_string())) raise_undefined(b);
   const bool numbers = a.is_number() && b.is_number();
   const bool ints = is_integral(a) && is_integral(b);
   if (op == "+") {

@@ -324,9 +324,12 @@ const char* Value::object_type() const {
       return "list object";
     case ValueKind::Dict: return "dict object";
     case ValueKind::Namespace: return "jinja2.utils.Namespace object";
-    case ValueKind::Iterator:
-      return std::string_view(iterator_data().python_type) == "generator" ? "generator object"
-                                                                          : "list_reverseiterator object";
+    case ValueKind::Iterator: {
+      const std::string_view type = iterator_data().python_type;
+      if (type == "list_reverseiterator") return "list_reverseiterator object";
+      if (type == "reversed") return "reversed object";
+      return "generator object";
+    }
     case ValueKind::Object: return object_value().object_type();
   }
   return "object";
@@ -360,7 +363,7 @@ void Value::append_str(std::string& out) const {
 
 void Value::append_repr(std::string& out) const {
   switch (kind_) {
-    case ValueKind::Undefined: return;
+    case ValueKind::Undefined: out += "Undefined"; return;  // repr(Undefined()); str() is ""
     case ValueKind::None: out += "None"; return;
     case ValueKind::Bool: out += bool_ ? "True" : "False"; return;
     case ValueKind::Int: out += std::to_string(int_); return;
