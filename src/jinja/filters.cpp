@@ -252,7 +252,6 @@ Value f_abs(Interpreter&, const Value& v, Arguments& args) {
     return Value::integer(i < 0 ? -i : i);
   }
   if (v.is_float()) return Value::number(std::fabs(v.float_value()));
-  if (v.is_undefined()) raise_undefined(v);
   type_error(std::string("bad operand type for abs(): '") + v.python_type() + "'");
 }
 
@@ -323,6 +322,7 @@ Value f_dictsort(Interpreter& interp, const Value& v, Arguments& args) {
   } else {
     type_error("You can only sort by either \"key\" or \"value\"");
   }
+  if (v.is_undefined()) raise_undefined(v);
   if (!v.is_dict()) type_error(std::string("'") + v.python_type() + "' object has no attribute 'items'");
   std::vector<Value> pairs;
   std::vector<Value> keys;
@@ -578,7 +578,6 @@ Value f_round(Interpreter&, const Value& v, Arguments& args) {
   const std::string method = a[1].str();
   if (method != "common" && method != "ceil" && method != "floor") type_error("method must be common, ceil or floor");
   const int64_t precision = int_argument("round", a[0]);
-  if (v.is_undefined()) raise_undefined(v);
   if (!v.is_number()) type_error(std::string("type ") + v.python_type() + " doesn't define __round__ method");
   if (method == "common") {
     if (v.is_int() || v.is_bool()) {

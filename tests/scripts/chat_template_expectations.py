@@ -81,8 +81,8 @@ def error_kind(error):
         return "security"
     if type(error) is jinja2.exceptions.TemplateError:
         return "raised"
-    if isinstance(error, OverflowError):
-        return "limit"
+    if isinstance(error, (OverflowError, RecursionError)):
+        return "limit"  # range() above the sandbox's cap; runaway recursion
     return "type"
 
 
