@@ -804,6 +804,14 @@ TEST(JinjaLimits, ValueSize) {
   EXPECT_EQ(render_error("{{ '{:>1000000000}'.format('x') }}").kind(), ErrorKind::Limit);
   EXPECT_EQ(render_error("{{ 'x'|center(1000000000000) }}").kind(), ErrorKind::Limit);
   EXPECT_EQ(render_error("{{ 'x'|indent(1000000000000) }}").kind(), ErrorKind::Limit);
+  // Lists count 32 bytes a value (16 MiB: 524,288 values); characters of a string iterated
+  // count as steps before they become values; split stops growing at the limit.
+  EXPECT_EQ(render_error("{{ ([0] * 600000)|length }}").kind(), ErrorKind::Limit);
+  EXPECT_EQ(render("{{ ([0] * 500000)|length }}"), "500000");
+  EXPECT_EQ(render_error("{% for c in 'x' * 3000000 %}{% endfor %}").kind(), ErrorKind::Limit);
+  EXPECT_EQ(render_error("{{ ('a,' * 3000000).split(',')|length }}").kind(), ErrorKind::Limit);
+  EXPECT_EQ(render_error("{{ [1]|batch(100000000, 0)|list }}").kind(), ErrorKind::Limit);
+  EXPECT_EQ(render_error("{{ {'a': [[[1]]]}|tojson(indent='" + std::string(100000, ' ') + "') * 100 }}").kind(), ErrorKind::Limit);
   // jinja2's sandbox caps range() at 100000 items.
   EXPECT_EQ(render_error("{{ range(100001)|length }}").kind(), ErrorKind::Limit);
   EXPECT_EQ(render("{{ range(100000)|length }}"), "100000");

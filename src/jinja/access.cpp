@@ -4,6 +4,7 @@
 
 #include "jinja/builtins.h"
 #include "jinja/error.h"
+#include "jinja/interpreter.h"
 #include "jinja/native_function.h"
 #include "jinja/operators.h"
 #include "jinja/text.h"
@@ -51,7 +52,7 @@ int64_t normalize_index(int64_t index, size_t size) {
 
 }  // namespace
 
-std::vector<Value> iterate(const Value& v) {
+std::vector<Value> iterate(Interpreter& interp, const Value& v) {
   switch (v.kind()) {
     case ValueKind::Undefined: return {};
     case ValueKind::List: return v.items();
@@ -63,6 +64,7 @@ std::vector<Value> iterate(const Value& v) {
     }
     case ValueKind::String: {
       const std::string& s = v.string_value();
+      interp.charge(text::length(s));
       std::vector<Value> chars;
       chars.reserve(s.size());
       for (size_t pos = 0; pos < s.size();) {
@@ -189,11 +191,15 @@ Value get_slice(const Value& object, const Value* start, const Value* stop, cons
   if (!ok) type_error("slice indices must be integers or None or have an __index__ method");
   if (step_value == 0) throw Error(ErrorKind::Type, "slice step cannot be zero");
 
-  std::vector<size_t> offsets;  // strings: code point boundaries
+  std::vector<size_t> offsets;  // non-ASCII strings: code point boundaries
   size_t length;
   if (object.is_string()) {
-    offsets = text::code_point_offsets(object.string_value());
-    length = offsets.size() - 1;
+    if (text::is_ascii(object.string_value())) {
+      length = object.string_value().size();
+    } else {
+      offsets = text::code_point_offsets(object.string_value());
+      length = offsets.size() - 1;
+    }
   } else {
     length = object.items().size();
   }
@@ -211,25 +217,31 @@ Value get_slice(const Value& object, const Value* start, const Value* stop, cons
   };
   const int64_t from = adjust(start, start_value, step_value < 0 ? n - 1 : 0);
   const int64_t to = adjust(stop, stop_value, step_value < 0 ? -1 : n);
-  std::vector<size_t> picked;
-  if (step_value > 0) {
-    for (int64_t i = from; i < to; i += step_value) picked.push_back(static_cast<size_t>(i));
-  } else {
-    for (int64_t i = from; i > to; i += step_value) picked.push_back(static_cast<size_t>(i));
+  // Number of elements the slice takes (Python's PySlice_AdjustIndices).
+  size_t count = 0;
+  if (step_value > 0 && from < to) {
+    count = static_cast<size_t>((to - from - 1) / step_value + 1);
+  } else if (step_value < 0 && from > to) {
+    const uint64_t magnitude = uint64_t(0) - static_cast<uint64_t>(step_value);  // no overflow at INT64_MIN
+    count = static_cast<size_t>(static_cast<uint64_t>(from - to - 1) / magnitude + 1);
   }
+  const auto index = [&](size_t k) { return static_cast<size_t>(from + static_cast<int64_t>(k) * step_value); };
   if (object.is_string()) {
     const std::string& s = object.string_value();
     std::string out;
-    if (step_value == 1 && !picked.empty()) {
-      out = s.substr(offsets[picked.front()], offsets[picked.back() + 1] - offsets[picked.front()]);
-    } else {
-      for (size_t i : picked) out.append(s, offsets[i], offsets[i + 1] - offsets[i]);
+    if (count != 0) {
+      const auto byte = [&](size_t cp) { return offsets.empty() ? cp : offsets[cp]; };
+      if (step_value == 1) {
+        out = s.substr(byte(index(0)), byte(index(count - 1) + 1) - byte(index(0)));
+      } else {
+        for (size_t k = 0; k < count; ++k) out.append(s, byte(index(k)), byte(index(k) + 1) - byte(index(k)));
+      }
     }
     return object.is_markup() ? Value::markup(std::move(out)) : Value::string(std::move(out));
   }
   std::vector<Value> out;
-  out.reserve(picked.size());
-  for (size_t i : picked) out.push_back(object.items()[i]);
+  out.reserve(count);
+  for (size_t k = 0; k < count; ++k) out.push_back(object.items()[index(k)]);
   if (object.list_flavor() == ListFlavor::Range) {
     // A slice of a range is a range: range(start + from*step, start + to*step, step*k).
     const ListData& r = object.list_data();

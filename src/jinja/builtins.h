@@ -30,8 +30,9 @@ Value call_method(Interpreter& interp, const Value& self, std::string_view name,
 Value global_function(std::string_view name);
 
 // Python's iter(value) made into a list (str yields characters, dict its keys, an
-// undefined value nothing); a one-shot iterator is consumed.
-std::vector<Value> iterate(const Value& v);
+// undefined value nothing); a one-shot iterator is consumed. The characters of a string
+// count as steps before they are made (one value each: 16 MiB of text would be a GiB).
+std::vector<Value> iterate(Interpreter& interp, const Value& v);
 
 // The sandbox's getattr(obj, name) (methods first, then dict keys) and getitem(obj, key)
 // (the item first, then an attribute of that name); a miss is an undefined value saying

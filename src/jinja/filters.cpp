@@ -210,10 +210,11 @@ bool parse_python_float(std::string_view s, double& out) {
 double python_round(double x, int64_t digits) {
   if (!std::isfinite(x)) return x;
   if (digits >= 0) {
-    if (digits > 300) return x;
-    char buf[512];
-    std::snprintf(buf, sizeof buf, "%.*f", static_cast<int>(std::min<int64_t>(digits, 300)), x);
-    return std::strtod(buf, nullptr);
+    if (digits > 400) return x;  // beyond the smallest subnormal's digits: nothing to round
+    const int precision = static_cast<int>(digits);
+    std::string text(static_cast<size_t>(std::snprintf(nullptr, 0, "%.*f", precision, x)), '\0');
+    std::snprintf(text.data(), text.size() + 1, "%.*f", precision, x);
+    return std::strtod(text.c_str(), nullptr);
   }
   const double scale = std::pow(10.0, static_cast<double>(-digits));
   return std::nearbyint(x / scale) * scale;
@@ -269,7 +270,7 @@ Value f_attr(Interpreter&, const Value& v, Arguments& args) {
 Value f_batch(Interpreter& interp, const Value& v, Arguments& args) {
   const auto a = bind_arguments("do_batch", args, {{"linecount", std::nullopt}, {"fill_with", Value::none()}});
   const int64_t count = int_argument("batch", a[0]);
-  const std::vector<Value> items = iterate(v);
+  const std::vector<Value> items = iterate(interp, v);
   interp.charge(items.size());
   std::vector<Value> batches;
   std::vector<Value> current;
@@ -281,11 +282,9 @@ Value f_batch(Interpreter& interp, const Value& v, Arguments& args) {
     current.push_back(item);
   }
   if (!current.empty()) {
-    if (!a[1].is_none()) {
-      while (static_cast<int64_t>(current.size()) < count) {
-        current.push_back(a[1]);
-        interp.check_value_size(current.size());
-      }
+    if (!a[1].is_none() && static_cast<int64_t>(current.size()) < count) {
+      interp.check_list_size(static_cast<size_t>(count));
+      current.resize(static_cast<size_t>(count), a[1]);
     }
     batches.push_back(Value::list(std::move(current)));
   }
@@ -339,7 +338,7 @@ Value f_escape(Interpreter&, const Value& v, Arguments& args) {
   return html_escape(v);
 }
 
-Value f_first(Interpreter&, const Value& v, Arguments& args) {
+Value f_first(Interpreter& interp, const Value& v, Arguments& args) {
   bind_arguments("do_first", args, {});
   if (v.is_iterator()) {
     IteratorData& it = v.iterator_data();
@@ -347,7 +346,7 @@ Value f_first(Interpreter&, const Value& v, Arguments& args) {
     return Value::undefined_hint("No first item, sequence was empty.");
   }
   if (v.is_list() && !v.items().empty()) return v.items().front();
-  const std::vector<Value> items = iterate(v);
+  const std::vector<Value> items = iterate(interp, v);
   if (items.empty()) return Value::undefined_hint("No first item, sequence was empty.");
   return items.front();
 }
@@ -454,7 +453,7 @@ Value f_items(Interpreter& interp, const Value& v, Arguments& args) {
 
 Value f_join(Interpreter& interp, const Value& v, Arguments& args) {
   const auto a = bind_arguments("do_join", args, {{"d", Value::string("")}, {"attribute", Value::none()}});
-  std::vector<Value> items = iterate(v);
+  std::vector<Value> items = iterate(interp, v);
   interp.charge(items.size());
   if (!a[1].is_none()) {
     const std::vector<Value> path = attribute_path(a[1]);
@@ -463,11 +462,11 @@ Value f_join(Interpreter& interp, const Value& v, Arguments& args) {
   return Value::string(join_strings(interp, items, a[0].str()));
 }
 
-Value f_last(Interpreter&, const Value& v, Arguments& args) {
+Value f_last(Interpreter& interp, const Value& v, Arguments& args) {
   bind_arguments("do_last", args, {});
   if (v.is_iterator()) type_error(std::string("'") + v.python_type() + "' object is not reversible");
   if (v.is_list() && !v.items().empty()) return v.items().back();
-  const std::vector<Value> items = iterate(v);
+  const std::vector<Value> items = iterate(interp, v);
   if (items.empty()) return Value::undefined_hint("No last item, sequence was empty.");
   return items.back();
 }
@@ -485,7 +484,7 @@ Value f_length(Interpreter&, const Value& v, Arguments& args) {
 
 Value f_list(Interpreter& interp, const Value& v, Arguments& args) {
   bind_arguments("do_list", args, {});
-  std::vector<Value> items = iterate(v);
+  std::vector<Value> items = iterate(interp, v);
   interp.charge(items.size());
   return Value::list(std::move(items));
 }
@@ -499,7 +498,7 @@ Value f_lower(Interpreter&, const Value& v, Arguments& args) {
 Value f_map(Interpreter& interp, const Value& v, Arguments& args) {
   std::vector<Value> out;
   if (!v.truthy()) return Value::iterator(std::move(out), "generator");
-  const std::vector<Value> items = iterate(v);
+  const std::vector<Value> items = iterate(interp, v);
   interp.charge(items.size());
   const Value* attribute = nullptr;
   const Value* default_value = nullptr;
@@ -531,7 +530,7 @@ Value f_map(Interpreter& interp, const Value& v, Arguments& args) {
 Value min_or_max(Interpreter& interp, const Value& v, Arguments& args, bool is_max) {
   const auto a = bind_arguments(is_max ? "do_max" : "do_min", args,
                                 {{"case_sensitive", Value::boolean(false)}, {"attribute", Value::none()}});
-  const std::vector<Value> items = iterate(v);
+  const std::vector<Value> items = iterate(interp, v);
   interp.charge(items.size());
   if (items.empty()) return Value::undefined_hint("No aggregated item, sequence was empty.");
   const std::vector<Value> keys = sort_keys_of(items, a[1], a[0].truthy(), false);
@@ -560,12 +559,12 @@ Value f_reverse(Interpreter& interp, const Value& v, Arguments& args) {
     return get_slice(v, nullptr, nullptr, &step);
   }
   if (v.is_iterator()) {
-    std::vector<Value> items = iterate(v);
+    std::vector<Value> items = iterate(interp, v);
     std::reverse(items.begin(), items.end());
     return Value::list(std::move(items));
   }
   if (v.is_undefined() || v.is_list() || v.is_dict()) {
-    std::vector<Value> items = iterate(v);
+    std::vector<Value> items = iterate(interp, v);
     interp.charge(items.size());
     std::reverse(items.begin(), items.end());
     return Value::iterator(std::move(items), v.is_list() && v.list_flavor() == ListFlavor::List ? "list_reverseiterator" : "reversed");
@@ -618,7 +617,7 @@ Value select_or_reject(Interpreter& interp, const Value& v, Arguments& args, boo
     test_args.positional.assign(args.positional.begin() + static_cast<std::ptrdiff_t>(offset) + 1, args.positional.end());
     test_args.keyword = args.keyword;
   }
-  const std::vector<Value> items = iterate(v);
+  const std::vector<Value> items = iterate(interp, v);
   interp.charge(items.size());
   for (const Value& item : items) {
     const Value subject = by_attribute ? lookup_path(item, path) : item;
@@ -642,7 +641,7 @@ Value f_rejectattr(Interpreter& interp, const Value& v, Arguments& args) { retur
 Value f_sort(Interpreter& interp, const Value& v, Arguments& args) {
   const auto a = bind_arguments("do_sort", args,
                                 {{"reverse", Value::boolean(false)}, {"case_sensitive", Value::boolean(false)}, {"attribute", Value::none()}});
-  std::vector<Value> items = iterate(v);
+  std::vector<Value> items = iterate(interp, v);
   const std::vector<Value> keys = sort_keys_of(items, a[2], a[1].truthy(), true);
   // make_multi_attrgetter compares lists of keys; with one key, compare the keys themselves.
   std::vector<Value> single;
@@ -658,7 +657,7 @@ Value f_string(Interpreter&, const Value& v, Arguments& args) {
 
 Value f_sum(Interpreter& interp, const Value& v, Arguments& args) {
   const auto a = bind_arguments("do_sum", args, {{"attribute", Value::none()}, {"start", Value::integer(0)}});
-  std::vector<Value> items = iterate(v);
+  std::vector<Value> items = iterate(interp, v);
   interp.charge(items.size());
   if (a[1].is_string()) type_error("sum() can't sum strings [use ''.join(seq) instead]");
   const std::vector<Value> path = attribute_path(a[0]);
@@ -691,7 +690,7 @@ Value f_tojson(Interpreter& interp, const Value& v, Arguments& args) {
     options.indent = std::string(static_cast<size_t>(std::max<int64_t>(width, 0)), ' ');
   }
   if (!a[2].is_none()) {
-    const std::vector<Value> parts = iterate(a[2]);
+    const std::vector<Value> parts = iterate(interp, a[2]);
     if (parts.size() != 2) type_error("separators must be a pair (item separator, key separator)");
     if (!parts[0].is_string() || !parts[1].is_string()) type_error("separators must be strings");
     options.item_separator = parts[0].string_value();
@@ -751,7 +750,7 @@ Value f_truncate(Interpreter&, const Value& v, Arguments& args) {
 
 Value f_unique(Interpreter& interp, const Value& v, Arguments& args) {
   const auto a = bind_arguments("do_unique", args, {{"case_sensitive", Value::boolean(false)}, {"attribute", Value::none()}});
-  const std::vector<Value> items = iterate(v);
+  const std::vector<Value> items = iterate(interp, v);
   interp.charge(items.size() * items.size() / 16 + items.size());
   const std::vector<Value> keys = sort_keys_of(items, a[1], a[0].truthy(), false);
   std::vector<Value> seen;

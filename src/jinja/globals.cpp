@@ -68,8 +68,8 @@ Value dict_function(Interpreter& interp, const NativeFunction&, Arguments& args)
     if (source.is_dict()) {
       for (const auto& [key, value] : source.dict_value().entries()) d->set(key, value);
     } else {
-      for (const Value& pair : iterate(source)) {
-        const std::vector<Value> kv = iterate(pair);
+      for (const Value& pair : iterate(interp, source)) {
+        const std::vector<Value> kv = iterate(interp, pair);
         if (kv.size() != 2) {
           type_error("dictionary update sequence element has length " + std::to_string(kv.size()) + "; 2 is required");
         }

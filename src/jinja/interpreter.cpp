@@ -75,7 +75,7 @@ class LoopObject : public Object, public std::enable_shared_from_this<LoopObject
     if (args.positional.size() != 1 || !args.keyword.empty()) {
       throw Error(ErrorKind::Type, "loop() takes exactly one argument (the items to loop over)");
     }
-    return Value::string(interp.run_loop(*stmt_, iterate(args.positional[0]), outer_, depth_ + 1));
+    return Value::string(interp.run_loop(*stmt_, iterate(interp, args.positional[0]), outer_, depth_ + 1));
   }
 
   Value attribute(std::string_view name) const override {
@@ -180,8 +180,16 @@ void Interpreter::charge(uint64_t steps) {
 
 void Interpreter::check_value_size(size_t size) const {
   if (size > options_.limits.max_value_size) {
-    throw Error(ErrorKind::Limit, "a value of " + std::to_string(size) + " bytes or items is above the limit of " +
+    throw Error(ErrorKind::Limit, "a value of " + std::to_string(size) + " bytes is above the limit of " +
                                       std::to_string(options_.limits.max_value_size));
+  }
+}
+
+void Interpreter::check_list_size(size_t items) const {
+  if (items > options_.limits.max_value_size / sizeof(Value)) {
+    throw Error(ErrorKind::Limit, "a list of " + std::to_string(items) + " items (" + std::to_string(sizeof(Value)) +
+                                      " bytes each) is above the limit of " +
+                                      std::to_string(options_.limits.max_value_size) + " bytes");
   }
 }
 
@@ -310,7 +318,7 @@ void Interpreter::render_if(const Stmt& s, const std::shared_ptr<Frame>& frame, 
 }
 
 void Interpreter::render_for(const Stmt& s, const std::shared_ptr<Frame>& frame) {
-  std::vector<Value> items = iterate(eval(*s.expr, frame));
+  std::vector<Value> items = iterate(*this, eval(*s.expr, frame));
   charge(items.size());
   if (s.condition) {
     // The "if" of a filtered loop sees the loop variables (but no `loop`).
@@ -374,7 +382,7 @@ void Interpreter::assign(const Target& target, const Value& value, Frame& frame)
     frame.set(target.name, value);
     return;
   }
-  const std::vector<Value> parts = iterate(value);
+  const std::vector<Value> parts = iterate(*this, value);
   if (parts.size() < target.names.size()) {
     runtime_error("not enough values to unpack (expected " + std::to_string(target.names.size()) + ", got " +
                   std::to_string(parts.size()) + ")");
@@ -596,7 +604,7 @@ void Interpreter::eval_arguments(const CallArgs& call, const std::shared_ptr<Fra
   for (const ExprPtr& arg : call.positional) args.positional.push_back(eval(*arg, frame));
   for (const auto& [name, arg] : call.keyword) args.keyword.emplace_back(name, eval(*arg, frame));
   if (call.star_args) {
-    for (Value& v : iterate(eval(*call.star_args, frame))) args.positional.push_back(std::move(v));
+    for (Value& v : iterate(*this, eval(*call.star_args, frame))) args.positional.push_back(std::move(v));
   }
   if (call.star_kwargs) {
     const Value kwargs = eval(*call.star_kwargs, frame);

@@ -19,9 +19,9 @@ namespace step35::jinja {
 // Bounds on one render; reaching one is an Error of kind Limit, never a hang or a crash.
 struct Limits {
   size_t max_output_bytes = size_t(16) << 20;  // the rendered text
-  size_t max_value_size = size_t(16) << 20;    // bytes of one string, items of one list
+  size_t max_value_size = size_t(16) << 20;    // bytes of one string or of one list's values
   uint64_t max_steps = 2'000'000;              // loop iterations, macro calls, elements filters visit
-  uint32_t max_depth = 400;                    // nesting of expressions, blocks and macro calls at run time
+  uint32_t max_depth = 600;                    // nesting of expressions, blocks and macro calls at run time
 };
 
 struct RenderOptions {
@@ -52,8 +52,10 @@ class Interpreter {
   const Limits& limits() const { return options_.limits; }
   // Counts work against max_steps.
   void charge(uint64_t steps);
-  // Refuses a string of `size` bytes or a list of `size` items above max_value_size.
+  // Refuses a string of `size` bytes above max_value_size.
   void check_value_size(size_t size) const;
+  // Refuses a list whose values would take more than max_value_size bytes.
+  void check_list_size(size_t items) const;
   // Calls any callable value (macro, built-in function, bound method).
   Value call(const Value& callee, Arguments& args);
   Value make_namespace(Arguments& args);

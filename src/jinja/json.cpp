@@ -101,6 +101,10 @@ class Dumper {
 
  private:
   void newline(size_t level) {
+    // The indent string may be long: check before writing level copies of it.
+    if (options_.indent->size() * level > max_size_ - std::min(max_size_, out_.size())) {
+      throw Error(ErrorKind::Limit, "tojson output is above the limit of " + std::to_string(max_size_) + " bytes");
+    }
     out_ += '\n';
     for (size_t i = 0; i < level; ++i) out_ += *options_.indent;
   }

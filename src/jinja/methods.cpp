@@ -137,6 +137,7 @@ Value split(const Value& self, const Arguments& args, bool from_right, Interpret
         pos = next;
       }
       words.emplace_back(begin, pos);
+      if ((words.size() & 1023) == 0) interp.check_list_size(words.size());
     }
     if (static_cast<int64_t>(words.size()) > maxsplit) {
       // Splitting stops after maxsplit words; the remainder stays whole, whitespace and all.
@@ -164,6 +165,7 @@ Value split(const Value& self, const Arguments& args, bool from_right, Interpret
         const size_t at = s.find(sep, pos);
         if (at == std::string::npos) break;
         parts.push_back(s.substr(pos, at - pos));
+        if ((parts.size() & 1023) == 0) interp.check_list_size(parts.size());
         pos = at + sep.size();
         ++splits;
       }
@@ -176,6 +178,7 @@ Value split(const Value& self, const Arguments& args, bool from_right, Interpret
         const size_t at = s.rfind(sep, end - sep.size());
         if (at == std::string::npos) break;
         reversed.push_back(s.substr(at + sep.size(), end - at - sep.size()));
+        if ((reversed.size() & 1023) == 0) interp.check_list_size(reversed.size());
         end = at;
         ++splits;
       }
@@ -183,13 +186,15 @@ Value split(const Value& self, const Arguments& args, bool from_right, Interpret
       parts.assign(reversed.rbegin(), reversed.rend());
     }
   }
+  interp.check_list_size(parts.size());
+  interp.charge(parts.size());
   std::vector<Value> items;
   items.reserve(parts.size());
   for (std::string& part : parts) items.push_back(same_kind(self, std::move(part)));
   return Value::list(std::move(items));
 }
 
-Value splitlines(const Value& self, const Arguments& args) {
+Value splitlines(Interpreter& interp, const Value& self, const Arguments& args) {
   const std::vector<Value> bound = bind_arguments("splitlines", args, {{"keepends", Value::boolean(false)}});
   const bool keep = bound[0].truthy();
   const std::string& s = self.string_value();
@@ -206,9 +211,12 @@ Value splitlines(const Value& self, const Arguments& args) {
     }
     if (cp == '\r' && next < s.size() && s[next] == '\n') ++next;
     lines.push_back(same_kind(self, s.substr(begin, (keep ? next : pos) - begin)));
+    if ((lines.size() & 1023) == 0) interp.check_list_size(lines.size());
     begin = pos = next;
   }
   if (begin < s.size()) lines.push_back(same_kind(self, s.substr(begin)));
+  interp.check_list_size(lines.size());
+  interp.charge(lines.size());
   return Value::list(std::move(lines));
 }
 
@@ -264,7 +272,7 @@ Value str_method(Interpreter& interp, const Value& self, std::string_view name, 
   }
   if (name == "split") return split(self, args, false, interp);
   if (name == "rsplit") return split(self, args, true, interp);
-  if (name == "splitlines") return splitlines(self, args);
+  if (name == "splitlines") return splitlines(interp, self, args);
   if (name == "startswith" || name == "endswith") {
     arity(name, args, 1, 3);
     const CodePoints cp(s);
@@ -361,7 +369,7 @@ Value str_method(Interpreter& interp, const Value& self, std::string_view name, 
   }
   if (name == "join") {
     arity(name, args, 1, 1);
-    const std::vector<Value> items = iterate(a[0]);
+    const std::vector<Value> items = iterate(interp, a[0]);
     interp.charge(items.size());
     std::string out;
     for (size_t i = 0; i < items.size(); ++i) {

@@ -26,6 +26,14 @@ void check_size(size_t size, size_t max_size) {
   }
 }
 
+// A list's size counts in bytes of its values (a value is 32 bytes).
+void check_list_size(size_t items, size_t max_size) {
+  if (items > max_size / sizeof(Value)) {
+    throw Error(ErrorKind::Limit, "a list of " + std::to_string(items) + " items (" + std::to_string(sizeof(Value)) +
+                                      " bytes each) is above the limit of " + std::to_string(max_size) + " bytes");
+  }
+}
+
 bool is_integral(const Value& v) { return v.is_int() || v.is_bool(); }
 int64_t integral(const Value& v) { return v.is_bool() ? (v.bool_value() ? 1 : 0) : v.int_value(); }
 
@@ -78,7 +86,7 @@ Value repeat(const Value& sequence, int64_t times, size_t max_size) {
   const auto& items = sequence.items();
   size_t total;
   if (__builtin_mul_overflow(items.size(), static_cast<size_t>(times), &total)) check_size(SIZE_MAX, max_size);
-  check_size(total, max_size);
+  check_list_size(total, max_size);
   std::vector<Value> out;
   out.reserve(total);
   for (int64_t i = 0; i < times; ++i) out.insert(out.end(), items.begin(), items.end());
@@ -144,7 +152,7 @@ Value binary_operation(std::string_view op, const Value& a, const Value& b, size
       return Value::string(std::move(out));
     }
     if (is_sequence_list(a) && is_sequence_list(b) && a.list_flavor() == b.list_flavor()) {
-      check_size(a.items().size() + b.items().size(), max_size);
+      check_list_size(a.items().size() + b.items().size(), max_size);
       std::vector<Value> out = a.items();
       out.insert(out.end(), b.items().begin(), b.items().end());
       return Value::list(std::move(out), a.list_flavor());

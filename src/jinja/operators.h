@@ -15,7 +15,7 @@ namespace step35::jinja {
 // for an attribute the sandbox forbids).
 [[noreturn]] void raise_undefined(const Value& undefined);
 
-// a OP b for OP in + - * / // % **; max_size bounds the length of strings and lists built.
+// a OP b for OP in + - * / // % **; max_size bounds the bytes of strings and lists built.
 Value binary_operation(std::string_view op, const Value& a, const Value& b, size_t max_size);
 // -a and +a.
 Value negate(const Value& a);
