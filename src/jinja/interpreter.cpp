@@ -25,11 +25,20 @@ void Frame::set(std::string_view name, Value value) {
   vars.emplace_back(name, std::move(value));
 }
 
+std::shared_ptr<Frame> child_frame(std::shared_ptr<Frame> parent) {
+  auto frame = std::make_shared<Frame>();
+  frame->parent = std::move(parent);
+  return frame;
+}
+
 // --- macros -----------------------------------------------------------------------------------
 
 struct Interpreter::MacroDefinition {
-  const Stmt* stmt;               // the macro (or call block, for a caller)
-  std::shared_ptr<Frame> scope;   // where it was defined: its body sees those variables
+  const Stmt* stmt;             // the macro (or call block, for a caller)
+  // Where it was defined: its body sees those variables. Held weakly, as the scope holds
+  // the macro (a strong pointer both ways would never be freed); a macro kept past its
+  // scope (in a namespace) sees only the render's variables.
+  std::weak_ptr<Frame> scope;
   std::string name;
 };
 
@@ -158,8 +167,11 @@ Interpreter::Interpreter(std::shared_ptr<const Program> program, const Dict& var
     : program_(std::move(program)), variables_(variables), options_(options) {}
 
 Interpreter::~Interpreter() {
-  for (auto& frame : captured_frames_) frame->vars.clear();
-  for (auto& ns : namespaces_) ns->clear();
+  // A namespace can hold itself, or a loop object whose scope holds the namespace:
+  // emptying them breaks those cycles.
+  for (auto& weak : namespaces_) {
+    if (auto ns = weak.lock()) ns->clear();
+  }
 }
 
 Interpreter::DepthGuard::DepthGuard(Interpreter& i) : interp(i) {
@@ -202,7 +214,6 @@ std::string Interpreter::render() {
   out_ = &out;
   out_limit_ = options_.limits.max_output_bytes;
   auto root = std::make_shared<Frame>();
-  captured_frames_.push_back(root);
   const Flow flow = render_block(program_->body, root);
   (void)flow;  // break/continue outside a loop is refused by the parser
   return out;
@@ -271,7 +282,7 @@ Interpreter::Flow Interpreter::render_statement(const Stmt& s, const std::shared
         break;
       }
       case StmtKind::SetBlock: {
-        Value value = Value::string(capture(s.body, std::make_shared<Frame>(Frame{{}, frame})));
+        Value value = Value::string(capture(s.body, child_frame(frame)));
         if (s.expr) value = eval_filter(*s.expr, value, frame);
         assign(s.target, value, *frame);
         break;
@@ -287,12 +298,12 @@ Interpreter::Flow Interpreter::render_statement(const Stmt& s, const std::shared
         break;
       }
       case StmtKind::FilterBlock: {
-        const Value body = Value::string(capture(s.body, std::make_shared<Frame>(Frame{{}, frame})));
+        const Value body = Value::string(capture(s.body, child_frame(frame)));
         append_output(eval_filter(*s.expr, body, frame).str());
         break;
       }
       case StmtKind::With: {
-        auto inner = std::make_shared<Frame>(Frame{{}, frame});
+        auto inner = child_frame(frame);
         for (const auto& [target, expr] : s.assignments) assign(target, eval(*expr, frame), *inner);
         flow = render_block(s.body, inner);
         break;
@@ -323,7 +334,7 @@ void Interpreter::render_for(const Stmt& s, const std::shared_ptr<Frame>& frame)
   if (s.condition) {
     // The "if" of a filtered loop sees the loop variables (but no `loop`).
     std::vector<Value> kept;
-    auto scope = std::make_shared<Frame>(Frame{{}, frame});
+    auto scope = child_frame(frame);
     for (Value& item : items) {
       scope->vars.clear();
       assign(s.target, item, *scope);
@@ -332,7 +343,7 @@ void Interpreter::render_for(const Stmt& s, const std::shared_ptr<Frame>& frame)
     items = std::move(kept);
   }
   if (items.empty()) {
-    render_block(s.else_body, std::make_shared<Frame>(Frame{{}, frame}));
+    render_block(s.else_body, child_frame(frame));
     return;
   }
   append_output(run_loop(s, std::move(items), frame, 1));
@@ -358,9 +369,9 @@ std::string Interpreter::run_loop(const Stmt& s, std::vector<Value> items, const
     for (size_t i = 0; i < items.size(); ++i) {
       charge(1);
       // A fresh scope per iteration (jinja2: a variable set in one iteration is gone in
-      // the next); reused unless a macro defined in it still holds it.
-      if (!scope || scope.use_count() > 1) {
-        scope = std::make_shared<Frame>(Frame{{}, outer});
+      // the next); reused unless something kept it (a recursive loop, a macro defined in it).
+      if (!scope || scope.use_count() > 1 || scope->captured) {
+        scope = child_frame(outer);
       } else {
         scope->vars.clear();
       }
@@ -396,7 +407,7 @@ void Interpreter::assign(const Target& target, const Value& value, Frame& frame)
 // --- macros -------------------------------------------------------------------------------
 
 Value Interpreter::make_macro(const Stmt& s, const std::shared_ptr<Frame>& frame, bool is_caller) {
-  captured_frames_.push_back(frame);
+  frame->captured = true;
   MacroDefinition definition{&s, frame, is_caller ? "caller" : s.text};
   return Value::object(std::make_shared<MacroObject>(std::move(definition)));
 }
@@ -407,7 +418,7 @@ Value Interpreter::invoke_macro(const MacroDefinition& macro, Arguments& args) {
   const Stmt& s = *macro.stmt;
   const std::string& name = macro.name;
   const size_t count = s.params.size();
-  auto scope = std::make_shared<Frame>(Frame{{}, macro.scope});
+  auto scope = child_frame(macro.scope.lock());
   // Parameters: positional first, then keywords by name, then defaults (evaluated in the
   // macro's scope, so a default may use the parameters before it).
   std::vector<bool> consumed(args.keyword.size(), false);
@@ -667,6 +678,12 @@ Value Interpreter::make_namespace(Arguments& args) {
     for (const auto& [key, value] : positional.dict_value().entries()) attributes->set(key, value);
   }
   for (const auto& [key, value] : args.keyword) attributes->set(std::string_view(key), value);
+  // Namespaces that are gone need no clearing: drop them when the list doubles, so that a
+  // loop making namespaces does not grow it without bound.
+  if (namespaces_.size() >= 2 * namespaces_live_ + 64) {
+    std::erase_if(namespaces_, [](const std::weak_ptr<Dict>& ns) { return ns.expired(); });
+    namespaces_live_ = namespaces_.size();
+  }
   namespaces_.push_back(attributes);
   return Value::namespace_of(std::move(attributes));
 }

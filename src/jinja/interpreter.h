@@ -34,10 +34,14 @@ struct RenderOptions {
 struct Frame {
   std::vector<std::pair<std::string_view, Value>> vars;  // names point into the program
   std::shared_ptr<Frame> parent;
+  bool captured = false;  // a macro was defined in it (a loop then gives the next iteration a new one)
 
   const Value* find(std::string_view name) const;
   void set(std::string_view name, Value value);
 };
+
+// A new scope inside `parent` (null: only the render's variables and globals are visible).
+std::shared_ptr<Frame> child_frame(std::shared_ptr<Frame> parent);
 
 class Interpreter {
  public:
@@ -100,11 +104,10 @@ class Interpreter {
   size_t out_limit_ = 0;
   uint64_t steps_ = 0;
   uint32_t depth_ = 0;
-  // Scopes captured by macros and namespaces created: cleared at the end, which breaks
-  // the reference cycles a template can make (a macro in the scope it closes over, a
-  // namespace holding itself).
-  std::vector<std::shared_ptr<Frame>> captured_frames_;
-  std::vector<std::shared_ptr<Dict>> namespaces_;
+  // The namespaces made (weakly): emptied at the end, which breaks the reference cycles a
+  // template can make through them (a namespace holding itself or a loop object).
+  std::vector<std::weak_ptr<Dict>> namespaces_;
+  size_t namespaces_live_ = 0;
 };
 
 }  // namespace step35::jinja
