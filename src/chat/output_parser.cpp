@@ -1,0 +1,458 @@
+#include "chat/output_parser.h"
+
+#include <algorithm>
+
+#include "structured/json_constraint.h"
+#include "chat/stop_strings.h"
+
+namespace step35 {
+
+namespace {
+
+using json = nlohmann::json;
+using ordered_json = nlohmann::ordered_json;
+
+constexpr std::string_view kThinkOpen = "<think>";
+constexpr std::string_view kThinkClose = "</think>";
+constexpr std::string_view kCallOpen = "<tool_call>";
+constexpr std::string_view kCallClose = "</tool_call>";
+constexpr std::string_view kFunctionOpen = "<function=";
+constexpr std::string_view kFunctionClose = "</function>";
+constexpr std::string_view kParamOpen = "<parameter=";
+constexpr std::string_view kParamClose = "</parameter>";
+
+// Function and parameter names longer than this end where they are (the rest of the tag
+// is skipped as stray text): a model looping inside a tag cannot grow a name unboundedly.
+constexpr size_t kMaxNameBytes = 256;
+// Past this many warnings further ones are counted in the last entry only.
+constexpr size_t kMaxWarnings = 16;
+// JSON values nested deeper than this are kept as strings (parsing, dumping and freeing
+// them recurses).
+constexpr int kMaxJsonDepth = 256;
+
+bool is_space(char c) { return c == ' ' || c == '\t' || c == '\n' || c == '\r'; }
+
+std::string_view trim(std::string_view s) {
+  while (!s.empty() && is_space(s.front())) s.remove_prefix(1);
+  while (!s.empty() && is_space(s.back())) s.remove_suffix(1);
+  return s;
+}
+
+std::string dump_json(const ordered_json& v) { return v.dump(-1, ' ', false, ordered_json::error_handler_t::replace); }
+
+// Upper bound of the bracket nesting of `text` (brackets inside strings count too).
+bool nesting_within(std::string_view text, int limit) {
+  int depth = 0;
+  for (char c : text) {
+    if (c == '[' || c == '{') {
+      if (++depth > limit) return false;
+    } else if (c == ']' || c == '}') {
+      --depth;
+    }
+  }
+  return true;
+}
+
+// Which of `tags` `buf` starts with: its index; -1 when none can (the text is stray);
+// -2 when `buf` is a proper prefix of one of them (more text decides; at_end: stray).
+int match_tag(std::string_view buf, std::initializer_list<std::string_view> tags, bool at_end) {
+  int i = 0;
+  bool partial = false;
+  for (std::string_view t : tags) {
+    if (buf.substr(0, t.size()) == t) return i;
+    if (buf.size() < t.size() && t.substr(0, buf.size()) == buf) partial = true;
+    ++i;
+  }
+  return partial && !at_end ? -2 : -1;
+}
+
+}  // namespace
+
+OutputParser::OutputParser(const Tokenizer& tok, const nlohmann::json& tools, OutputParserOptions options)
+    : tok_(&tok), options_(std::move(options)), tool_params_(json::object()),
+      mode_(options_.in_reasoning ? Mode::Reasoning : Mode::Content) {
+  if (!tools.is_array()) return;
+  for (const json& entry : tools) {
+    if (!entry.is_object()) continue;
+    const json* fn = &entry;
+    if (entry.contains("function") && entry["function"].is_object()) fn = &entry["function"];
+    if (!fn->contains("name") || !(*fn)["name"].is_string()) continue;
+    const json params = fn->contains("parameters") ? (*fn)["parameters"] : json::object();
+    tool_params_[(*fn)["name"].get<std::string>()] = params;
+    tools_enabled_ = true;
+  }
+}
+
+std::vector<OutputDelta> OutputParser::push(TokenId token) {
+  if (finished_) return {};
+  const std::string piece = tok_->token_to_piece(token, true);  // throws for a bad id
+  if (tok_->is_eog(token)) return finish();
+  const TokenType type = tok_->token_type(token);
+  if (type == TokenType::CONTROL || type == TokenType::UNKNOWN) {
+    // Control tokens carry no text, except the tags this parser reads.
+    static const std::string_view kTags[] = {kThinkOpen, kThinkClose, kCallOpen, kCallClose};
+    if (std::find(std::begin(kTags), std::end(kTags), piece) == std::end(kTags)) return {};
+  }
+  return push_text(piece);
+}
+
+std::vector<OutputDelta> OutputParser::push_text(std::string_view text) {
+  std::vector<OutputDelta> out;
+  if (finished_) return out;
+  buf_ += utf8_.push(text);
+  consume(out, false);
+  return out;
+}
+
+std::vector<OutputDelta> OutputParser::finish() {
+  std::vector<OutputDelta> out;
+  if (finished_) return out;
+  buf_ += utf8_.flush();
+  consume(out, true);
+  if (mode_ == Mode::ToolCall) {
+    out_.truncated = true;
+    if (call_state_ == CallState::ParameterValue) {
+      warn("generation ended inside the value of parameter '" + param_name_ + "'");
+      finish_parameter(out, call_text_);
+    } else if (call_state_ == CallState::ParameterName) {
+      warn("generation ended inside a parameter name");
+    }
+    if (call_started_) warn("generation ended inside tool call " + std::to_string(out_.tool_calls.size() - 1));
+    close_call(out);
+  }
+  if (!held_space_.empty() && out_.tool_calls.empty()) emit_text(out, OutputDelta::Kind::Content, held_space_);
+  held_space_.clear();
+  finished_ = true;
+  return out;
+}
+
+void OutputParser::consume(std::vector<OutputDelta>& out, bool at_end) {
+  for (;;) {
+    bool progressed = false;
+    switch (mode_) {
+      case Mode::Reasoning: progressed = step_reasoning(out, at_end); break;
+      case Mode::Content: progressed = step_content(out, at_end); break;
+      case Mode::ToolCall: progressed = step_call(out, at_end); break;
+    }
+    if (!progressed) return;
+  }
+}
+
+bool OutputParser::step_reasoning(std::vector<OutputDelta>& out, bool at_end) {
+  if (skip_newline_) {
+    if (buf_.empty()) return false;
+    if (buf_[0] == '\n') buf_.erase(0, 1);
+    skip_newline_ = false;
+  }
+  std::vector<std::string> tags = {std::string(kThinkClose), std::string(kThinkOpen)};
+  if (tools_enabled_) tags.emplace_back(kCallOpen);
+  const MarkerMatch m = find_first_marker(buf_, tags);
+  if (m.pos == std::string::npos) {
+    size_t keep = 0;
+    if (!at_end) {
+      // A newline right before </think> (or <tool_call>) is dropped: hold it too.
+      std::vector<std::string> held = tags;
+      for (const std::string& t : tags) held.push_back("\n" + t);
+      keep = partial_marker_suffix(buf_, held);
+    }
+    emit_text(out, OutputDelta::Kind::Reasoning, std::string_view(buf_).substr(0, buf_.size() - keep));
+    buf_.erase(0, buf_.size() - keep);
+    return false;
+  }
+  std::string_view text = std::string_view(buf_).substr(0, m.pos);
+  const std::string& tag = tags[m.marker];
+  if (tag != kThinkOpen && !text.empty() && text.back() == '\n') text.remove_suffix(1);
+  emit_text(out, OutputDelta::Kind::Reasoning, text);
+  buf_.erase(0, m.pos + tag.size());
+  if (tag == kThinkClose) {
+    mode_ = Mode::Content;
+    skip_newline_ = true;
+  } else if (tag == kThinkOpen) {
+    skip_newline_ = true;  // a repeated opening tag: dropped
+  } else {
+    mode_ = Mode::ToolCall;
+    call_state_ = CallState::ExpectFunction;
+  }
+  return true;
+}
+
+bool OutputParser::step_content(std::vector<OutputDelta>& out, bool at_end) {
+  if (skip_newline_) {
+    if (buf_.empty()) return false;
+    if (buf_[0] == '\n') buf_.erase(0, 1);
+    skip_newline_ = false;
+  }
+  if (after_call_) {
+    size_t n = 0;
+    while (n < buf_.size() && is_space(buf_[n])) ++n;
+    buf_.erase(0, n);
+    if (buf_.empty()) return false;
+    after_call_ = false;
+  }
+  std::vector<std::string> tags = {std::string(kThinkOpen), std::string(kThinkClose)};
+  if (tools_enabled_) tags.emplace_back(kCallOpen);
+  const MarkerMatch m = find_first_marker(buf_, tags);
+  if (m.pos == std::string::npos) {
+    const size_t keep = at_end ? 0 : partial_marker_suffix(buf_, tags);
+    emit_content(out, std::string_view(buf_).substr(0, buf_.size() - keep));
+    buf_.erase(0, buf_.size() - keep);
+    return false;
+  }
+  emit_content(out, std::string_view(buf_).substr(0, m.pos));
+  const std::string& tag = tags[m.marker];
+  buf_.erase(0, m.pos + tag.size());
+  if (tag == kCallOpen) {
+    held_space_.clear();  // whitespace before a call is formatting
+    mode_ = Mode::ToolCall;
+    call_state_ = CallState::ExpectFunction;
+  } else if (tag == kThinkOpen) {
+    mode_ = Mode::Reasoning;
+    skip_newline_ = true;
+  } else {
+    skip_newline_ = true;  // a stray </think>: dropped
+  }
+  return true;
+}
+
+bool OutputParser::step_call(std::vector<OutputDelta>& out, bool at_end) {
+  // Whitespace between tags is formatting.
+  const auto skip_space = [this] {
+    size_t n = 0;
+    while (n < buf_.size() && is_space(buf_[n])) ++n;
+    buf_.erase(0, n);
+  };
+  // Stray text where a tag is due: skipped up to the next '<' (at least one byte).
+  const auto skip_stray = [this](const char* where) {
+    size_t n = buf_.find('<', 1);
+    if (n == std::string::npos) n = buf_.size();
+    warn("skipped stray text " + std::string(where) + " in tool call");
+    buf_.erase(0, n);
+  };
+  // Reads a name up to '>' (or a newline, or kMaxNameBytes); true when it is complete.
+  const auto read_name = [this](bool end) {
+    const size_t stop = buf_.find_first_of(">\n");
+    if (stop == std::string::npos) {
+      call_text_ += buf_;
+      buf_.clear();
+      if (call_text_.size() <= kMaxNameBytes && !end) return false;
+      if (end) return false;
+      warn("over-long name in tool call cut");
+      call_text_.resize(kMaxNameBytes);
+      return true;
+    }
+    call_text_.append(buf_, 0, stop);
+    buf_.erase(0, buf_[stop] == '>' ? stop + 1 : stop);
+    if (call_text_.size() > kMaxNameBytes) {
+      warn("over-long name in tool call cut");
+      call_text_.resize(kMaxNameBytes);
+    }
+    return true;
+  };
+
+  switch (call_state_) {
+    case CallState::ExpectFunction:
+    case CallState::ExpectParameter:
+    case CallState::ExpectCallEnd: {
+      skip_space();
+      if (buf_.empty()) return false;
+      if (call_state_ == CallState::ExpectFunction) {
+        const int t = match_tag(buf_, {kFunctionOpen, kCallClose}, at_end);
+        if (t == -2) return false;
+        if (t == 0) {
+          buf_.erase(0, kFunctionOpen.size());
+          call_text_.clear();
+          call_state_ = CallState::FunctionName;
+        } else if (t == 1) {
+          buf_.erase(0, kCallClose.size());
+          close_call(out);
+        } else {
+          skip_stray("before <function=");
+        }
+      } else if (call_state_ == CallState::ExpectParameter) {
+        const int t = match_tag(buf_, {kParamOpen, kFunctionClose, kCallClose}, at_end);
+        if (t == -2) return false;
+        if (t == 0) {
+          buf_.erase(0, kParamOpen.size());
+          call_text_.clear();
+          call_state_ = CallState::ParameterName;
+        } else if (t == 1) {
+          buf_.erase(0, kFunctionClose.size());
+          call_state_ = CallState::ExpectCallEnd;
+        } else if (t == 2) {
+          buf_.erase(0, kCallClose.size());
+          close_call(out);
+        } else {
+          skip_stray("between parameters");
+        }
+      } else {
+        const int t = match_tag(buf_, {kCallClose}, at_end);
+        if (t == -2) return false;
+        if (t == 0) {
+          buf_.erase(0, kCallClose.size());
+          close_call(out);
+        } else {
+          skip_stray("after </function>");
+        }
+      }
+      return true;
+    }
+    case CallState::FunctionName: {
+      if (!read_name(at_end)) return false;
+      start_call(out, std::string(trim(call_text_)));
+      call_text_.clear();
+      call_state_ = CallState::ExpectParameter;
+      return true;
+    }
+    case CallState::ParameterName: {
+      if (!read_name(at_end)) return false;
+      param_name_ = std::string(trim(call_text_));
+      call_text_.clear();
+      call_state_ = CallState::ParameterValue;
+      return true;
+    }
+    case CallState::ParameterValue: {
+      const size_t end = buf_.find(kParamClose);
+      if (end == std::string::npos) {
+        const size_t keep = at_end ? 0 : partial_marker_suffix(buf_, {std::string(kParamClose)});
+        call_text_.append(buf_, 0, buf_.size() - keep);
+        buf_.erase(0, buf_.size() - keep);
+        return false;
+      }
+      call_text_.append(buf_, 0, end);
+      buf_.erase(0, end + kParamClose.size());
+      finish_parameter(out, call_text_);
+      call_text_.clear();
+      call_state_ = CallState::ExpectParameter;
+      return true;
+    }
+  }
+  return false;
+}
+
+void OutputParser::emit_text(std::vector<OutputDelta>& out, OutputDelta::Kind kind, std::string_view text) {
+  if (text.empty()) return;
+  if (kind == OutputDelta::Kind::Reasoning) {
+    out_.reasoning.append(text);
+  } else {
+    out_.content.append(text);
+  }
+  // Consecutive text of one kind within one push goes out as one delta.
+  if (!out.empty() && out.back().kind == kind) {
+    out.back().text.append(text);
+    return;
+  }
+  OutputDelta d;
+  d.kind = kind;
+  d.text = std::string(text);
+  out.push_back(std::move(d));
+}
+
+void OutputParser::emit_content(std::vector<OutputDelta>& out, std::string_view text) {
+  if (text.empty()) return;
+  size_t last = text.size();
+  while (last > 0 && is_space(text[last - 1])) --last;
+  if (last == 0) {
+    held_space_.append(text);
+    return;
+  }
+  std::string visible = std::move(held_space_);
+  visible.append(text.substr(0, last));
+  held_space_ = std::string(text.substr(last));
+  emit_text(out, OutputDelta::Kind::Content, visible);
+}
+
+void OutputParser::start_call(std::vector<OutputDelta>& out, std::string name) {
+  ParsedToolCall call;
+  call.id = options_.call_id_prefix + std::to_string(out_.tool_calls.size());
+  call.name = std::move(name);
+  call.known_function = tool_params_.contains(call.name);
+  if (!call.known_function) warn("call to undeclared function '" + call.name + "'");
+  OutputDelta d;
+  d.kind = OutputDelta::Kind::ToolCallStart;
+  d.tool_index = int32_t(out_.tool_calls.size());
+  d.tool_id = call.id;
+  d.tool_name = call.name;
+  out.push_back(std::move(d));
+  out_.tool_calls.push_back(std::move(call));
+  call_started_ = true;
+  call_n_params_ = 0;
+  call_keys_.clear();
+}
+
+const nlohmann::json* OutputParser::parameter_schema(const std::string& key) const {
+  const std::string& name = out_.tool_calls.back().name;
+  const auto tool = tool_params_.find(name);
+  if (tool == tool_params_.end() || !tool->is_object()) return nullptr;
+  const auto props = tool->find("properties");
+  if (props == tool->end() || !props->is_object()) return nullptr;
+  const auto schema = props->find(key);
+  return schema == props->end() ? nullptr : &*schema;
+}
+
+void OutputParser::finish_parameter(std::vector<OutputDelta>& out, std::string value) {
+  if (!call_started_) return;
+  // The template writes "\n" + value + "\n" between the tags.
+  if (!value.empty() && value.front() == '\n') value.erase(0, 1);
+  if (!value.empty() && value.back() == '\n') value.pop_back();
+  if (std::find(call_keys_.begin(), call_keys_.end(), param_name_) != call_keys_.end()) {
+    warn("repeated parameter '" + param_name_ + "' dropped");
+    return;
+  }
+  call_keys_.push_back(param_name_);
+  const json* schema = parameter_schema(param_name_);
+  ordered_json v;
+  if (schema != nullptr && tool_parameter_is_raw_string(*schema)) {
+    v = value;
+  } else {
+    const std::string_view body = trim(value);
+    bool parsed = false;
+    if (!body.empty() && nesting_within(body, kMaxJsonDepth)) {
+      v = ordered_json::parse(body, nullptr, false);
+      parsed = !v.is_discarded();
+    }
+    if (!parsed) v = value;  // not JSON: kept as text
+  }
+  std::string fragment = call_n_params_ == 0 ? "{" : ",";
+  fragment += dump_json(ordered_json(param_name_));
+  fragment += ':';
+  fragment += dump_json(v);
+  ++call_n_params_;
+  out_.tool_calls.back().arguments += fragment;
+  OutputDelta d;
+  d.kind = OutputDelta::Kind::ToolCallArguments;
+  d.tool_index = int32_t(out_.tool_calls.size() - 1);
+  d.text = std::move(fragment);
+  out.push_back(std::move(d));
+}
+
+void OutputParser::close_call(std::vector<OutputDelta>& out) {
+  if (call_started_) {
+    const std::string fragment = call_n_params_ == 0 ? "{}" : "}";
+    out_.tool_calls.back().arguments += fragment;
+    OutputDelta d;
+    d.kind = OutputDelta::Kind::ToolCallArguments;
+    d.tool_index = int32_t(out_.tool_calls.size() - 1);
+    d.text = fragment;
+    out.push_back(std::move(d));
+  } else {
+    warn("tool call without a function name dropped");
+  }
+  mode_ = Mode::Content;
+  after_call_ = true;
+  call_state_ = CallState::ExpectFunction;
+  call_started_ = false;
+  call_text_.clear();
+  param_name_.clear();
+  call_n_params_ = 0;
+  call_keys_.clear();
+}
+
+void OutputParser::warn(std::string message) {
+  if (out_.warnings.size() < kMaxWarnings) {
+    out_.warnings.push_back(std::move(message));
+  } else if (out_.warnings.size() == kMaxWarnings) {
+    out_.warnings.push_back("further warnings omitted");
+  }
+}
+
+}  // namespace step35

@@ -1,0 +1,176 @@
+// The generation engine behind the server: requests (prompt tokens + sampling settings)
+// go in, token events come out. One scheduler thread runs every forward pass; requests
+// join and leave between steps (continuous batching).
+#pragma once
+
+#include <atomic>
+#include <cstdint>
+#include <functional>
+#include <memory>
+#include <stdexcept>
+#include <string>
+#include <vector>
+
+#include "structured/constraint.h"
+#include "engine/sampler.h"
+#include "tensor/kernels.h"
+
+namespace step35 {
+
+class Model;
+
+// Scheduling class (POST /v1/step35/execute routing_hint). LowLatency requests are
+// admitted and stepped ahead of the others and never wait to fill a batch;
+// HighThroughput ones may wait up to EngineOptions::batch_wait_ms to join a larger step.
+enum class Priority : uint8_t { Normal, LowLatency, HighThroughput };
+
+// Routed-expert policy per request. Strict: exactly the model's top-k. Adaptive (lossy,
+// never the default): per token keep the smallest set of top-ranked experts whose
+// normalised router weights reach `adaptive_mass`, never fewer than `adaptive_min_k`.
+enum class ExpertPolicy : uint8_t { Strict, Adaptive };
+
+enum class FinishReason : uint8_t {
+  Stop,       // an end-of-generation token (or the constraint completed)
+  Length,     // max_tokens reached
+  Context,    // the sequence filled its context
+  Cancelled,  // cancel() or the sink returned false
+  Timeout,    // the request's deadline passed
+  Error,      // see GenerateEvent::error
+};
+const char* finish_reason_name(FinishReason r);
+
+struct GenerateRequest {
+  std::vector<int32_t> prompt;       // token ids (BOS included when wanted)
+  SamplingParams sampling;
+  int32_t max_tokens = -1;           // < 0: until the context is full
+  int32_t n_ctx = 0;                 // per-request context limit; 0 = the engine's
+  bool ignore_eos = false;
+  int32_t n_top_logprobs = 0;        // alternatives per token in events (0..20)
+  bool want_logprobs = false;        // fill GenerateEvent::logprob
+  std::shared_ptr<TokenConstraint> constraint;  // optional
+  Priority priority = Priority::Normal;
+  ExpertPolicy expert_policy = ExpertPolicy::Strict;
+  float adaptive_mass = 0.9f;
+  int32_t adaptive_min_k = 4;
+  double timeout_s = 0;              // 0: none
+};
+
+struct TokenLogprob {
+  int32_t token = 0;
+  float logprob = 0;
+};
+
+struct GenerateEvent {
+  bool done = false;                 // last event of the request
+  // Token events (done == false):
+  int32_t token = -1;
+  float logprob = 0;                 // when want_logprobs
+  std::vector<TokenLogprob> top;     // n_top_logprobs alternatives, best first
+  // Final event (done == true):
+  FinishReason reason = FinishReason::Stop;
+  std::string error;                 // FinishReason::Error
+  int32_t n_prompt = 0;              // prompt tokens
+  int32_t n_cached = 0;              // of which reused from the prefix cache
+  int32_t n_generated = 0;
+  double ttft_s = 0;                 // submit -> first token
+  double total_s = 0;
+};
+
+// Receives the events of one request, on the scheduler thread: keep it short (queue the
+// event and return). Returning false stops the request (the client went away, or a stop
+// string matched): its resources are released and no further events are delivered.
+using EventSink = std::function<bool(const GenerateEvent&)>;
+
+// Thrown by submit(): the queue is full (HTTP 503 + Retry-After).
+class QueueFullError : public std::runtime_error {
+ public:
+  using std::runtime_error::runtime_error;
+};
+// Thrown by submit(): the request can never run (prompt longer than the context, bad
+// sizes) (HTTP 400).
+class RequestError : public std::invalid_argument {
+ public:
+  using std::invalid_argument::invalid_argument;
+};
+
+// What one forward pass of the scheduler carried and how long it took
+// (EngineOptions::on_step, for tests and diagnostics such as `serve --log-steps`).
+struct StepTrace {
+  struct Chunk {
+    uint64_t request_id = 0;
+    Priority priority = Priority::Normal;
+    int32_t n_tokens = 0;
+    bool prefill = false;  // a prompt chunk (else a decode token, with any drafts)
+  };
+  uint64_t newest_request_id = 0;  // every request submitted up to this id was visible to the step
+  std::vector<Chunk> chunks;
+  uint64_t step = 0;        // passes run so far, this one included
+  double forward_ms = 0.0;  // the model's forward pass alone (not sampling or output)
+};
+
+struct EngineOptions {
+  int32_t n_threads = 1;
+  int32_t n_ctx = 4096;           // longest sequence (prompt + generation)
+  int32_t n_parallel = 4;         // sequences stepped together at most
+  int32_t n_batch = 512;          // tokens per forward pass at most (decode + prompt chunks)
+  int32_t max_queue = 64;         // waiting requests beyond the running ones
+  int64_t kv_bytes = 0;           // KV pool size; 0 = enough for n_parallel x n_ctx
+  int32_t batch_wait_ms = 20;     // how long HighThroughput requests may wait for company
+  Precision precision = Precision::Native;
+  bool prefix_cache = true;
+  int32_t mtp = 0;                // MTP drafts per step at most (0: off; needs MTP blocks)
+  bool mtp_adaptive = true;       // choose K per step from acceptance and measured cost
+  // One forward pass over a short dummy prompt in make_engine(), so that the first real
+  // request does not pay for faulting in the weights and growing the work buffers.
+  bool warm_up = false;
+  // Called on the scheduler thread after every forward pass that completed (keep it short).
+  std::function<void(const StepTrace&)> on_step;
+};
+
+struct EngineStats {
+  uint64_t requests_submitted = 0;
+  uint64_t requests_finished[6] = {};  // by FinishReason
+  int32_t queue_depth = 0;
+  int32_t running = 0;
+  uint64_t prompt_tokens = 0;          // prompt tokens computed (not counting cache hits)
+  uint64_t prompt_tokens_cached = 0;   // prompt tokens served from the prefix cache
+  uint64_t generated_tokens = 0;
+  uint64_t steps = 0;                  // forward passes
+  int64_t kv_blocks_total = 0;
+  int64_t kv_blocks_used = 0;          // held by running sequences
+  int64_t kv_blocks_cached = 0;        // idle, kept for prefix reuse (evictable)
+  uint64_t prefix_lookups = 0;         // requests that looked up the cache
+  uint64_t prefix_hits = 0;            // ... and reused at least one block
+  // MoE health, over a sliding window of recent steps:
+  double router_entropy = 0;           // mean entropy (nats) of the normalised weights of selected experts
+  double expert_skew = 0;              // max / mean activation count per layer, averaged over layers
+  double mean_distinct_experts = 0;    // distinct experts per MoE layer per step
+  uint64_t adaptive_tokens = 0;        // tokens routed with the adaptive policy
+  double adaptive_mean_k = 0;          // their mean number of experts
+  // MTP speculation (requests that finished):
+  uint64_t mtp_steps = 0;              // verification steps with drafts
+  uint64_t mtp_drafted[4] = {};        // by draft position 1..3
+  uint64_t mtp_accepted[4] = {};
+  uint64_t mtp_tokens = 0;             // tokens those steps produced
+};
+
+class Engine {
+ public:
+  virtual ~Engine() = default;
+  // Queues a request; events go to `sink`. Returns the request id. Throws QueueFullError
+  // or RequestError; never blocks on a forward pass.
+  virtual uint64_t submit(GenerateRequest request, EventSink sink) = 0;
+  // Stops a request (no-op if it already ended). Its sink gets a final Cancelled event.
+  virtual void cancel(uint64_t id) = 0;
+  virtual EngineStats stats() const = 0;
+  // Stops accepting, cancels everything queued or running (each sink gets its final
+  // event), and joins the scheduler thread. Idempotent.
+  virtual void shutdown() = 0;
+  virtual const Model& model() const = 0;
+  virtual const EngineOptions& options() const = 0;
+};
+
+// The continuous-batching engine over a loaded model.
+std::unique_ptr<Engine> make_engine(const Model& model, const EngineOptions& options);
+
+}  // namespace step35
