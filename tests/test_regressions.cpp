@@ -3,13 +3,15 @@
 // through the same contracts the fuzz targets check, in the normal and sanitizer builds:
 //   gguf           parse + model load end in success or gguf::Error;
 //   tokenizer      encode/decode round trip on arbitrary bytes;
-//   chat_template  messages render or are refused with std::invalid_argument;
+//   chat_template  messages render or are refused with std::invalid_argument (a template
+//                  source that does not parse: std::runtime_error when it is loaded);
 //   server_requests  request bodies are planned within limits or refused with a 4xx
 //                    (fuzz/server_request_contract.h);
 //   jinja          template sources parse and render or fail with jinja::Error, within
 //                  the render limits (fuzz/jinja_contract.h).
 #include <algorithm>
 #include <filesystem>
+#include <memory>
 #include <stdexcept>
 #include <string>
 #include <vector>
@@ -95,10 +97,17 @@ TEST(Regressions, ChatTemplateInputs) {
     nlohmann::json tools = in.is_object() ? in.value("tools", nlohmann::json::array()) : nlohmann::json::array();
     std::string source = in.is_object() && in.contains("template") && in["template"].is_string()
                              ? in["template"].get<std::string>() : "";
+    std::unique_ptr<ChatTemplate> tmpl;
     try {
-      ChatTemplate tmpl(source, "<s>");
-      const std::string out = tmpl.render(ChatTemplate::messages_from_json(messages), tools, true);
+      tmpl = std::make_unique<ChatTemplate>(source, "<s>");
+    } catch (const std::runtime_error&) {
+      continue;  // a template that does not parse is refused when it is loaded
+    }
+    try {
+      // As a client sends the conversation, and through the parsed messages.
+      const std::string out = tmpl->render(messages, tools, ChatRenderOptions());
       EXPECT_FALSE(out.empty());
+      EXPECT_EQ(tmpl->render(ChatTemplate::messages_from_json(messages), tools, true), out) << p;
       ++rendered;
     } catch (const std::invalid_argument&) {
     } catch (const std::exception& e) {

@@ -96,7 +96,7 @@ static int run_main(const Args& args) {
     if (p.has("system")) msgs.push_back({"system", p.str("system"), "", {}, ""});
     msgs.push_back({"user", prompt, "", {}, ""});
     const std::string rendered = tmpl.render(msgs);
-    tokens = tok.encode(rendered, !tmpl.renders_bos(), true);
+    tokens = tok.encode(rendered, !tmpl.starts_with_bos(rendered), true);
   } else {
     tokens = tok.encode(prompt, true, false);
   }

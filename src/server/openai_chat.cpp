@@ -109,7 +109,7 @@ ChatPlan plan_chat(ServerContext& ctx, const json& body) {
   }
   const Tokenizer& tok = ctx.tokenizer();
   GenerateRequest& r = plan.request;
-  r.prompt = tok.encode(rendered, !ctx.chat_template->renders_bos(), true);
+  r.prompt = tok.encode(rendered, !ctx.chat_template->starts_with_bos(rendered), true);
   static const std::string kThinkOpen = "<think>\n";
   plan.in_reasoning = ctx.think_end >= 0 && ctx.chat_template->format() == ChatFormat::STEP35 &&
                       rendered.size() >= kThinkOpen.size() &&
