@@ -437,6 +437,11 @@ TEST(ModelTemplate, ContinueFinalMessageCutsAfterItsText) {
   ChatTemplate stripping("{% for m in messages %}<{{ m.role }}>{{ m.content | trim }}</{{ m.role }}>{% endfor %}");
   EXPECT_EQ(stripping.render({msg("user", "q"), msg("assistant", " Sure, ")}, ordered_json(), o),
             "<user>q</user><assistant>Sure,");
+  // Reasoning and no text yet: continued inside the reasoning (apply_chat_template would
+  // keep the closed turn, having nothing to cut after).
+  const std::string thought = t.render({msg("user", "q"), msg("assistant", "", "Let me see")}, ordered_json(), o);
+  EXPECT_EQ(thought, "<|im_start|>user\nq<|im_end|>\n<|im_start|>assistant\n<think>\nLet me see");
+  EXPECT_TRUE(t.opens_reasoning(thought));
   // Content parts: the last text part is the one continued.
   const auto parts = ordered_json::parse(R"([{"role":"user","content":"q"},
     {"role":"assistant","content":[{"type":"text","text":"one "},{"type":"text","text":"two"}]}])");
@@ -514,6 +519,8 @@ TEST(ModelTemplate, FromModelFileAndOverride) {
   EXPECT_EQ(src.text, f->get_str("tokenizer.chat_template"));
   EXPECT_EQ(src.bos_text, tok->token_to_piece(tok->bos()));
   EXPECT_NE(src.origin.find("tokenizer.chat_template"), std::string::npos);
+  EXPECT_EQ(ChatTemplate(src).source_text(), src.text);
+  EXPECT_EQ(ChatTemplate("").source_text(), std::string(kStep35FlashChatTemplate));
   const std::string path = ::testing::TempDir() + "/override.jinja";
   {
     std::ofstream out(path);

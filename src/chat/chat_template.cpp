@@ -146,6 +146,11 @@ std::string cut_after_final_message(const std::string& rendered, const ordered_j
   } else {
     final_text = content_text(c);
   }
+  // Nothing to continue after but reasoning (apply_chat_template would keep the whole
+  // closed turn): continue inside the reasoning, where the template wrote it.
+  if (strip(final_text).empty() && final_message.contains("reasoning_content") &&
+      final_message["reasoning_content"].is_string() && !strip(final_message["reasoning_content"].get<std::string>()).empty())
+    final_text = final_message["reasoning_content"].get<std::string>();
   const std::string_view stripped = strip(final_text);
   const size_t at = rendered.rfind(stripped);
   if (at == std::string::npos)
@@ -196,6 +201,7 @@ ChatTemplateSource ChatTemplateSource::from_model(const gguf::File& file, const 
 ChatTemplate::ChatTemplate(const ChatTemplateSource& source)
     : origin_(source.origin), bos_text_(source.bos_text), eos_text_(source.eos_text) {
   const std::string_view text = source.text.empty() ? kStep35FlashChatTemplate : std::string_view(source.text);
+  source_text_ = std::string(text);
   default_ = parse(text, origin_);
   format_ = detect_format(text);
   reads_enable_thinking_ = text.find("enable_thinking") != std::string_view::npos;

@@ -45,7 +45,8 @@ struct ChatRenderOptions {
   bool add_generation_prompt = true;
   // Leave the last message, which must be the assistant's, open so that generation
   // continues it (an assistant prefill); excludes add_generation_prompt. The rendering is
-  // cut after the final message's text, as apply_chat_template does.
+  // cut after the final message's text, as apply_chat_template does (after its
+  // reasoning_content when it has no text: the model goes on reasoning).
   bool continue_final_message = false;
   // The template's extra variables (OpenAI chat_template_kwargs, a JSON object), passed to
   // the template as they are. enable_thinking: false also closes an empty think block
@@ -79,6 +80,8 @@ class ChatTemplate {
   ChatTemplate& operator=(ChatTemplate&&) noexcept;
 
   ChatFormat format() const { return format_; }
+  // The template text in use (the file's, the override's or the built-in one).
+  const std::string& source_text() const { return source_text_; }
   // Whether a rendered prompt already starts with the BOS text: the caller then tokenizes
   // with add_special=false so BOS is not doubled.
   bool starts_with_bos(std::string_view rendered) const;
@@ -125,6 +128,7 @@ class ChatTemplate {
   std::shared_ptr<const jinja::Template> default_;
   std::shared_ptr<const jinja::Template> tool_use_;  // null: default_ serves requests with tools
   std::string origin_;
+  std::string source_text_;
   std::string bos_text_, eos_text_;
   ChatFormat format_ = ChatFormat::STEP35;
   bool reads_enable_thinking_ = false;
