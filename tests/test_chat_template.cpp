@@ -304,12 +304,12 @@ TEST(MessagesFromJson, Shapes) {
   EXPECT_EQ(m[3].reasoning_content, "R");
   ASSERT_EQ(m[3].tool_calls.size(), 4u);
   EXPECT_EQ(m[3].tool_calls[0].name, "f");
-  EXPECT_EQ(m[3].tool_calls[0].arguments, json::parse(R"({"x":1,"y":[true]})"));
+  EXPECT_EQ(m[3].tool_calls[0].arguments, nlohmann::ordered_json::parse(R"({"x":1,"y":[true]})"));
   EXPECT_EQ(m[3].tool_calls[1].name, "g");
-  EXPECT_EQ(m[3].tool_calls[1].arguments, json::parse(R"({"k":"v"})"));
+  EXPECT_EQ(m[3].tool_calls[1].arguments, nlohmann::ordered_json::parse(R"({"k":"v"})"));
   EXPECT_EQ(m[3].tool_calls[2].name, "h");
-  EXPECT_EQ(m[3].tool_calls[2].arguments, json::object());
-  EXPECT_EQ(m[3].tool_calls[3].arguments, json::object());
+  EXPECT_EQ(m[3].tool_calls[2].arguments, nlohmann::ordered_json::object());
+  EXPECT_EQ(m[3].tool_calls[3].arguments, nlohmann::ordered_json::object());
   EXPECT_EQ(m[4].role, "tool");
   EXPECT_EQ(m[4].name, "f");
   EXPECT_EQ(m[5].content, "");
