@@ -254,6 +254,60 @@ TEST(Step35, ToolsSection) {
   EXPECT_EQ(t.render({msg("user", "U")}, nlohmann::ordered_json::array(), false), "<BOS><|im_start|>user\nU<|im_end|>\n");
 }
 
+// chat_template_kwargs.enable_thinking: false closes an empty think block in the
+// generation prompt (the shape of an assistant turn without reasoning), and the prompt
+// then opens no reasoning.
+TEST(Step35, EnableThinkingFalseClosesTheThinkBlock) {
+  ChatTemplate t("");
+  const std::vector<ChatMessage> m = {msg("user", "U")};
+  ChatRenderOptions o;
+  std::string s = t.render(m, json::array(), o);
+  EXPECT_EQ(s, "<|im_start|>user\nU<|im_end|>\n" + kGen);
+  EXPECT_TRUE(t.opens_reasoning(s));
+  o.kwargs = {{"enable_thinking", false}, {"anything_else", 3}};
+  s = t.render(m, json::array(), o);
+  EXPECT_EQ(s, "<|im_start|>user\nU<|im_end|>\n<|im_start|>assistant\n<think>\n\n</think>\n");
+  EXPECT_FALSE(t.opens_reasoning(s));
+  o.kwargs = {{"enable_thinking", true}};
+  EXPECT_EQ(t.render(m, json::array(), o), "<|im_start|>user\nU<|im_end|>\n" + kGen);
+  // ChatML has no think block to switch.
+  auto f = gguf::File::open(fixture_model("tiny-a-f32.gguf"));
+  ChatTemplate chatml(f->get_str("tokenizer.chat_template"));
+  o.kwargs = {{"enable_thinking", false}};
+  s = chatml.render(m, json::array(), o);
+  EXPECT_EQ(s, "<|im_start|>user\nU<|im_end|>\n<|im_start|>assistant\n");
+  EXPECT_FALSE(chatml.opens_reasoning(s));
+  EXPECT_FALSE(chatml.supports_thinking_switch());
+}
+
+// continue_final_message: the rendering is cut after the last (assistant) message's text,
+// as apply_chat_template cuts it; with reasoning and no text, inside the reasoning.
+TEST(Step35, ContinueFinalMessageLeavesTheAssistantTurnOpen) {
+  ChatTemplate t("");
+  ChatRenderOptions o;
+  o.add_generation_prompt = false;
+  o.continue_final_message = true;
+  const std::vector<ChatMessage> answer = {msg("user", "U"), msg("assistant", "The answer is ")};
+  std::string s = t.render(answer, json::array(), o);
+  EXPECT_EQ(s, "<|im_start|>user\nU<|im_end|>\n<|im_start|>assistant\n<think>\n\n</think>\nThe answer is ");
+  EXPECT_FALSE(t.opens_reasoning(s));
+  const std::vector<ChatMessage> thought = {msg("user", "U"), msg("assistant", "", "Let me see")};
+  s = t.render(thought, json::array(), o);
+  EXPECT_EQ(s, "<|im_start|>user\nU<|im_end|>\n<|im_start|>assistant\n<think>\nLet me see");
+  EXPECT_TRUE(t.opens_reasoning(s));
+  const std::vector<ChatMessage> both = {msg("user", "U"), msg("assistant", "So", "Thought")};
+  EXPECT_EQ(t.render(both, json::array(), o),
+            "<|im_start|>user\nU<|im_end|>\n<|im_start|>assistant\n<think>\nThought\n</think>\nSo");
+  // ChatML: the last turn without its end.
+  auto f = gguf::File::open(fixture_model("tiny-a-f32.gguf"));
+  ChatTemplate chatml(f->get_str("tokenizer.chat_template"));
+  EXPECT_EQ(chatml.render(answer, json::array(), o), "<|im_start|>user\nU<|im_end|>\n<|im_start|>assistant\nThe answer is ");
+  // Misuse.
+  EXPECT_THROW(t.render({msg("user", "U")}, json::array(), o), std::invalid_argument);
+  o.add_generation_prompt = true;
+  EXPECT_THROW(t.render(answer, json::array(), o), std::invalid_argument);
+}
+
 TEST(Step35, RejectsBadInput) {
   ChatTemplate t("");
   EXPECT_THROW(t.render({msg("wizard", "x")}), std::invalid_argument);

@@ -17,7 +17,7 @@
 #include <httplib.h>
 #include <nlohmann/json.hpp>
 
-#include "structured/json_constraint.h"
+#include "json_schema_check.h"
 #include "serve_process.h"
 #include "support.h"
 
@@ -398,7 +398,7 @@ TEST(Server, ForcedToolCallsAndJsonSchema) {
   ASSERT_EQ(status, 200) << r.dump();
   EXPECT_EQ(r["choices"][0]["finish_reason"], "stop") << r.dump();
   const json value = json::parse(r["choices"][0]["message"]["content"].get<std::string>());
-  EXPECT_EQ(step35::json_schema_validate(schema, value), "");
+  EXPECT_EQ(schema_violation(schema, value), "");
   jb["response_format"] = {{"type", "json_schema"}, {"json_schema", {{"name", "a"}, {"schema", {{"not", {}}}}}}};
   post(s, "/v1/chat/completions", jb, &status);
   EXPECT_EQ(status, 400);

@@ -1,9 +1,12 @@
 // A small declarative flag parser for the subcommands: each flag is declared once with
 // its help text, which is what `--help` prints (and what the README's CLI reference is
-// checked against).
+// checked against, text for text). A flag bound to a setting (option()) takes its default
+// from that setting, i.e. from the options struct it belongs to, and parse() stores the
+// value given there: the help, the README and the behaviour cannot disagree.
 #pragma once
 
 #include <cstdint>
+#include <functional>
 #include <map>
 #include <stdexcept>
 #include <string>
@@ -21,9 +24,27 @@ class ArgParser {
   ArgParser(std::string command, std::string summary)
       : command_(std::move(command)), summary_(std::move(summary)) {}
 
-  // names: "-m,--model"; value_name empty for boolean switches.
+  // A flag read with has() / str() / i64() / f64(). names: "-m,--model"; value_name empty
+  // for a switch; default_text: what applies when the flag is absent (--help shows it).
   void flag(const std::string& names, const std::string& value_name, const std::string& help,
             const std::string& default_text = "");
+  // A flag bound to a setting. --help shows the setting's current value as the default,
+  // unless default_text describes one decided later (the number of cores, the model's own
+  // context); parse() stores the given value in the setting, checked against [lo, hi].
+  void option(const std::string& names, const std::string& value_name, const std::string& help, int32_t& target,
+              int64_t lo, int64_t hi, const std::string& default_text = "");
+  void option(const std::string& names, const std::string& value_name, const std::string& help, int64_t& target,
+              int64_t lo, int64_t hi, const std::string& default_text = "");
+  void option(const std::string& names, const std::string& value_name, const std::string& help, uint64_t& target,
+              const std::string& default_text = "");  // the full unsigned 64-bit range
+  void option(const std::string& names, const std::string& value_name, const std::string& help, float& target,
+              double lo, double hi, const std::string& default_text = "");
+  void option(const std::string& names, const std::string& value_name, const std::string& help, double& target,
+              double lo, double hi, const std::string& default_text = "");
+  void option(const std::string& names, const std::string& value_name, const std::string& help, std::string& target,
+              const std::string& default_text = "");
+  // A switch bound to a setting: parse() sets it to `value` when the switch is given.
+  void option(const std::string& names, const std::string& help, bool& target, bool value = true);
   void positional(const std::string& name, const std::string& help);
 
   // Returns false if --help was given (help printed to stdout). Throws UsageError.
@@ -40,7 +61,10 @@ class ArgParser {
   struct Flag {
     std::vector<std::string> names;
     std::string key, value_name, help, default_text;
+    std::function<void(const std::string& value)> store;  // bound flags: into their setting
   };
+  Flag& add(const std::string& names, const std::string& value_name, const std::string& help,
+            const std::string& default_text);
   const Flag* find(const std::string& arg) const;
   std::string command_, summary_;
   std::vector<Flag> flags_;

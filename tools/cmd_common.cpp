@@ -8,6 +8,7 @@
 
 #include "args.h"
 #include "common.h"
+#include "engine/mtp_limits.h"
 #include "model/make_tiny.h"
 
 namespace step35::cli {
@@ -86,14 +87,16 @@ std::string builtin_tiny_model_path() {
 MtpSetting parse_mtp_value(const std::string& value) {
   MtpSetting m;
   if (value == "auto") {
-    m.max_k = 3;
+    m.max_k = kMaxDrafts;
     m.adaptive = true;
-  } else if (value.size() == 1 && value[0] >= '0' && value[0] <= '3') {
-    m.max_k = value[0] - '0';
-  } else {
-    throw UsageError("--mtp expects 0, 1, 2, 3 or auto, got '" + value + "'");
+    return m;
   }
-  return m;
+  for (int32_t k = 0; k <= kMaxDrafts; ++k)
+    if (value == std::to_string(k)) {
+      m.max_k = k;
+      return m;
+    }
+  throw UsageError("--mtp expects 0.." + std::to_string(kMaxDrafts) + " or auto, got '" + value + "'");
 }
 
 MtpSetting parse_mtp(const std::string& value, const Model& model) {
@@ -106,20 +109,34 @@ MtpSetting parse_mtp(const std::string& value, const Model& model) {
   return m;
 }
 
-void add_adaptive_policy_flags(ArgParser& p) {
-  p.flag("--adaptive-mass", "X", "adaptive policy: keep top experts until their normalised weights reach X", "0.9");
-  p.flag("--adaptive-min-k", "N", "adaptive policy: never fewer experts than N", "4");
+void add_sampling_flags(ArgParser& p, SamplingParams& sp) {
+  p.option("--temp", "T", "temperature, 0 = greedy", sp.temperature, 0.0, 100.0);
+  p.option("--top-k", "K", "keep the K most likely tokens, 0 = off", sp.top_k, 0, 1 << 30);
+  p.option("--top-p", "P", "nucleus sampling threshold, 1 = off", sp.top_p, 0.0, 1.0);
+  p.option("--min-p", "P", "drop tokens below P x the top probability, 0 = off", sp.min_p, 0.0, 1.0);
+  p.option("--repeat-penalty", "X", "llama.cpp-style repetition penalty (divide positive logits, multiply negative "
+           "ones, of recently seen tokens), 1 = off", sp.repeat_penalty, 0.0, 100.0);
+  p.option("--repeat-last-n", "N", "how many recent tokens the penalties look at", sp.repeat_last_n, 0, 1 << 20);
+  p.option("--presence-penalty", "X", "OpenAI presence penalty: subtract X from every token already seen",
+           sp.presence_penalty, -100.0, 100.0);
+  p.option("--frequency-penalty", "X", "OpenAI frequency penalty: subtract X times the count of each seen token",
+           sp.frequency_penalty, -100.0, 100.0);
 }
 
-ExpertPolicySetting parse_expert_policy(const ArgParser& p) {
-  ExpertPolicySetting e;
-  const std::string policy = p.str("expert-policy", "strict");
-  if (policy != "strict" && policy != "adaptive")
-    throw UsageError("--expert-policy expects strict or adaptive, got '" + policy + "'");
-  e.adaptive = policy == "adaptive";
-  e.mass = float(p.f64("adaptive-mass", 0.9, 0.01, 1.0));
-  e.min_k = int32_t(p.i64("adaptive-min-k", 4, 1, 1024));
-  return e;
+void add_threads_flag(ArgParser& p, int32_t& threads) {
+  p.option("-t,--threads", "N", "worker threads", threads, 1, 1024, "number of cores");
+}
+
+void add_adaptive_policy_flags(ArgParser& p, float& mass, int32_t& min_k) {
+  p.option("--adaptive-mass", "X", "adaptive policy: keep the top-ranked experts until their normalised router "
+           "weights reach X", mass, 0.01, 1.0);
+  p.option("--adaptive-min-k", "N", "adaptive policy: never fewer experts than N", min_k, 1, 1024);
+}
+
+bool adaptive_expert_policy(const std::string& value) {
+  if (value != "strict" && value != "adaptive")
+    throw UsageError("--expert-policy expects strict or adaptive, got '" + value + "'");
+  return value == "adaptive";
 }
 
 std::vector<int32_t> parse_token_list(const std::string& s) {

@@ -6,6 +6,7 @@
 #include "args.h"
 #include "commands.h"
 #include "common.h"
+#include "engine/generator.h"
 #include "tensor/dtype.h"
 
 namespace step35::cli {
@@ -14,7 +15,9 @@ static int inspect_main(const Args& args) {
   ArgParser p("inspect", "Describes a step35 GGUF model.");
   p.positional("MODEL", "GGUF file (first part of a split model)");
   p.flag("-m,--model", "FILE", "same as MODEL");
-  p.flag("-c,--ctx-size", "N", "context size for the KV cache estimate", "the model's training context");
+  int32_t n_ctx = 0;
+  p.option("-c,--ctx-size", "N", "context size for the KV cache estimate", n_ctx, 1, 1 << 30,
+           "the model's training context");
   p.flag("--metadata", "", "also list every metadata key");
   p.flag("--tensors", "", "also list every tensor");
   if (!p.parse(args)) return 0;
@@ -75,9 +78,9 @@ static int inspect_main(const Args& args) {
               tok.n_vocab(), tok.n_merges(), tok.pre_type().c_str(), tok.bos(), tok.eos(),
               tok.add_bos() ? "yes" : "no", tok.eog_ids().size());
   std::printf("chat template: %s\n", f.has("tokenizer.chat_template") ? "embedded" : "none (Step 3.5 format)");
-  const int n_ctx = int(p.i64("ctx-size", hp.n_ctx_train, 1, 1 << 30));
-  // Same layout as the cache `run` would allocate (default batch 512), without allocating it.
-  const int32_t batch = 512;
+  if (!p.has("ctx-size")) n_ctx = hp.n_ctx_train;
+  // Same layout as the cache `run` would allocate (its default batch), without allocating it.
+  const int32_t batch = GeneratorOptions{}.n_batch;
   const auto shapes = model->kv_layers();
   const auto [n_full_blocks, n_swa_blocks] = KvPool::blocks_for_sequence(shapes, n_ctx, hp.swa_window, batch);
   const auto [full_block_bytes, swa_block_bytes] = KvPool::block_bytes(shapes, KvPool::kDefaultBlockSize);

@@ -6,6 +6,8 @@
 #include <vector>
 
 #include "args.h"
+#include "engine/engine.h"
+#include "engine/sampler.h"
 #include "model/step35.h"
 
 namespace step35::cli {
@@ -32,14 +34,17 @@ MtpSetting parse_mtp_value(const std::string& value);
 // The value checked against the model: a fixed K needs MTP blocks; auto without them is 0.
 MtpSetting parse_mtp(const std::string& value, const Model& model);
 
-// --expert-policy strict|adaptive (each command declares that flag with its own help) and
-// the adaptive policy's --adaptive-mass X / --adaptive-min-k N (declared here).
-struct ExpertPolicySetting {
-  bool adaptive = false;
-  float mass = 0.9f;
-  int32_t min_k = 4;
-};
-void add_adaptive_policy_flags(ArgParser& p);
-ExpertPolicySetting parse_expert_policy(const ArgParser& p);
+// Flag groups several commands share, each bound to the settings it fills (their structs'
+// defaults are what --help shows).
+// --temp, --top-k, --top-p, --min-p, --repeat-penalty, --repeat-last-n, --presence-penalty,
+// --frequency-penalty (--seed is each command's: its default is no fixed value).
+void add_sampling_flags(ArgParser& p, SamplingParams& sp);
+// -t, --threads N; `threads` should hold default_threads() (shown as "number of cores").
+void add_threads_flag(ArgParser& p, int32_t& threads);
+// The adaptive expert policy's --adaptive-mass X and --adaptive-min-k N (each command
+// declares --expert-policy with its own help).
+void add_adaptive_policy_flags(ArgParser& p, float& mass, int32_t& min_k);
+// --expert-policy's value: true for adaptive, false for strict (UsageError otherwise).
+bool adaptive_expert_policy(const std::string& value);
 
 }  // namespace step35::cli

@@ -188,35 +188,21 @@ const float* KvPool::block_base(size_t layer, int32_t block, bool is_v) const {
 
 // ---------------------------------------------------------------------------------------
 
-namespace {
-
-KvPool make_single_pool(const std::vector<KvLayerShape>& layers, int32_t n_ctx, int32_t swa_window,
-                        int32_t max_batch, int32_t keep_back) {
+KvPool KvPool::for_one_sequence(const std::vector<KvLayerShape>& layers, int32_t n_ctx, int32_t swa_window,
+                                int32_t max_batch, int32_t keep_back) {
   if (n_ctx < 1) throw std::invalid_argument("KV cache: context must be >= 1");
   if (max_batch < 1) throw std::invalid_argument("KV cache: batch must be >= 1");
-  const auto [full, swa] =
-      KvPool::blocks_for_sequence(layers, n_ctx, swa_window, max_batch, KvPool::kDefaultBlockSize, keep_back);
-  return KvPool(layers, swa_window, KvPool::kDefaultBlockSize, full, swa, keep_back);
+  const auto [full, swa] = blocks_for_sequence(layers, n_ctx, swa_window, max_batch, kDefaultBlockSize, keep_back);
+  return KvPool(layers, swa_window, kDefaultBlockSize, full, swa, keep_back);
 }
 
-}  // namespace
-
-KvCache::KvCache(const std::vector<KvLayerShape>& layers, int32_t n_ctx, int32_t swa_window, int32_t max_batch,
-                 int32_t keep_back)
-    : n_ctx_(n_ctx), max_batch_(max_batch), pool_(make_single_pool(layers, n_ctx, swa_window, max_batch, keep_back)) {}
-
-int32_t KvCache::capacity(size_t layer) const {
-  const KvKind kind = pool_.shape(layer).is_swa ? KvKind::Swa : KvKind::Full;
-  return int32_t(std::min<int64_t>(n_ctx_, pool_.n_blocks(kind) * pool_.block_size()));
-}
-
-std::string KvCache::describe() const {
+std::string KvPool::describe(int32_t n_ctx) const {
   size_t n_full = 0, n_swa = 0;
-  int32_t span = 0;
-  for (size_t il = 0; il < n_layers(); ++il) {
-    if (shape(il).is_swa) {
+  int32_t span = 0;  // positions an SWA layer holds at once
+  for (const KvLayerShape& s : layers_) {
+    if (s.is_swa) {
       ++n_swa;
-      span = capacity(il);
+      span = int32_t(std::min<int64_t>(n_ctx, n_blocks(KvKind::Swa) * block_size_));
     } else {
       ++n_full;
     }
@@ -225,8 +211,20 @@ std::string KvCache::describe() const {
   std::snprintf(buf, sizeof buf,
                 "%.2f MiB (F32, blocks of %d positions) = %zu full-attention layers x %d positions + %zu SWA layers x "
                 "%d positions (window %d)",
-                double(bytes()) / (1 << 20), pool_.block_size(), n_full, n_ctx_, n_swa, span, swa_window());
+                double(bytes()) / (1 << 20), block_size_, n_full, n_ctx, n_swa, span, swa_window_);
   return buf;
 }
+
+KvCache::KvCache(const std::vector<KvLayerShape>& layers, int32_t n_ctx, int32_t swa_window, int32_t max_batch,
+                 int32_t keep_back)
+    : n_ctx_(n_ctx), max_batch_(max_batch),
+      pool_(KvPool::for_one_sequence(layers, n_ctx, swa_window, max_batch, keep_back)) {}
+
+int32_t KvCache::capacity(size_t layer) const {
+  const KvKind kind = pool_.shape(layer).is_swa ? KvKind::Swa : KvKind::Full;
+  return int32_t(std::min<int64_t>(n_ctx_, pool_.n_blocks(kind) * pool_.block_size()));
+}
+
+std::string KvCache::describe() const { return pool_.describe(n_ctx_); }
 
 }  // namespace step35

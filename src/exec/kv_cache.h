@@ -59,6 +59,12 @@ class KvPool {
                                                          int32_t keep_back = 0);
   // Bytes of one block of each kind.
   static std::pair<size_t, size_t> block_bytes(const std::vector<KvLayerShape>& layers, int32_t block_size);
+  // A pool sized for one sequence of n_ctx positions written at most max_batch at a time.
+  // Throws std::invalid_argument for n_ctx or max_batch below 1.
+  static KvPool for_one_sequence(const std::vector<KvLayerShape>& layers, int32_t n_ctx, int32_t swa_window,
+                                 int32_t max_batch, int32_t keep_back = 0);
+  // One line for logs: size, layers and the positions each kind holds for a sequence of n_ctx.
+  std::string describe(int32_t n_ctx) const;
 
   int32_t block_size() const { return block_size_; }
   int32_t swa_window() const { return swa_window_; }

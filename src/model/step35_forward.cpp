@@ -89,6 +89,40 @@ class ForwardPass {
   void dense_ffn(int il);
   void moe_ffn(int il);
 
+  // The steps of moe_ffn and what they hand on.
+  struct MoeRoute {          // the experts each token goes to
+    int64_t K = 0;           // experts per token (the layer's top-k)
+    int32_t* topk = nullptr;    // [T][K] expert ids, best first
+    int32_t* n_kept = nullptr;  // [T] how many of them run (fewer under the adaptive policy)
+    float* w_raw = nullptr;     // [T][K] router probabilities of the selected experts
+    float* w = nullptr;         // [T][K] combination weights (0 for the dropped ones)
+  };
+  struct ExpertGroups {      // the kept (token, slot) pairs by expert
+    const std::vector<std::vector<int32_t>>* tokens = nullptr;  // per expert: its tokens, in order
+    int64_t* first_row = nullptr;  // per expert: its first row in the products
+    int32_t* slot_row = nullptr;   // (token * K + slot) -> row
+    int64_t n_rows = 0;
+  };
+  struct ExpertActs {        // SwiGLU outputs in the down projections' input formats
+    kernels::ActType type = kernels::ActType::F32, shared_type = kernels::ActType::F32;
+    size_t stride = 0, shared_stride = 0;
+    uint8_t* rows = nullptr;    // a row per (token, slot) pair
+    uint8_t* shared = nullptr;  // a row per token (null without a shared expert)
+  };
+  struct ExpertOutputs {     // down products
+    float* down = nullptr;      // a row of n_embd per (token, slot) pair
+    float* shared = nullptr;    // a row per token (null without a shared expert)
+  };
+  MoeRoute route_tokens(int il);
+  void route_token(const LayerWeights& W, int64_t t, float* router_row, const MoeRoute& r) const;
+  ExpertGroups group_by_expert(const MoeRoute& route);
+  void record_routing(int il, const MoeRoute& route, const ExpertGroups& groups);
+  ExpertOutputs expert_products(int il, const ExpertGroups& groups);
+  bool computes_here(int il, int64_t e) const;  // expert e of block il runs in this process
+  ExpertActs expert_gate_up(int il, const ExpertGroups& groups);
+  ExpertOutputs expert_down(int il, const ExpertGroups& groups, const ExpertActs& acts);
+  void combine_experts(int il, const MoeRoute& route, const ExpertGroups& groups, const ExpertOutputs& outputs);
+
   void dump(const char* name, int layer, const float* data, int64_t n) {
     if (opts_.dump) opts_.dump(name, layer, data, n);
   }
@@ -419,102 +453,137 @@ void ForwardPass::dense_ffn(int il) {
   run_matmuls(ws_.jobs, pool_);
 }
 
-// §2.6 MoE: sigmoid router in F32, top-k by score + selection bias (G8), unbiased weights
-// renormalised and scaled, each routed expert's SwiGLU (routed clamp), plus the shared
-// expert. Tokens are grouped by expert so each selected expert's weights are read once
-// per batch; all experts' gate/up products form one parallel section, all down products
-// another.
+// §2.6 MoE, in four named steps that pass their results explicitly: route (sigmoid router
+// in F32, top-k by score + selection bias (G8), unbiased weights renormalised and scaled),
+// group the (token, expert) pairs by expert so each selected expert's weights are read
+// once per batch, the expert products (every expert's gate/up products in one parallel
+// section with the shared expert's, then every down product, the routed clamp applied in
+// between), and the weighted combination plus the shared expert.
 void ForwardPass::moe_ffn(int il) {
+  const MoeRoute route = route_tokens(il);
+  const ExpertGroups groups = group_by_expert(route);
+  record_routing(il, route, groups);
+  const ExpertOutputs outputs = expert_products(il, groups);
+  combine_experts(il, route, groups, outputs);
+}
+
+ForwardPass::MoeRoute ForwardPass::route_tokens(int il) {
   const LayerHParams& L = hp_.layers[size_t(il)];
   const LayerWeights& W = m_.layers_[size_t(il)];
-  const int64_t E = hp_.n_embd, X = hp_.n_expert, K = L.n_expert_used, F = L.n_ff_exp, T = T_;
-
+  const int64_t X = hp_.n_expert, K = L.n_expert_used, T = T_;
   float* logits = ws_.router.get(size_t(T * X));
   ws_.jobs.clear();
   add_job(W.ffn_gate_inp, acts_for(W.ffn_gate_inp), logits, X);
   run_matmuls(ws_.jobs, pool_);
 
-  int32_t* topk = ws_.moe_topk.get(size_t(T * K));
-  int32_t* n_kept = ws_.moe_topk_n.get(size_t(T));
-  float* w_raw = ws_.moe_weights_raw.get(size_t(T * K));
-  float* w = ws_.moe_weights.get(size_t(T * K));
-  for_each_row(T, pool_, 32, [&](int64_t t) {
-    float* p = logits + t * X;
-    if (hp_.gating_sigmoid) {
-      for (int64_t e = 0; e < X; ++e) p[e] = sigmoid(p[e]);
-    } else {
-      const float mx = *std::max_element(p, p + X);
-      float sum = 0;
-      for (int64_t e = 0; e < X; ++e) sum += (p[e] = std::exp(p[e] - mx));
-      for (int64_t e = 0; e < X; ++e) p[e] /= sum;
-    }
-    // Top-k by selection score, kept sorted by insertion (k is small; no full sort).
-    // Ties go to the lower expert id.
-    int32_t* ids = topk + t * K;
-    float sel_top[64];
-    float* sel = K <= 64 ? sel_top : nullptr;
-    thread_local std::vector<float> sel_big;
-    if (!sel) {
-      sel_big.resize(size_t(K));
-      sel = sel_big.data();
-    }
-    int64_t n = 0;
-    for (int64_t e = 0; e < X; ++e) {
-      const float s = p[e] + (W.exp_probs_b.empty() ? 0.0f : W.exp_probs_b[size_t(e)]);
-      if (n == K && !(s > sel[K - 1])) continue;
-      int64_t j = n < K ? n++ : K - 1;
-      while (j > 0 && s > sel[j - 1]) {
-        sel[j] = sel[j - 1];
-        ids[j] = ids[j - 1];
-        --j;
-      }
-      sel[j] = s;
-      ids[j] = int32_t(e);
-    }
-    float sum = 0;
-    for (int64_t k = 0; k < K; ++k) sum += (w_raw[t * K + k] = p[ids[k]]);
-    int64_t keep = K;
-    const RoutingPolicy& rp = chunks_[size_t(chunk_of_[t])].routing;
-    if (rp.adaptive_mass > 0) {
-      // Smallest top-ranked prefix whose normalised weight reaches the mass (lossy).
-      const int64_t min_k = std::clamp<int64_t>(rp.adaptive_min_k, 1, K);
-      float acc = 0;
-      keep = 0;
-      while (keep < K && (keep < min_k || acc < rp.adaptive_mass * sum)) acc += w_raw[t * K + keep++];
-      if (keep < K) sum = acc;
-    }
-    n_kept[t] = int32_t(keep);
-    const float norm = hp_.expert_weights_norm ? 1.0f / std::max(sum, 6.103515625e-5f) : 1.0f;
-    for (int64_t k = 0; k < K; ++k) w[t * K + k] = k < keep ? w_raw[t * K + k] * norm * hp_.expert_weights_scale : 0.0f;
-  });
+  MoeRoute r;
+  r.K = K;
+  r.topk = ws_.moe_topk.get(size_t(T * K));
+  r.n_kept = ws_.moe_topk_n.get(size_t(T));
+  r.w_raw = ws_.moe_weights_raw.get(size_t(T * K));
+  r.w = ws_.moe_weights.get(size_t(T * K));
+  for_each_row(T, pool_, 32, [&](int64_t t) { route_token(W, t, logits + t * X, r); });
   if (opts_.dump) {
-    std::vector<float> ids(topk, topk + T * K);
+    std::vector<float> ids(r.topk, r.topk + T * K);
     dump("ffn_moe_topk", il, ids.data(), T * K);
-    dump("ffn_moe_weights", il, w_raw, T * K);
-    dump("ffn_moe_weights_scaled", il, w, T * K);
+    dump("ffn_moe_weights", il, r.w_raw, T * K);
+    dump("ffn_moe_weights_scaled", il, r.w, T * K);
   }
+  return r;
+}
 
-  // Group (token, slot) pairs by expert; rows of each expert are contiguous in gu/down.
+// One token's routing from its router logits p (turned into probabilities in place).
+void ForwardPass::route_token(const LayerWeights& W, int64_t t, float* p, const MoeRoute& r) const {
+  const int64_t X = hp_.n_expert, K = r.K;
+  if (hp_.gating_sigmoid) {
+    for (int64_t e = 0; e < X; ++e) p[e] = sigmoid(p[e]);
+  } else {
+    const float mx = *std::max_element(p, p + X);
+    float sum = 0;
+    for (int64_t e = 0; e < X; ++e) sum += (p[e] = std::exp(p[e] - mx));
+    for (int64_t e = 0; e < X; ++e) p[e] /= sum;
+  }
+  // Top-k by selection score, kept sorted by insertion (k is small; no full sort).
+  // Ties go to the lower expert id.
+  int32_t* ids = r.topk + t * K;
+  float sel_top[64];
+  float* sel = K <= 64 ? sel_top : nullptr;
+  thread_local std::vector<float> sel_big;
+  if (!sel) {
+    sel_big.resize(size_t(K));
+    sel = sel_big.data();
+  }
+  int64_t n = 0;
+  for (int64_t e = 0; e < X; ++e) {
+    const float s = p[e] + (W.exp_probs_b.empty() ? 0.0f : W.exp_probs_b[size_t(e)]);
+    if (n == K && !(s > sel[K - 1])) continue;
+    int64_t j = n < K ? n++ : K - 1;
+    while (j > 0 && s > sel[j - 1]) {
+      sel[j] = sel[j - 1];
+      ids[j] = ids[j - 1];
+      --j;
+    }
+    sel[j] = s;
+    ids[j] = int32_t(e);
+  }
+  float* w_raw = r.w_raw + t * K;
+  float sum = 0;
+  for (int64_t k = 0; k < K; ++k) sum += (w_raw[k] = p[ids[k]]);
+  int64_t keep = K;
+  const RoutingPolicy& rp = chunks_[size_t(chunk_of_[t])].routing;
+  if (rp.adaptive_mass > 0) {
+    // Smallest top-ranked prefix whose normalised weight reaches the mass (lossy).
+    const int64_t min_k = std::clamp<int64_t>(rp.adaptive_min_k, 1, K);
+    float acc = 0;
+    keep = 0;
+    while (keep < K && (keep < min_k || acc < rp.adaptive_mass * sum)) acc += w_raw[keep++];
+    if (keep < K) sum = acc;
+  }
+  r.n_kept[t] = int32_t(keep);
+  const float norm = hp_.expert_weights_norm ? 1.0f / std::max(sum, 6.103515625e-5f) : 1.0f;
+  for (int64_t k = 0; k < K; ++k) r.w[t * K + k] = k < keep ? w_raw[k] * norm * hp_.expert_weights_scale : 0.0f;
+}
+
+// The kept (token, slot) pairs grouped by expert: expert e's rows of the products are
+// [first_row[e], first_row[e] + tokens[e].size()).
+ForwardPass::ExpertGroups ForwardPass::group_by_expert(const MoeRoute& route) {
+  const int64_t X = hp_.n_expert, K = route.K, T = T_;
   if (ws_.expert_tokens.size() < size_t(X)) {
     ws_.expert_tokens.resize(size_t(X));
     ws_.expert_slots.resize(size_t(X));
   }
   for (int64_t e = 0; e < X; ++e) ws_.expert_tokens[size_t(e)].clear(), ws_.expert_slots[size_t(e)].clear();
-  RoutingStats scratch_stats;
-  RoutingStats& rs = collect_routing_ ? out_.routing : scratch_stats;
-  for (int64_t t = 0; t < T; ++t) {
-    const int64_t keep = n_kept[t];
-    for (int64_t k = 0; k < keep; ++k) {
-      const int32_t e = topk[t * K + k];
+  for (int64_t t = 0; t < T; ++t)
+    for (int64_t k = 0; k < route.n_kept[t]; ++k) {
+      const int32_t e = route.topk[t * K + k];
       ws_.expert_tokens[size_t(e)].push_back(int32_t(t));
       ws_.expert_slots[size_t(e)].push_back(int32_t(t * K + k));
     }
-    // Statistics: entropy of the normalised weights of the kept experts.
+  ExpertGroups g;
+  g.tokens = &ws_.expert_tokens;
+  g.slot_row = ws_.slot_row.get(size_t(T * K));
+  g.first_row = ws_.expert_first_row.get(size_t(X));
+  for (int64_t e = 0; e < X; ++e) {
+    g.first_row[e] = g.n_rows;
+    for (int32_t slot : ws_.expert_slots[size_t(e)]) g.slot_row[slot] = int32_t(g.n_rows++);
+  }
+  return g;
+}
+
+// The pass's routing statistics (entropy of the kept experts' normalised weights, expert
+// counts, adaptive-policy use) and the expert-count observer (--record-experts).
+void ForwardPass::record_routing(int il, const MoeRoute& route, const ExpertGroups& groups) {
+  const int64_t X = hp_.n_expert, K = route.K, T = T_;
+  RoutingStats scratch_stats;
+  RoutingStats& rs = collect_routing_ ? out_.routing : scratch_stats;
+  for (int64_t t = 0; t < T; ++t) {
+    const int64_t keep = route.n_kept[t];
+    const float* w_raw = route.w_raw + t * K;
     float s = 0;
-    for (int64_t k = 0; k < keep; ++k) s += w_raw[t * K + k];
+    for (int64_t k = 0; k < keep; ++k) s += w_raw[k];
     double h = 0;
     for (int64_t k = 0; k < keep && s > 0; ++k) {
-      const double pk = double(w_raw[t * K + k]) / s;
+      const double pk = double(w_raw[k]) / s;
       if (pk > 0) h -= pk * std::log(pk);
     }
     rs.entropy_sum += h;
@@ -528,62 +597,63 @@ void ForwardPass::moe_ffn(int il) {
   if (!collect_routing_) moe_index_ = 0;
   rs.expert_counts.resize(size_t((moe_index_ + 1) * X), 0);
   int32_t* counts = rs.expert_counts.data() + moe_index_ * X;
-  int64_t distinct = 0, max_count = 0, total = 0;
+  int64_t distinct = 0;
   for (int64_t e = 0; e < X; ++e) {
-    const int64_t c = int64_t(ws_.expert_tokens[size_t(e)].size());
+    const int64_t c = int64_t((*groups.tokens)[size_t(e)].size());
     counts[e] = int32_t(c);
     distinct += c > 0;
-    max_count = std::max(max_count, c);
-    total += c;
   }
   rs.distinct_experts_sum += distinct;
-  if (distinct > 0) rs.skew_sum += double(max_count) / (double(total) / double(distinct));
   if (m_.expert_observer_) m_.expert_observer_->observe(il, counts, X);
   ++moe_index_;
+}
 
-  int32_t* slot_row = ws_.slot_row.get(size_t(T * K));
-  int64_t* first_row = ws_.expert_first_row.get(size_t(X));
-  int64_t n_rows = 0;
-  for (int64_t e = 0; e < X; ++e) {
-    first_row[e] = n_rows;
-    for (int32_t slot : ws_.expert_slots[size_t(e)]) slot_row[slot] = int32_t(n_rows++);
-  }
-  // Expert parallelism: hand the other processes' experts over first, so they compute
-  // while this one computes its own experts and the shared expert.
+// Every routed expert's SwiGLU over its rows, and the shared expert's over every token.
+// Expert parallelism: the other processes' experts are handed over first, so they compute
+// while this one computes its own experts and the shared expert; their rows of `down`
+// arrive at the end.
+ForwardPass::ExpertOutputs ForwardPass::expert_products(int il, const ExpertGroups& groups) {
+  const LayerWeights& W = m_.layers_[size_t(il)];
   ExpertExecutor* remote = m_.experts_;
-  auto local = [&](int64_t e) { return !remote || remote->is_local(il, int32_t(e)); };
-  if (remote) remote->begin(il, acts_for(W.ffn_gate_exps), ws_.expert_tokens, prec_);
+  if (remote) remote->begin(il, acts_for(W.ffn_gate_exps), *groups.tokens, prec_);
   if (W.ffn_gate_exps.lazy || W.ffn_up_exps.lazy || W.ffn_down_exps.lazy) {
     // Experts repacked on first use: make the copies of those this pass computes.
     std::vector<int32_t>& routed = ws_.routed_experts;
     routed.clear();
-    for (int64_t e = 0; e < X; ++e)
-      if (!ws_.expert_tokens[size_t(e)].empty() && local(e)) routed.push_back(int32_t(e));
+    for (int64_t e = 0; e < hp_.n_expert; ++e)
+      if (!(*groups.tokens)[size_t(e)].empty() && computes_here(il, e)) routed.push_back(int32_t(e));
     m_.prepare_experts(il, routed.data(), int64_t(routed.size()), pool_);
   }
+  const ExpertActs acts = expert_gate_up(il, groups);
+  ExpertOutputs out = expert_down(il, groups, acts);
+  if (remote) remote->finish(il, *groups.tokens, groups.first_row, out.down);
+  return out;
+}
 
-  float* gu = ws_.gu.get(size_t(2 * std::max<int64_t>(n_rows, 1) * F));
+bool ForwardPass::computes_here(int il, int64_t e) const {
+  return !m_.experts_ || m_.experts_->is_local(il, int32_t(e));
+}
+
+// Gate/up products of every routed expert computed here and of the shared expert (one
+// parallel section), then their SwiGLU straight into the down projections' input format.
+ForwardPass::ExpertActs ForwardPass::expert_gate_up(int il, const ExpertGroups& groups) {
+  const LayerHParams& L = hp_.layers[size_t(il)];
+  const LayerWeights& W = m_.layers_[size_t(il)];
+  const int64_t F = L.n_ff_exp, T = T_, n_rows = groups.n_rows;
   const bool has_shared = W.ffn_up_shexp.present();
   const int64_t FS = has_shared ? W.ffn_up_shexp.n_out : 0;
+  float* gu = ws_.gu.get(size_t(2 * std::max<int64_t>(n_rows, 1) * F));
   float* sgu = ws_.shared_gu.get(size_t(std::max<int64_t>(2 * T * FS, 1)));
   ws_.jobs.clear();
-  {
-    const kernels::ActRows all = acts_for(W.ffn_gate_exps);
-    int64_t row = 0;
-    for (int64_t e = 0; e < X; ++e) {
-      const auto& toks = ws_.expert_tokens[size_t(e)];
-      if (toks.empty()) continue;
-      if (!local(e)) {
-        row += int64_t(toks.size());
-        continue;
-      }
-      kernels::ActRows x = all;
-      x.idx = toks.data();
-      x.n_tok = int64_t(toks.size());
-      add_job(W.ffn_gate_exps.matrix(e), x, gu + row * F, F);
-      add_job(W.ffn_up_exps.matrix(e), x, gu + (n_rows + row) * F, F);
-      row += x.n_tok;
-    }
+  const kernels::ActRows all = acts_for(W.ffn_gate_exps);
+  for (int64_t e = 0; e < hp_.n_expert; ++e) {
+    const auto& toks = (*groups.tokens)[size_t(e)];
+    if (toks.empty() || !computes_here(il, e)) continue;
+    kernels::ActRows x = all;
+    x.idx = toks.data();
+    x.n_tok = int64_t(toks.size());
+    add_job(W.ffn_gate_exps.matrix(e), x, gu + groups.first_row[e] * F, F);
+    add_job(W.ffn_up_exps.matrix(e), x, gu + (n_rows + groups.first_row[e]) * F, F);
   }
   if (has_shared) {
     add_job(W.ffn_gate_shexp, acts_for(W.ffn_gate_shexp), sgu, FS);
@@ -591,76 +661,79 @@ void ForwardPass::moe_ffn(int il) {
   }
   run_matmuls(ws_.jobs, pool_);
 
-  // SwiGLU of every routed row straight into the down projections' input format.
-  const kernels::ActType at = kernels::act_type(W.ffn_down_exps.type, prec_);
-  const size_t stride = kernels::act_row_bytes(at, F);
-  uint8_t* act = ws_.down_act.get(stride * size_t(std::max<int64_t>(n_rows, 1)));
+  ExpertActs a;
+  a.type = kernels::act_type(W.ffn_down_exps.type, prec_);
+  a.stride = kernels::act_row_bytes(a.type, F);
+  a.rows = ws_.down_act.get(a.stride * size_t(std::max<int64_t>(n_rows, 1)));
   uint8_t* row_local = nullptr;  // with remote experts: whether row r is computed here
-  if (remote) {
+  if (m_.experts_) {
     row_local = ws_.row_local.get(size_t(std::max<int64_t>(n_rows, 1)));
-    for (int64_t e = 0; e < X; ++e)
-      std::fill_n(row_local + first_row[e], ws_.expert_tokens[size_t(e)].size(), uint8_t(local(e)));
+    for (int64_t e = 0; e < hp_.n_expert; ++e)
+      std::fill_n(row_local + groups.first_row[e], (*groups.tokens)[size_t(e)].size(), uint8_t(computes_here(il, e)));
   }
   for_each_row(n_rows, pool_, 32, [&](int64_t r) {
     if (row_local && !row_local[r]) return;
-    kernels::swiglu_convert(at, gu + r * F, gu + (n_rows + r) * F, F, L.clamp_exp, 1, F, act + size_t(r) * stride);
+    kernels::swiglu_convert(a.type, gu + r * F, gu + (n_rows + r) * F, F, L.clamp_exp, 1, F, a.rows + size_t(r) * a.stride);
   });
-  kernels::ActType sat = kernels::ActType::F32;
-  size_t sstride = 0;
-  uint8_t* sact = nullptr;
   if (has_shared) {
-    sat = kernels::act_type(W.ffn_down_shexp.type, prec_);
-    sstride = kernels::act_row_bytes(sat, FS);
-    sact = ws_.shared_act.get(sstride * size_t(T));
+    a.shared_type = kernels::act_type(W.ffn_down_shexp.type, prec_);
+    a.shared_stride = kernels::act_row_bytes(a.shared_type, FS);
+    a.shared = ws_.shared_act.get(a.shared_stride * size_t(T));
     for_each_row(T, pool_, 16, [&](int64_t t) {
-      kernels::swiglu_convert(sat, sgu + t * FS, sgu + (T + t) * FS, FS, L.clamp_shexp, 1, FS, sact + size_t(t) * sstride);
+      kernels::swiglu_convert(a.shared_type, sgu + t * FS, sgu + (T + t) * FS, FS, L.clamp_shexp, 1, FS,
+                              a.shared + size_t(t) * a.shared_stride);
     });
   }
+  return a;
+}
 
-  float* down = ws_.down.get(size_t(std::max<int64_t>(n_rows, 1) * E));
-  float* shared_out = ws_.shared_out.get(size_t(T * E));
+// Down products of every routed expert computed here and of the shared expert (one
+// parallel section): a row per (token, slot) pair, and one per token for the shared expert.
+ForwardPass::ExpertOutputs ForwardPass::expert_down(int il, const ExpertGroups& groups, const ExpertActs& acts) {
+  const LayerWeights& W = m_.layers_[size_t(il)];
+  const int64_t E = hp_.n_embd, T = T_;
+  ExpertOutputs out;
+  out.down = ws_.down.get(size_t(std::max<int64_t>(groups.n_rows, 1) * E));
   ws_.jobs.clear();
-  {
-    int64_t row = 0;
-    for (int64_t e = 0; e < X; ++e) {
-      const int64_t n = int64_t(ws_.expert_tokens[size_t(e)].size());
-      if (n == 0) continue;
-      if (!local(e)) {
-        row += n;
-        continue;
-      }
-      kernels::ActRows x;
-      x.type = at;
-      x.data = act + size_t(row) * stride;
-      x.stride = stride;
-      x.n_tok = n;
-      add_job(W.ffn_down_exps.matrix(e), x, down + row * E, E);
-      row += n;
-    }
-  }
-  if (has_shared) {
+  for (int64_t e = 0; e < hp_.n_expert; ++e) {
+    const int64_t n = int64_t((*groups.tokens)[size_t(e)].size());
+    if (n == 0 || !computes_here(il, e)) continue;
     kernels::ActRows x;
-    x.type = sat;
-    x.data = sact;
-    x.stride = sstride;
+    x.type = acts.type;
+    x.data = acts.rows + size_t(groups.first_row[e]) * acts.stride;
+    x.stride = acts.stride;
+    x.n_tok = n;
+    add_job(W.ffn_down_exps.matrix(e), x, out.down + groups.first_row[e] * E, E);
+  }
+  if (acts.shared) {
+    out.shared = ws_.shared_out.get(size_t(T * E));
+    kernels::ActRows x;
+    x.type = acts.shared_type;
+    x.data = acts.shared;
+    x.stride = acts.shared_stride;
     x.n_tok = T;
-    add_job(W.ffn_down_shexp, x, shared_out, E);
+    add_job(W.ffn_down_shexp, x, out.shared, E);
   }
   run_matmuls(ws_.jobs, pool_);
-  if (remote) remote->finish(il, ws_.expert_tokens, first_row, down);
+  return out;
+}
 
-  // Weighted sum in top-k order (the order llama.cpp adds them in), then the shared expert.
+// Weighted sum of each token's expert rows in top-k order (the order llama.cpp adds them
+// in), then the shared expert's row; into ws.tmp, the FFN output.
+void ForwardPass::combine_experts(int il, const MoeRoute& route, const ExpertGroups& groups,
+                                  const ExpertOutputs& outputs) {
+  const int64_t E = hp_.n_embd, K = route.K, T = T_;
   float* out = ws_.tmp.get(size_t(T * E));
   for_each_row(T, pool_, 16, [&](int64_t t) {
     float* o = out + t * E;
     std::fill(o, o + E, 0.0f);
-    for (int64_t k = 0; k < n_kept[t]; ++k)
-      kernels::axpy_f32(w[t * K + k], down + int64_t(slot_row[t * K + k]) * E, o, E);
+    for (int64_t k = 0; k < route.n_kept[t]; ++k)
+      kernels::axpy_f32(route.w[t * K + k], outputs.down + int64_t(groups.slot_row[t * K + k]) * E, o, E);
   });
   dump("ffn_moe_out", il, out, T * E);
-  if (has_shared) {
-    dump("ffn_shared_out", il, shared_out, T * E);
-    for (int64_t i = 0; i < T * E; ++i) out[i] += shared_out[i];
+  if (outputs.shared) {
+    dump("ffn_shared_out", il, outputs.shared, T * E);
+    for (int64_t i = 0; i < T * E; ++i) out[i] += outputs.shared[i];
   }
 }
 

@@ -61,12 +61,11 @@ struct Workspace {
   Scratch<int32_t> slot_row;              // (token*K + slot) -> row in gu/down
   Scratch<int64_t> expert_first_row;      // per expert: its first row in gu/down
   Scratch<uint8_t> row_local;             // expert parallelism: row computed in this process
-  Scratch<uint8_t> o_act, down_act, shared_act;
+  Scratch<uint8_t> down_act, shared_act;
   ActCache acts;                          // of the current normed input (attention or FFN)
   ActCache o_acts;
   ActCache final_acts;
   std::vector<MatJob> jobs;
-  Scratch<int32_t> expert_count;
   struct RopeKey {
     int32_t n_rot;
     float base;

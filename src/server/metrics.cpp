@@ -114,7 +114,7 @@ std::string ServerMetrics::render(const EngineStats& s, bool ready) const {
   for (int which = 0; which < 3; ++which) {
     const PositionSeries& ps = series[which];
     out += std::string("# HELP ") + ps.name + " " + ps.help + "\n# TYPE " + ps.name + " " + ps.type + "\n";
-    for (int k = 1; k <= 3; ++k) {
+    for (int k = 1; k <= kMaxDrafts; ++k) {
       const double drafted = double(s.mtp_drafted[k]), accepted = double(s.mtp_accepted[k]);
       const double value = which == 0 ? drafted : which == 1 ? accepted : (drafted > 0 ? accepted / drafted : 0.0);
       out += std::string(ps.name) + "{position=\"" + std::to_string(k) + "\"} " + num(value) + "\n";

@@ -12,6 +12,7 @@
 #include <nlohmann/json.hpp>
 
 #include "engine/sampler.h"
+#include "server/server.h"
 
 namespace step35::server {
 
@@ -45,8 +46,10 @@ class Fields {
 };
 
 // The sampling fields common to the OpenAI endpoints: temperature, top_p, top_k, min_p,
-// seed, presence/frequency/repetition penalties. Defaults follow OpenAI (temperature 1,
-// top_p 1) with top_k/min_p off. A random seed when none is given.
-SamplingParams sampling_from(const Fields& f);
+// typical_p, seed, presence/frequency/repetition penalties and their window, logit_bias
+// ({"token id": bias -100..100}, ids checked against `n_vocab`). What a request leaves out
+// comes from `defaults` (the server's flags; OpenAI's values unless set). A random seed
+// when none is given.
+SamplingParams sampling_from(const Fields& f, const SamplingParams& defaults, int32_t n_vocab);
 
 }  // namespace step35::server
