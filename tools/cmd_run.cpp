@@ -17,10 +17,10 @@ namespace {
 
 // run's own settings; the others are SamplingParams and GeneratorOptions.
 struct RunSettings {
-  std::string model, prompt, file, system, mtp;
+  std::string model, prompt, file, system, mtp, chat_template_file;
   int32_t n_predict = 128;
   int32_t threads = default_threads();
-  bool chat = false, ignore_eos = false, special = false, exact = false;
+  bool chat = false, verbose_prompt = false, ignore_eos = false, special = false, exact = false;
 };
 
 std::string read_prompt_file(const std::string& path) {
@@ -49,6 +49,10 @@ static int run_main(const Args& args) {
   p.option("-n,--n-predict", "N", "tokens to generate; stops earlier at end of generation", rs.n_predict, 0, 1 << 30);
   p.option("--chat", "wrap the prompt as a user message in the model's chat template", rs.chat);
   p.option("--system", "TEXT", "system message for --chat", rs.system);
+  p.option("--chat-template-file", "FILE", "Jinja chat template for --chat, instead of the model file's "
+           "tokenizer.chat_template", rs.chat_template_file, "the model file's");
+  p.option("--verbose-prompt", "print the prompt (with --chat: as the template rendered it) to stderr before "
+           "generating", rs.verbose_prompt);
   add_sampling_flags(p, sp);
   p.flag("--seed", "S", "random seed; a fixed seed reproduces a run", "random, printed");
   add_threads_flag(p, rs.threads);
@@ -92,17 +96,22 @@ static int run_main(const Args& args) {
   const Tokenizer& tok = model->tokenizer();
 
   std::vector<int32_t> tokens;
+  if (!rs.chat && p.has("chat-template-file")) throw UsageError("--chat-template-file needs --chat");
   if (rs.chat) {
-    ChatTemplate tmpl(model->file().opt_str("tokenizer.chat_template").value_or(""),
-                      tok.bos() >= 0 ? tok.token_to_piece(tok.bos()) : "");
+    // A template that cannot be read or parsed, or that refuses the conversation, ends the
+    // run with its one-line error.
+    const ChatTemplate tmpl(ChatTemplateSource::from_model(model->file(), tok, rs.chat_template_file));
     std::vector<ChatMessage> msgs;
     if (p.has("system")) msgs.push_back({"system", rs.system, "", {}, ""});
     msgs.push_back({"user", prompt, "", {}, ""});
     const std::string rendered = tmpl.render(msgs);
-    tokens = tok.encode(rendered, !tmpl.renders_bos(), true);
+    if (rs.verbose_prompt) std::fprintf(stderr, "prompt:\n%s\n", rendered.c_str());
+    tokens = tok.encode(rendered, !tmpl.starts_with_bos(rendered), true);
   } else {
+    if (rs.verbose_prompt) std::fprintf(stderr, "prompt:\n%s\n", prompt.c_str());
     tokens = tok.encode(prompt, true, false);
   }
+  if (rs.verbose_prompt) std::fprintf(stderr, "prompt tokens: %zu\n", tokens.size());
   if (!p.has("ctx-size")) go.n_ctx = std::min(go.n_ctx, model->hparams().n_ctx_train);
   const int n_ctx = go.n_ctx;
   if (int64_t(tokens.size()) >= n_ctx)

@@ -106,6 +106,8 @@ static int serve_main(const Args& args) {
   bool exact = false, log_steps = false;
   p.option("-m,--model", "FILE", "GGUF model (first part of a split model)", o.model_path, "the built-in tiny model");
   p.option("--alias", "NAME", "model id reported by /v1/models", o.model_id, "the model file name");
+  p.option("--chat-template-file", "FILE", "Jinja chat template to render requests with, instead of the model "
+           "file's tokenizer.chat_template", o.chat_template_file, "the model file's");
   p.option("--host", "ADDR", "address to listen on", o.host);
   p.option("--port", "N", "TCP port (0: any free port, printed at start); a port in use is an error (exit 1)", o.port,
            0, 65535);

@@ -4,8 +4,7 @@
 //   reasoning \n</think>\n content
 //   <tool_call>\n<function=NAME>\n<parameter=KEY>\nVALUE\n</parameter>\n...</function>\n</tool_call>
 //
-// (The prompt renderer, chat_template.cpp, writes the same markers into prompts; it is to
-// be replaced by a Jinja interpreter running the GGUF's own template.)
+// (Prompts get the same markers from the model's own Jinja template, chat_template.h.)
 #pragma once
 
 #include <cstdint>

@@ -270,8 +270,42 @@ class MessageStream final : public EventWriter {
 
 }  // namespace
 
+nlohmann::ordered_json anthropic_ordered_chat(const json& chat, const nlohmann::ordered_json& anthropic) {
+  using ordered_json = nlohmann::ordered_json;
+  ordered_json out = ordered_json::object();
+  out["messages"] = chat.contains("messages") ? ordered_json(chat["messages"]) : ordered_json::array();
+  // Tools: one per Anthropic tool, in its order (tool_fields checked them).
+  if (chat.contains("tools") && anthropic.contains("tools") && anthropic["tools"].is_array()) {
+    ordered_json tools = ordered_json::array();
+    for (const ordered_json& t : anthropic["tools"]) {
+      ordered_json fn = ordered_json::object();
+      fn["name"] = t["name"];
+      fn["description"] = t.contains("description") && t["description"].is_string() ? t["description"] : ordered_json("");
+      fn["parameters"] = t.contains("input_schema") ? t["input_schema"] : ordered_json::object();
+      tools.push_back({{"type", "function"}, {"function", std::move(fn)}});
+    }
+    out["tools"] = std::move(tools);
+  }
+  // Tool-call arguments: add_message turns the tool_use blocks into calls one for one, in
+  // order, so the k-th call's arguments are the k-th block's input.
+  std::vector<const ordered_json*> inputs;
+  if (anthropic.contains("messages") && anthropic["messages"].is_array())
+    for (const ordered_json& m : anthropic["messages"])
+      if (m.is_object() && m.contains("content") && m["content"].is_array())
+        for (const ordered_json& b : m["content"])
+          if (b.is_object() && b.value("type", "") == "tool_use" && b.contains("input")) inputs.push_back(&b["input"]);
+  size_t k = 0;
+  for (ordered_json& m : out["messages"])
+    if (m.contains("tool_calls"))
+      for (ordered_json& call : m["tool_calls"])
+        if (k < inputs.size()) call["function"]["arguments"] = *inputs[k++];
+  return out;
+}
+
 void handle_messages(ServerContext& ctx, const json& body, HttpExchange& ex) {
-  ChatPlan plan = plan_chat(ctx, anthropic_to_openai(body));
+  const json chat = anthropic_to_openai(body);
+  const nlohmann::ordered_json ordered = ex.ordered_body ? anthropic_ordered_chat(chat, *ex.ordered_body) : nullptr;
+  ChatPlan plan = plan_chat(ctx, chat, ex.ordered_body ? &ordered : nullptr);
   const Tokenizer& tok = ctx.tokenizer();
   std::vector<ChoiceText> texts;
   texts.emplace_back(tok, plan.text_options(random_id("toolu_") + "_", 0));
@@ -306,7 +340,8 @@ void handle_messages(ServerContext& ctx, const json& body, HttpExchange& ex) {
 void handle_count_tokens(ServerContext& ctx, const json& body, HttpExchange& ex) {
   json chat = anthropic_to_openai(body, true);
   chat["max_tokens"] = 1;
-  const ChatPlan plan = plan_chat(ctx, chat);
+  const nlohmann::ordered_json ordered = ex.ordered_body ? anthropic_ordered_chat(chat, *ex.ordered_body) : nullptr;
+  const ChatPlan plan = plan_chat(ctx, chat, ex.ordered_body ? &ordered : nullptr);
   set_json(ex.res, {{"input_tokens", plan.request.prompt.size()}});
 }
 

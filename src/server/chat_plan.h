@@ -38,25 +38,29 @@ struct ChatPlan : ResponsePlan {
   nlohmann::json tools;            // declared tools (null: none, or tool_choice "none")
   bool single_tool_call = false;   // parallel_tool_calls: false
   bool legacy_functions = false;   // the request used `functions`: answer with function_call
+  std::string prompt_text;         // the rendered prompt (what /apply-template returns)
   // How choice `index`'s text is assembled (tool-call ids start with `id_prefix`).
   ChoiceTextOptions text_options(const std::string& id_prefix, int index) const;
 };
 
 // The rendering step, the one place a chat becomes prompt text: the OpenAI-shaped messages
-// and tools with the template's options (chat_template_kwargs, add_generation_prompt,
-// continue_final_message) -> the text, and whether it leaves a think block open (the
-// answer then starts as reasoning). Every chat-shaped endpoint renders through it, so a
-// renderer of the GGUF's own (Jinja) template replaces this function and nothing else.
-// Bad messages throw std::invalid_argument or nlohmann::json::exception.
+// and tools (in the client's key order) with the template's options (chat_template_kwargs,
+// add_generation_prompt, continue_final_message) -> the text the model's Jinja template
+// renders, and whether it leaves a think block open (the answer then starts as reasoning).
+// Every chat-shaped endpoint renders through it. Bad messages and template errors throw
+// std::invalid_argument.
 struct RenderedChat {
   std::string text;
   bool opens_reasoning = false;
 };
-RenderedChat render_chat(const ChatTemplate& chat_template, const nlohmann::json& messages,
-                         const nlohmann::json& tools, const ChatRenderOptions& options);
+RenderedChat render_chat(const ChatTemplate& chat_template, const nlohmann::ordered_json& messages,
+                         const nlohmann::ordered_json& tools, const ChatRenderOptions& options);
 
 // Validates an OpenAI chat body (ApiError 400 naming the field) and plans it.
-ChatPlan plan_chat(ServerContext& ctx, const nlohmann::json& body);
+// `ordered_body`, when given, is the same body in the client's key order: its messages
+// and tools are what the chat template renders (tool definitions and arguments keep that
+// order); without it they are rendered from `body`, keys sorted.
+ChatPlan plan_chat(ServerContext& ctx, const nlohmann::json& body, const nlohmann::ordered_json* ordered_body = nullptr);
 
 // The validation and planning step of the other endpoints, split from their handlers so
 // each can be tested and fuzzed on its own (fuzz/fuzz_server_requests.cpp): every one
@@ -72,6 +76,10 @@ CompletionsPlan plan_completions(ServerContext& ctx, const nlohmann::json& body)
 // POST /v1/messages: the Anthropic body in the OpenAI chat shape (then planned by
 // plan_chat). `counting`: /v1/messages/count_tokens (no max_tokens needed).
 nlohmann::json anthropic_to_openai(const nlohmann::json& body, bool counting = false);
+// The converted body's messages and tools in the client's key order, taken from the
+// Anthropic body as sent (`anthropic`, ordered): each tool's input_schema and each
+// tool_use block's input.
+nlohmann::ordered_json anthropic_ordered_chat(const nlohmann::json& chat, const nlohmann::ordered_json& anthropic);
 
 // POST /v1/responses: the body in the OpenAI chat shape, with what the response needs to
 // echo and store.

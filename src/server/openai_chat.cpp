@@ -162,6 +162,17 @@ json tool_choice_of(const Fields& f) {
   return {{"type", "function"}, {"function", {{"name", fc["name"]}}}};
 }
 
+// The declared tools as the template sees them, in the client's key order: `tools`, then
+// the legacy `functions` wrapped as declared_tools wraps them (already validated there).
+nlohmann::ordered_json ordered_tools(const nlohmann::ordered_json& body) {
+  nlohmann::ordered_json tools = nlohmann::ordered_json::array();
+  if (body.contains("tools") && body["tools"].is_array())
+    for (const auto& t : body["tools"]) tools.push_back(t);
+  if (body.contains("functions") && body["functions"].is_array())
+    for (const auto& fn : body["functions"]) tools.push_back({{"type", "function"}, {"function", fn}});
+  return tools;
+}
+
 // The template's options from the request (chat_template_kwargs, add_generation_prompt,
 // continue_final_message; thinking switched off for a reasoning budget of 0) and the
 // reasoning budget, which the plan keeps.
@@ -177,30 +188,31 @@ ChatRenderOptions render_options(ServerContext& ctx, const Fields& f, ChatPlan& 
   return ro;
 }
 
-// The prompt's tokens, and whether it leaves a think block open (only for a model that has
-// the token that closes it).
-void tokenize_prompt(ServerContext& ctx, const json& messages, const json& tools, const ChatRenderOptions& ro,
-                     ChatPlan& plan) {
+// The prompt's tokens (one BOS: added unless the template wrote it), its text, and whether
+// it leaves a think block open (only for a model that has the token that closes it).
+// `messages` and `tools` are in the client's key order when the endpoint has it.
+void tokenize_prompt(ServerContext& ctx, const nlohmann::ordered_json& messages, const nlohmann::ordered_json& tools,
+                     const ChatRenderOptions& ro, ChatPlan& plan) {
   RenderedChat rendered;
   try {
     rendered = render_chat(*ctx.chat_template, messages, tools, ro);
   } catch (const std::invalid_argument& e) {
     throw ApiError(400, std::string("'messages': ") + e.what(), "messages");
-  } catch (const json::exception& e) {
+  } catch (const nlohmann::ordered_json::exception& e) {
     throw ApiError(400, std::string("'messages': ") + e.what(), "messages");
   }
-  plan.request.prompt = ctx.tokenizer().encode(rendered.text, !ctx.chat_template->renders_bos(), true);
+  plan.request.prompt = ctx.tokenizer().encode(rendered.text, !ctx.chat_template->starts_with_bos(rendered.text), true);
   plan.in_reasoning = ctx.think_end >= 0 && rendered.opens_reasoning;
+  plan.prompt_text = std::move(rendered.text);
 }
 
 }  // namespace
 
-RenderedChat render_chat(const ChatTemplate& chat_template, const json& messages, const json& tools,
-                         const ChatRenderOptions& options) {
-  const std::vector<ChatMessage> msgs = ChatTemplate::messages_from_json(messages);
+RenderedChat render_chat(const ChatTemplate& chat_template, const nlohmann::ordered_json& messages,
+                         const nlohmann::ordered_json& tools, const ChatRenderOptions& options) {
   RenderedChat out;
-  out.text = chat_template.render(msgs, tools, options);
-  out.opens_reasoning = chat_template.opens_reasoning(msgs, options);
+  out.text = chat_template.render(messages, tools, options);
+  out.opens_reasoning = chat_template.opens_reasoning(out.text);
   return out;
 }
 
@@ -215,7 +227,7 @@ ChoiceTextOptions ChatPlan::text_options(const std::string& id_prefix, int index
   return o;
 }
 
-ChatPlan plan_chat(ServerContext& ctx, const json& body) {
+ChatPlan plan_chat(ServerContext& ctx, const json& body, const nlohmann::ordered_json* ordered_body) {
   Fields f(body);
   // Every field of OpenAI's chat completions reference, and llama.cpp's / vLLM's common
   // extensions; docs/server.md says which are implemented and which are accepted and
@@ -243,7 +255,12 @@ ChatPlan plan_chat(ServerContext& ctx, const json& body) {
   f.array("modalities");
 
   const ChatRenderOptions ro = render_options(ctx, f, plan);
-  tokenize_prompt(ctx, *messages, have_tools ? tools : json::array(), ro, plan);
+  if (ordered_body && ordered_body->contains("messages")) {
+    tokenize_prompt(ctx, (*ordered_body)["messages"],
+                    have_tools ? ordered_tools(*ordered_body) : nlohmann::ordered_json::array(), ro, plan);
+  } else {
+    tokenize_prompt(ctx, *messages, have_tools ? tools : json::array(), ro, plan);
+  }
   const Tokenizer& tok = ctx.tokenizer();
   GenerateRequest& r = plan.request;
   r.sampling = sampling_from(f, ctx.options.sampling, int32_t(tok.n_vocab()));
@@ -461,7 +478,7 @@ json chat_completion(const Tokenizer& tok, const ChatPlan& plan, Generation& gen
 }  // namespace
 
 void handle_chat(ServerContext& ctx, json body, const ExecuteOptions* exec, HttpExchange& ex) {
-  ChatPlan plan = plan_chat(ctx, body);
+  ChatPlan plan = plan_chat(ctx, body, ex.ordered_body);
   json step35_info;
   if (exec) {
     plan.request.priority = exec->priority;
@@ -484,6 +501,11 @@ void handle_chat(ServerContext& ctx, json body, const ExecuteOptions* exec, Http
   out["created"] = created;
   if (exec) out["step35"] = step35_info;
   set_json(ex.res, out);
+}
+
+void handle_apply_template(ServerContext& ctx, const json& body, HttpExchange& ex) {
+  const ChatPlan plan = plan_chat(ctx, body, ex.ordered_body);
+  set_json(ex.res, {{"prompt", plan.prompt_text}});
 }
 
 }  // namespace step35::server

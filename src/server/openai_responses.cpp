@@ -539,9 +539,35 @@ class ResponsesStream final : public EventWriter {
 
 }  // namespace
 
+namespace {
+
+// The chat body's messages and tools for the template, tools in the client's key order
+// (from the body as sent, `ordered`; chat_tools checked them). Call arguments are JSON
+// strings in the Responses API, parsed in their own order when rendered.
+nlohmann::ordered_json ordered_chat(const json& chat, const nlohmann::ordered_json& ordered) {
+  using ordered_json = nlohmann::ordered_json;
+  ordered_json out = ordered_json::object();
+  out["messages"] = ordered_json(chat["messages"]);
+  if (chat.contains("tools") && ordered.contains("tools") && ordered["tools"].is_array()) {
+    ordered_json tools = ordered_json::array();
+    for (const ordered_json& t : ordered["tools"]) {
+      ordered_json fn = ordered_json::object();
+      fn["name"] = t["name"];
+      if (t.contains("description") && t["description"].is_string()) fn["description"] = t["description"];
+      fn["parameters"] = t.contains("parameters") && t["parameters"].is_object() ? t["parameters"] : ordered_json::object();
+      tools.push_back({{"type", "function"}, {"function", std::move(fn)}});
+    }
+    out["tools"] = std::move(tools);
+  }
+  return out;
+}
+
+}  // namespace
+
 void handle_responses(ServerContext& ctx, const json& body, HttpExchange& ex) {
   ResponsesRequest rq = responses_to_openai(ctx, body);
-  const ChatPlan plan = plan_chat(ctx, rq.chat);
+  const nlohmann::ordered_json ordered = ex.ordered_body ? ordered_chat(rq.chat, *ex.ordered_body) : nullptr;
+  const ChatPlan plan = plan_chat(ctx, rq.chat, ex.ordered_body ? &ordered : nullptr);
   std::vector<ChoiceText> texts;
   texts.emplace_back(ctx.tokenizer(), plan.text_options(random_id("call_") + "_", 0));
   auto gen = std::make_shared<Generation>(ctx, ex, plan.request, 1, std::move(texts));

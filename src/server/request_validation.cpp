@@ -23,6 +23,14 @@ json parse_body(const std::string& body) {
   return j;
 }
 
+nlohmann::ordered_json parse_body_ordered(const std::string& body) {
+  try {
+    return nlohmann::ordered_json::parse(body);
+  } catch (const nlohmann::ordered_json::exception& e) {
+    throw ApiError(400, std::string("the request body is not valid JSON: ") + e.what());
+  }
+}
+
 Fields::Fields(const json& obj, std::string prefix) : obj_(obj), prefix_(std::move(prefix)) {
   if (!obj_.is_object()) throw ApiError(400, "'" + (prefix_.empty() ? std::string("body") : prefix_) + "' must be an object");
 }

@@ -18,6 +18,9 @@ namespace step35::server {
 
 // Parses a request body as one JSON object (ApiError 400 otherwise).
 nlohmann::json parse_body(const std::string& body);
+// The same body with its objects in the client's key order (call after parse_body, which
+// reports the errors).
+nlohmann::ordered_json parse_body_ordered(const std::string& body);
 
 // Typed access to one JSON object's members; every error is an ApiError(400) naming
 // the member (with `prefix`, e.g. "stream_options.").

@@ -227,7 +227,6 @@ json model_card(const ServerContext& ctx) {
 json props(const ServerContext& ctx) {
   const EngineOptions& eo = ctx.engine->options();
   const ServerOptions& o = ctx.options;
-  const std::string tmpl = ctx.model->file().opt_str("tokenizer.chat_template").value_or("");
   return {{"model", o.model_id},
           {"model_path", o.model_path},
           {"n_ctx", eo.n_ctx},
@@ -249,7 +248,7 @@ json props(const ServerContext& ctx) {
               {"reasoning_effort_budgets",
                {{"low", o.reasoning.low}, {"medium", o.reasoning.medium}, {"high", o.reasoning.high}}},
               {"timeout_s", o.timeout_s}}}}},
-          {"chat_template", tmpl},
+          {"chat_template", ctx.chat_template->source_text()},
           {"chat_format", ctx.chat_template->format() == ChatFormat::STEP35 ? "step35" : "chatml"},
           {"mtp", eo.mtp_adaptive && eo.mtp > 0 ? json("auto") : json(eo.mtp)},
           {"modalities", {{"vision", false}, {"audio", false}}},
@@ -289,28 +288,41 @@ void add_info_routes(httplib::Server& svr, ServerContext& ctx) {
           }));
 }
 
+// A POST endpoint whose body goes through the chat template: its handler gets the parsed
+// body, and the same body in the client's key order as HttpExchange::ordered_body (what
+// the template renders, so tool definitions and arguments keep that order).
+using ChatBody = std::function<void(HttpExchange&, const json& body)>;
+httplib::Server::HandlerWithContentReader chat_endpoint(ServerContext& ctx, EndpointSpec spec, ChatBody handler) {
+  return post_endpoint(ctx, std::move(spec), [handler = std::move(handler)](HttpExchange& ex, const std::string& body) {
+    const json parsed = parse_body(body);
+    const nlohmann::ordered_json ordered = parse_body_ordered(body);
+    ex.ordered_body = &ordered;
+    handler(ex, parsed);
+  });
+}
+
 // The generation endpoints, the stored responses, /tokenize and /detokenize.
 void add_model_routes(httplib::Server& svr, ServerContext& ctx) {
   svr.Post("/v1/chat/completions",
-           post_endpoint(ctx, {"/v1/chat/completions"}, [&ctx](HttpExchange& ex, const std::string& body) {
-             handle_chat(ctx, parse_body(body), nullptr, ex);
+           chat_endpoint(ctx, {"/v1/chat/completions"}, [&ctx](HttpExchange& ex, const json& body) {
+             handle_chat(ctx, body, nullptr, ex);
            }));
   svr.Post("/v1/completions", post_endpoint(ctx, {"/v1/completions"}, [&ctx](HttpExchange& ex, const std::string& body) {
              handle_completions(ctx, parse_body(body), ex);
            }));
   svr.Post("/v1/step35/execute",
-           post_endpoint(ctx, {"/v1/step35/execute"}, [&ctx](HttpExchange& ex, const std::string& body) {
-             handle_execute(ctx, parse_body(body), ex);
+           chat_endpoint(ctx, {"/v1/step35/execute"}, [&ctx](HttpExchange& ex, const json& body) {
+             handle_execute(ctx, body, ex);
            }));
-  svr.Post("/v1/messages", post_endpoint(ctx, {"/v1/messages"}, [&ctx](HttpExchange& ex, const std::string& body) {
-             handle_messages(ctx, parse_body(body), ex);
+  svr.Post("/v1/messages", chat_endpoint(ctx, {"/v1/messages"}, [&ctx](HttpExchange& ex, const json& body) {
+             handle_messages(ctx, body, ex);
            }));
   svr.Post("/v1/messages/count_tokens",
-           post_endpoint(ctx, {"/v1/messages/count_tokens"}, [&ctx](HttpExchange& ex, const std::string& body) {
-             handle_count_tokens(ctx, parse_body(body), ex);
+           chat_endpoint(ctx, {"/v1/messages/count_tokens"}, [&ctx](HttpExchange& ex, const json& body) {
+             handle_count_tokens(ctx, body, ex);
            }));
-  svr.Post("/v1/responses", post_endpoint(ctx, {"/v1/responses"}, [&ctx](HttpExchange& ex, const std::string& body) {
-             handle_responses(ctx, parse_body(body), ex);
+  svr.Post("/v1/responses", chat_endpoint(ctx, {"/v1/responses"}, [&ctx](HttpExchange& ex, const json& body) {
+             handle_responses(ctx, body, ex);
            }));
   svr.Get(R"(/v1/responses/([^/]+))", get_endpoint(ctx, {"/v1/responses/{id}"}, [&ctx](HttpExchange& ex, const std::string&) {
             const std::string id = ex.req.matches[1];
@@ -324,6 +336,10 @@ void add_model_routes(httplib::Server& svr, ServerContext& ctx) {
                if (!ctx.responses.erase(id)) throw ApiError(404, "no stored response '" + id + "'", "response_id");
                set_json(ex.res, {{"id", id}, {"object", "response"}, {"deleted", true}});
              }));
+  // llama-server's endpoint: the prompt a chat completion's body renders to.
+  svr.Post("/apply-template", chat_endpoint(ctx, {"/apply-template"}, [&ctx](HttpExchange& ex, const json& body) {
+             handle_apply_template(ctx, body, ex);
+           }));
   svr.Post("/tokenize", post_endpoint(ctx, {"/tokenize"}, [&ctx](HttpExchange& ex, const std::string& body) {
              set_json(ex.res, tokenize_response(ctx, parse_body(body)));
            }));
@@ -590,8 +606,8 @@ void load(ServerContext& ctx, const ServerOptions& options) {
       std::this_thread::sleep_for(std::chrono::milliseconds(std::atoll(delay)));
     if (options.on_model_loaded) options.on_model_loaded(*ctx.model);
     const Tokenizer& tok = ctx.model->tokenizer();
-    ctx.chat_template = std::make_unique<ChatTemplate>(ctx.model->file().opt_str("tokenizer.chat_template").value_or(""),
-                                                       tok.bos() >= 0 ? tok.token_to_piece(tok.bos()) : "");
+    ctx.chat_template = std::make_unique<ChatTemplate>(
+        ChatTemplateSource::from_model(ctx.model->file(), tok, options.chat_template_file));
     ctx.think_end = step35_format::think_end_token(tok);
     ctx.engine = make_engine(*ctx.model, engine_options(ctx, options.engine));
   } catch (const std::exception& e) {

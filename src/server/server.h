@@ -37,6 +37,7 @@ enum class LogFormat : uint8_t { Text, Json };
 struct ServerOptions {
   std::string model_path;
   std::string model_id;            // the name /v1/models reports; default: the file name
+  std::string chat_template_file;  // a Jinja chat template replacing the file's ("": the file's)
   std::string host = "127.0.0.1";
   int port = 8080;
   std::vector<std::string> api_keys;  // empty: no authentication; else any of them

@@ -67,6 +67,10 @@ struct HttpExchange {
   const httplib::Request& req;
   httplib::Response& res;
   std::shared_ptr<RequestTrace> trace;
+  // The JSON body in the client's key order (nlohmann::json sorts object keys), for what
+  // reaches the chat template: messages, tool definitions, tool-call arguments. Set by
+  // the endpoints that render a chat; null elsewhere.
+  const nlohmann::ordered_json* ordered_body = nullptr;
 };
 
 // POST /v1/step35/execute extensions applied to a chat request.
@@ -84,6 +88,9 @@ void handle_execute(ServerContext& ctx, nlohmann::json body, HttpExchange& ex);
 void handle_messages(ServerContext& ctx, const nlohmann::json& body, HttpExchange& ex);
 void handle_count_tokens(ServerContext& ctx, const nlohmann::json& body, HttpExchange& ex);
 void handle_responses(ServerContext& ctx, const nlohmann::json& body, HttpExchange& ex);
+// POST /apply-template (llama-server's): a chat completion's body, answered with the
+// prompt it renders to, {"prompt": ...}.
+void handle_apply_template(ServerContext& ctx, const nlohmann::json& body, HttpExchange& ex);
 
 // Shared by the handlers.
 void set_json(httplib::Response& res, const nlohmann::json& body, int status = 200);
