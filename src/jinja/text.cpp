@@ -259,12 +259,17 @@ std::string lower(std::string_view s) {
   return map_code_points(s, append_lower);
 }
 
-std::string_view strip(std::string_view s, bool left, bool right) {
+namespace {
+
+// Drops leading and/or trailing code points for which `drop` holds (Python's str.strip
+// family); a trailing code point is found by stepping back over UTF-8 continuation bytes.
+template <typename Pred>
+std::string_view strip_code_points(std::string_view s, bool left, bool right, Pred drop) {
   size_t begin = 0, end = s.size();
   if (left) {
     while (begin < end) {
       size_t pos = begin;
-      if (!is_space(next_code_point(s, pos))) break;
+      if (!drop(next_code_point(s, pos))) break;
       begin = pos;
     }
   }
@@ -273,39 +278,27 @@ std::string_view strip(std::string_view s, bool left, bool right) {
       size_t start = end - 1;
       while (start > begin && (static_cast<uint8_t>(s[start]) & 0xC0) == 0x80) --start;
       size_t pos = start;
-      if (!is_space(next_code_point(s, pos))) break;
+      if (!drop(next_code_point(s, pos))) break;
       end = start;
     }
   }
   return s.substr(begin, end - begin);
 }
 
+}  // namespace
+
+std::string_view strip(std::string_view s, bool left, bool right) {
+  return strip_code_points(s, left, right, [](uint32_t cp) { return is_space(cp); });
+}
+
 std::string_view strip_chars(std::string_view s, std::string_view chars, bool left, bool right) {
   std::vector<uint32_t> set;
   for (size_t pos = 0; pos < chars.size();) set.push_back(next_code_point(chars, pos));
-  const auto in_set = [&](uint32_t cp) {
+  return strip_code_points(s, left, right, [&](uint32_t cp) {
     for (uint32_t c : set)
       if (c == cp) return true;
     return false;
-  };
-  size_t begin = 0, end = s.size();
-  if (left) {
-    while (begin < end) {
-      size_t pos = begin;
-      if (!in_set(next_code_point(s, pos))) break;
-      begin = pos;
-    }
-  }
-  if (right) {
-    while (end > begin) {
-      size_t start = end - 1;
-      while (start > begin && (static_cast<uint8_t>(s[start]) & 0xC0) == 0x80) --start;
-      size_t pos = start;
-      if (!in_set(next_code_point(s, pos))) break;
-      end = start;
-    }
-  }
-  return s.substr(begin, end - begin);
+  });
 }
 
 std::string python_title(std::string_view s) {
