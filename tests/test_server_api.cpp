@@ -365,7 +365,7 @@ TEST(ServerApi, ToolCallEndingsAndStreamedArguments) {
   EXPECT_LT(one["usage"]["completion_tokens"].get<int>(), several["usage"]["completion_tokens"].get<int>());
   // Legacy functions: the call as function_call.
   json legacy = chat("weather?", 200);
-  legacy["functions"] = {kWeather[0]["function"]};
+  legacy["functions"] = json::array({kWeather[0]["function"]});
   legacy["function_call"] = {{"name", "get_weather"}};
   const json f = s.ok("/v1/chat/completions", legacy);
   EXPECT_EQ(f["choices"][0]["finish_reason"], "function_call") << f.dump();
