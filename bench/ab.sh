@@ -10,7 +10,8 @@
 #        for each side, e.g. B_ENV="STEP35_REPACK=0"), PAIRS (default 12), THREADS (default 2),
 #        PP (default 0), TG (default 128), PARALLEL (N: measure batched decoding of N
 #        sequences through the serving engine, `bench --parallel N`, total t/s; default off),
-#        ARGS (extra bench args)
+#        ARGS (extra bench args for both), A_ARGS, B_ARGS (extra bench args for one side,
+#        e.g. B_ARGS="-ctk f32 -ctv f32" against a build older than the KV cache types)
 set -euo pipefail
 here="$(cd "$(dirname "$0")/.." && pwd)"
 A="${A:-$here/build/bin/step35}"
@@ -20,7 +21,7 @@ THREADS="${THREADS:-2}"
 PP="${PP:-0}"
 TG="${TG:-128}"
 PARALLEL="${PARALLEL:-}"
-[ $# -eq 1 ] || { sed -n '2,13p' "$0"; exit 2; }
+[ $# -eq 1 ] || { sed -n '2,15p' "$0"; exit 2; }
 model="$1"
 tmp="$(mktemp -d)"
 trap 'rm -rf "$tmp"' EXIT
@@ -28,10 +29,10 @@ trap 'rm -rf "$tmp"' EXIT
 # One measurement: prints the pp or tg rate of one bench run (tg when TG > 0), or with
 # PARALLEL the total rate of N sequences generating 128 tokens each together.
 run_one() {
-  local bin="$1" envs="$2"
+  local bin="$1" envs="$2" side_args="$3"
   local what=(-p "$PP" -n "$TG")
   [ -n "$PARALLEL" ] && what=(-p 0 -n 0 --parallel "$PARALLEL")  # (-n 0: 128 tokens each, no single tg)
-  env $envs "$bin" bench -m "$model" "${what[@]}" -t "$THREADS" -r 2 --json ${ARGS:-} > "$tmp/out.json" \
+  env $envs "$bin" bench -m "$model" "${what[@]}" -t "$THREADS" -r 2 --json ${ARGS:-} $side_args > "$tmp/out.json" \
     2> "$tmp/err" || { cat "$tmp/err" >&2; exit 1; }
   python3 - "$tmp/out.json" "$TG" "$PARALLEL" <<'PY'
 import json, sys
@@ -48,9 +49,9 @@ PY
 for i in $(seq 1 "$PAIRS"); do
   # Alternate which side goes first so that a drift within a pair does not favour one.
   if [ $((i % 2)) -eq 1 ]; then
-    a=$(run_one "$A" "${A_ENV:-}"); b=$(run_one "$B" "${B_ENV:-}")
+    a=$(run_one "$A" "${A_ENV:-}" "${A_ARGS:-}"); b=$(run_one "$B" "${B_ENV:-}" "${B_ARGS:-}")
   else
-    b=$(run_one "$B" "${B_ENV:-}"); a=$(run_one "$A" "${A_ENV:-}")
+    b=$(run_one "$B" "${B_ENV:-}" "${B_ARGS:-}"); a=$(run_one "$A" "${A_ENV:-}" "${A_ARGS:-}")
   fi
   echo "$a $b" >> "$tmp/pairs"
   printf 'pair %2d: A %7.1f  B %7.1f  B/A %.3f\n' "$i" "$a" "$b" "$(python3 -c "print($b/$a)")"

@@ -3,6 +3,10 @@
 set -euo pipefail
 pkgs=(cmake g++ make git python3 libgtest-dev libgmock-dev libbenchmark-dev nlohmann-json3-dev
       libcpp-httplib-dev
+      # lld: a faster linker for the test executables (CMake uses it where installed)
+      lld
+      # the reference renderer the Jinja conformance tests compare with, live
+      python3-jinja2
       # fuzzing (-DSTEP35_FUZZ=ON: clang's libFuzzer + sanitizer runtimes) and curl for bench/soak.sh
       clang libclang-rt-14-dev llvm curl
       # optional: expert parallelism (--ep) and its tests
