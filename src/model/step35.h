@@ -121,6 +121,10 @@ class Model {
   const Tokenizer& tokenizer() const { return *tokenizer_; }
   const gguf::File& file() const { return *file_; }
   const LayerWeights& layer(int il) const { return layers_[size_t(il)]; }
+  const WeightMatrix& token_embd() const { return token_embd_; }
+  const WeightMatrix& output() const { return output_; }
+  const std::vector<float>& output_norm() const { return output_norm_; }
+  const std::vector<float>& rope_freqs() const { return rope_freqs_; }  // empty if absent
   bool has_mtp() const { return n_mtp_loaded_ > 0; }
   int32_t n_mtp_loaded() const { return n_mtp_loaded_; }
   // Bytes of all weight tensors (file size minus metadata).
