@@ -32,6 +32,8 @@ class ArgParser {
 
   bool has(const std::string& name) const;  // name: the long form without dashes
   std::string str(const std::string& name, const std::string& dflt = "") const;
+  // Every value a repeatable flag was given, in order (str() returns the last).
+  std::vector<std::string> all(const std::string& name) const;
   int64_t i64(const std::string& name, int64_t dflt, int64_t lo, int64_t hi) const;
   double f64(const std::string& name, double dflt, double lo, double hi) const;
   const std::vector<std::string>& positionals() const { return positionals_; }
@@ -46,6 +48,7 @@ class ArgParser {
   std::vector<Flag> flags_;
   std::vector<std::pair<std::string, std::string>> positional_help_;
   std::map<std::string, std::string> values_;
+  std::map<std::string, std::vector<std::string>> repeated_;
   std::vector<std::string> positionals_;
 };
 

@@ -59,9 +59,11 @@ bool ArgParser::parse(const std::vector<std::string>& args) {
         values_[f->key].assign(1, '1');  // (not = "1": GCC 12 -Wrestrict false positive)
       } else if (has_inline) {
         values_[f->key] = inline_value;
+        repeated_[f->key].push_back(inline_value);
       } else {
         if (i + 1 >= args.size()) throw UsageError("option '" + arg + "' needs a value " + f->value_name);
         values_[f->key] = args[++i];
+        repeated_[f->key].push_back(args[i]);
       }
     } else {
       if (positionals_.size() >= positional_help_.size())
@@ -91,6 +93,11 @@ std::string ArgParser::help() const {
 }
 
 bool ArgParser::has(const std::string& name) const { return values_.count(name) != 0; }
+
+std::vector<std::string> ArgParser::all(const std::string& name) const {
+  auto it = repeated_.find(name);
+  return it == repeated_.end() ? std::vector<std::string>{} : it->second;
+}
 
 std::string ArgParser::str(const std::string& name, const std::string& dflt) const {
   auto it = values_.find(name);

@@ -28,6 +28,7 @@ static int eval_main(const Args& args) {
   p.flag("-b,--batch-size", "N", "largest batch run at once (longer prompts run in chunks)", "512");
   p.flag("--hidden", "", "also print \"hidden\": the last trunk layer's output (MTP input) per position");
   p.flag("--exact", "", "F32 activations on the exact stored weights (default: round activations as llama.cpp does)");
+  add_patch_flag(p);
   add_ep_flags(p);
   if (!p.parse(args)) return 0;
   if (!p.has("model")) throw UsageError("-m MODEL is required");
@@ -45,6 +46,7 @@ static int eval_main(const Args& args) {
   EpSetup ep(p);
   if (ep.is_follower()) return ep.follow(p.str("model"), n_threads);
   auto model = load_model(p.str("model"));
+  apply_patch_flags(*model, p);
   ep.attach(*model);
   const int n_vocab = model->hparams().n_vocab;
   Session session(*model, n_ctx, std::min<int>(n_batch, n_ctx), p.has("exact") ? Precision::Exact : Precision::Native);

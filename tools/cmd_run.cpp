@@ -42,6 +42,7 @@ static int run_main(const Args& args) {
   p.flag("--exact", "", "F32 activations on the exact stored weights (default: round activations as llama.cpp does)");
   p.flag("--mtp", "K", "MTP speculative decoding: drafts per step 0..3, or auto (chosen per step from acceptance "
                        "and measured cost; never slower than plain decoding)", "auto when the model has MTP blocks (0 with --seed and sampling)");
+  add_patch_flag(p);
   add_ep_flags(p);
   if (!p.parse(args)) return 0;
 
@@ -84,6 +85,7 @@ static int run_main(const Args& args) {
   if (ep.is_follower()) return ep.follow(path, n_threads);
   const double t_load0 = now_seconds();
   auto model = load_model(path);
+  apply_patch_flags(*model, p);
   ep.attach(*model);
   const double t_load = now_seconds() - t_load0;
   const Tokenizer& tok = model->tokenizer();

@@ -57,6 +57,7 @@ static int serve_main(const Args& args) {
          "keep-alive requests); bounds how long idle connections can make a new request wait", "2");
   p.flag("--shutdown-grace", "S", "on SIGTERM, seconds in-flight requests may finish before they are cancelled", "10");
   p.flag("--log-steps", "", "one line per forward pass on stderr: decode tokens, prompt tokens, forward time");
+  add_patch_flag(p);
   add_ep_flags(p);
   if (!p.parse(args)) return 0;
   // With --ep under mpirun, ranks > 0 only compute their experts for rank 0, which serves.
@@ -98,7 +99,10 @@ static int serve_main(const Args& args) {
   e.precision = p.has("exact") ? Precision::Exact : Precision::Native;
   if (p.has("log-steps")) e.on_step = log_step;
   if (ep.is_follower()) return ep.follow(o.model_path, e.n_threads);
-  o.on_model_loaded = [&ep](Model& model) { ep.attach(model); };
+  o.on_model_loaded = [&ep, &p](Model& model) {
+    apply_patch_flags(model, p);
+    ep.attach(model);
+  };
   return server::serve(o);
 }
 

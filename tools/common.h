@@ -32,6 +32,11 @@ MtpSetting parse_mtp_value(const std::string& value);
 // The value checked against the model: a fixed K needs MTP blocks; auto without them is 0.
 MtpSetting parse_mtp(const std::string& value, const Model& model);
 
+// --patch FILE (repeatable) of run, eval and serve: patch files applied to the model.
+void add_patch_flag(ArgParser& p);
+// Reads, checks and installs the --patch files (UsageError naming the file on a mismatch).
+void apply_patch_flags(Model& model, const ArgParser& p);
+
 // --expert-policy strict|adaptive (each command declares that flag with its own help) and
 // the adaptive policy's --adaptive-mass X / --adaptive-min-k N (declared here).
 struct ExpertPolicySetting {

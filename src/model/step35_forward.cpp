@@ -66,7 +66,8 @@ class ForwardPass {
  public:
   ForwardPass(const Model& m, KvPool& kv, const std::vector<SeqChunk>& chunks, BatchOutput& out, Workspace& ws,
               ThreadPool& pool, const ForwardOptions& opts)
-      : m_(m), hp_(m.hp_), kv_(kv), chunks_(chunks), out_(out), ws_(ws), pool_(pool), opts_(opts) {}
+      : m_(m), hp_(m.hp_), weights_(m.weights()), kv_(kv), chunks_(chunks), out_(out), ws_(ws), pool_(pool),
+        opts_(opts) {}
 
   void run();
   // §3: MTP block k over the chunks, `h_in` = the hidden state paired with each token.
@@ -112,6 +113,7 @@ class ForwardPass {
 
   const Model& m_;
   const HParams& hp_;
+  const std::shared_ptr<const WeightSet> weights_;  // held for the whole pass
   KvPool& kv_;
   const std::vector<SeqChunk>& chunks_;
   BatchOutput& out_;
@@ -214,7 +216,7 @@ const float* ForwardPass::rope_table(const LayerHParams& L) {
 // §2.3 pre-norm residual block on ws.x: h1 = h + Attention(RMS(h)); out = h1 + FFN(RMS(h1)).
 void ForwardPass::decoder_block(int il) {
   const LayerHParams& L = hp_.layers[size_t(il)];
-  const LayerWeights& W = m_.layers_[size_t(il)];
+  const LayerWeights& W = weights_->layers[size_t(il)];
   const int64_t E = hp_.n_embd;
   float* x = ws_.x.get(size_t(T_ * E));
   dump("attn_norm_in", il, x, T_ * E);
@@ -235,6 +237,7 @@ void ForwardPass::decoder_block(int il) {
 }
 
 void ForwardPass::run() {
+  if (m_.experts_) m_.experts_->sync_weights(*weights_);
   prepare_batch();
   embed();
   for (int il = 0; il < hp_.n_layer; ++il) decoder_block(il);
@@ -245,9 +248,10 @@ void ForwardPass::run() {
 
 void ForwardPass::run_mtp(int k, const float* h_in) {
   const int il = hp_.n_layer + k;
-  const LayerWeights& W = m_.layers_[size_t(il)];
+  const LayerWeights& W = weights_->layers[size_t(il)];
   kv_layer_base_ = il;
   collect_routing_ = false;
+  if (m_.experts_) m_.experts_->sync_weights(*weights_);
   prepare_batch();
   // §3.1: z = W_eh · [RMS(Emb(x); enorm) ; RMS(h_in; hnorm)] (the embedding half first).
   const int64_t E = hp_.n_embd;
@@ -285,7 +289,7 @@ void ForwardPass::embed() {
 // cache, causal (+ sliding window) softmax(QK)V over the cache, head-wise gate, W_o.
 void ForwardPass::attention(int il) {
   const LayerHParams& L = hp_.layers[size_t(il)];
-  const LayerWeights& W = m_.layers_[size_t(il)];
+  const LayerWeights& W = weights_->layers[size_t(il)];
   const int64_t E = hp_.n_embd, H = L.n_head, G = L.n_head_kv, D = hp_.head_dim_k, Dv = hp_.head_dim_v;
   const int64_t T = T_;
   float* q = ws_.q.get(size_t(T * H * D));
@@ -396,7 +400,7 @@ void ForwardPass::attention_core(int il, int64_t t, int64_t g, float* o) {
 // §2.5 dense SwiGLU MLP; the shared clamp list governs dense layers (G9).
 void ForwardPass::dense_ffn(int il) {
   const LayerHParams& L = hp_.layers[size_t(il)];
-  const LayerWeights& W = m_.layers_[size_t(il)];
+  const LayerWeights& W = weights_->layers[size_t(il)];
   const int64_t E = hp_.n_embd, F = W.ffn_gate.n_out, T = T_;
   float* gu = ws_.gu.get(size_t(2 * T * F));
   ws_.jobs.clear();
@@ -426,7 +430,7 @@ void ForwardPass::dense_ffn(int il) {
 // another.
 void ForwardPass::moe_ffn(int il) {
   const LayerHParams& L = hp_.layers[size_t(il)];
-  const LayerWeights& W = m_.layers_[size_t(il)];
+  const LayerWeights& W = weights_->layers[size_t(il)];
   const int64_t E = hp_.n_embd, X = hp_.n_expert, K = L.n_expert_used, F = L.n_ff_exp, T = T_;
 
   float* logits = ws_.router.get(size_t(T * X));
@@ -551,8 +555,25 @@ void ForwardPass::moe_ffn(int il) {
   // Expert parallelism: hand the other processes' experts over first, so they compute
   // while this one computes its own experts and the shared expert.
   ExpertExecutor* remote = m_.experts_;
-  auto local = [&](int64_t e) { return !remote || remote->is_local(il, int32_t(e)); };
-  if (remote) remote->begin(il, acts_for(W.ffn_gate_exps), ws_.expert_tokens, prec_);
+  // Replaced experts (model patches) may have another type than the tensor: their
+  // activations take other formats, so they are computed here even under expert
+  // parallelism (the other ranks receive activations in the tensor's format).
+  const bool any_replaced = W.ffn_gate_exps.slots || W.ffn_up_exps.slots || W.ffn_down_exps.slots;
+  auto other_type = [&](int64_t e) {
+    return any_replaced && (W.ffn_gate_exps.matrix(e).type != W.ffn_gate_exps.type ||
+                            W.ffn_up_exps.matrix(e).type != W.ffn_up_exps.type ||
+                            W.ffn_down_exps.matrix(e).type != W.ffn_down_exps.type);
+  };
+  auto local = [&](int64_t e) { return !remote || remote->is_local(il, int32_t(e)) || other_type(e); };
+  const std::vector<std::vector<int32_t>>* remote_tokens = &ws_.expert_tokens;
+  if (remote && any_replaced) {
+    // The rows the other ranks compute: without the experts kept here.
+    ws_.remote_tokens = ws_.expert_tokens;
+    for (int64_t e = 0; e < X; ++e)
+      if (other_type(e)) ws_.remote_tokens[size_t(e)].clear();
+    remote_tokens = &ws_.remote_tokens;
+  }
+  if (remote) remote->begin(il, acts_for(W.ffn_gate_exps), *remote_tokens, prec_);
   if (W.ffn_gate_exps.lazy || W.ffn_up_exps.lazy || W.ffn_down_exps.lazy) {
     // Experts repacked on first use: make the copies of those this pass computes.
     std::vector<int32_t>& routed = ws_.routed_experts;
@@ -577,12 +598,16 @@ void ForwardPass::moe_ffn(int il) {
         row += int64_t(toks.size());
         continue;
       }
-      kernels::ActRows x = all;
-      x.idx = toks.data();
-      x.n_tok = int64_t(toks.size());
-      add_job(W.ffn_gate_exps.matrix(e), x, gu + row * F, F);
-      add_job(W.ffn_up_exps.matrix(e), x, gu + (n_rows + row) * F, F);
-      row += x.n_tok;
+      const WeightMatrix wg = W.ffn_gate_exps.matrix(e), wu = W.ffn_up_exps.matrix(e);
+      kernels::ActRows xg = wg.type == W.ffn_gate_exps.type ? all : acts_for(wg);
+      kernels::ActRows xu = wu.type == W.ffn_gate_exps.type ? all : acts_for(wu);
+      for (kernels::ActRows* x : {&xg, &xu}) {
+        x->idx = toks.data();
+        x->n_tok = int64_t(toks.size());
+      }
+      add_job(wg, xg, gu + row * F, F);
+      add_job(wu, xu, gu + (n_rows + row) * F, F);
+      row += xg.n_tok;
     }
   }
   if (has_shared) {
@@ -591,9 +616,21 @@ void ForwardPass::moe_ffn(int il) {
   }
   run_matmuls(ws_.jobs, pool_);
 
-  // SwiGLU of every routed row straight into the down projections' input format.
+  // SwiGLU of every routed row straight into the down projections' input format (the
+  // format of each row's expert: replaced experts may have another type).
   const kernels::ActType at = kernels::act_type(W.ffn_down_exps.type, prec_);
-  const size_t stride = kernels::act_row_bytes(at, F);
+  size_t stride = kernels::act_row_bytes(at, F);
+  uint8_t* row_at = nullptr;  // per row: its format, when the layer mixes formats
+  if (W.ffn_down_exps.slots) {
+    row_at = ws_.row_act_type.get(size_t(std::max<int64_t>(n_rows, 1)));
+    std::fill_n(row_at, n_rows, uint8_t(at));
+    for (int64_t e = 0; e < X; ++e) {
+      if (!W.ffn_down_exps.replaced(e) || ws_.expert_tokens[size_t(e)].empty()) continue;
+      const kernels::ActType ate = kernels::act_type(W.ffn_down_exps.matrix(e).type, prec_);
+      stride = std::max(stride, kernels::act_row_bytes(ate, F));
+      std::fill_n(row_at + first_row[e], ws_.expert_tokens[size_t(e)].size(), uint8_t(ate));
+    }
+  }
   uint8_t* act = ws_.down_act.get(stride * size_t(std::max<int64_t>(n_rows, 1)));
   uint8_t* row_local = nullptr;  // with remote experts: whether row r is computed here
   if (remote) {
@@ -603,7 +640,8 @@ void ForwardPass::moe_ffn(int il) {
   }
   for_each_row(n_rows, pool_, 32, [&](int64_t r) {
     if (row_local && !row_local[r]) return;
-    kernels::swiglu_convert(at, gu + r * F, gu + (n_rows + r) * F, F, L.clamp_exp, 1, F, act + size_t(r) * stride);
+    kernels::swiglu_convert(row_at ? kernels::ActType(row_at[r]) : at, gu + r * F, gu + (n_rows + r) * F, F,
+                            L.clamp_exp, 1, F, act + size_t(r) * stride);
   });
   kernels::ActType sat = kernels::ActType::F32;
   size_t sstride = 0;
@@ -629,12 +667,13 @@ void ForwardPass::moe_ffn(int il) {
         row += n;
         continue;
       }
+      const WeightMatrix wd = W.ffn_down_exps.matrix(e);
       kernels::ActRows x;
-      x.type = at;
+      x.type = kernels::act_type(wd.type, prec_);
       x.data = act + size_t(row) * stride;
       x.stride = stride;
       x.n_tok = n;
-      add_job(W.ffn_down_exps.matrix(e), x, down + row * E, E);
+      add_job(wd, x, down + row * E, E);
       row += n;
     }
   }
@@ -647,7 +686,7 @@ void ForwardPass::moe_ffn(int il) {
     add_job(W.ffn_down_shexp, x, shared_out, E);
   }
   run_matmuls(ws_.jobs, pool_);
-  if (remote) remote->finish(il, ws_.expert_tokens, first_row, down);
+  if (remote) remote->finish(il, *remote_tokens, first_row, down);
 
   // Weighted sum in top-k order (the order llama.cpp adds them in), then the shared expert.
   float* out = ws_.tmp.get(size_t(T * E));
