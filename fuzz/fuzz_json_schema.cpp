@@ -17,8 +17,8 @@
 
 #include "gguf/gguf.h"
 #include "gguf/gguf_writer.h"
-#include "runtime/grammar_constraint.h"
-#include "runtime/json_constraint.h"
+#include "structured/grammar_constraint.h"
+#include "structured/json_constraint.h"
 #include "tokenizer/tokenizer.h"
 
 using nlohmann::json;

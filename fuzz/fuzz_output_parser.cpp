@@ -17,15 +17,15 @@
 
 #include "gguf/gguf.h"
 #include "gguf/gguf_writer.h"
-#include "server/output_parser.h"
+#include "chat/output_parser.h"
 #include "tokenizer/tokenizer.h"
 
 using nlohmann::json;
 using step35::Tokenizer;
-using step35::server::OutputDelta;
-using step35::server::OutputParser;
-using step35::server::OutputParserOptions;
-using step35::server::ParsedOutput;
+using step35::OutputDelta;
+using step35::OutputParser;
+using step35::OutputParserOptions;
+using step35::ParsedOutput;
 
 namespace {
 

@@ -17,12 +17,12 @@
 #include <nlohmann/json.hpp>
 
 #include "model/step35.h"
-#include "runtime/engine.h"
+#include "engine/engine.h"
 #include "server/api_error.h"
 #include "server/chat_plan.h"
 #include "server/request_validation.h"
 #include "server/server_context.h"
-#include "tokenizer/chat_template.h"
+#include "chat/chat_template.h"
 
 namespace step35::fuzzing {
 

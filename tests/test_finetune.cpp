@@ -11,7 +11,7 @@
 #include "model/session.h"
 #include "model/step35.h"
 #include "patch/patch.h"
-#include "runtime/thread_pool.h"
+#include "exec/thread_pool.h"
 #include "support.h"
 #include "train/finetune.h"
 #include "train/training_model.h"

@@ -14,8 +14,8 @@
 
 #include "model/session.h"
 #include "model/step35.h"
-#include "runtime/sampler.h"
-#include "runtime/thread_pool.h"
+#include "engine/sampler.h"
+#include "exec/thread_pool.h"
 #include "support.h"
 
 using namespace step35;

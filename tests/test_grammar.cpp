@@ -19,10 +19,10 @@
 #include <set>
 #include <ctime>
 
-#include "runtime/grammar.h"
-#include "runtime/grammar_constraint.h"
-#include "runtime/json_schema.h"
-#include "runtime/regex_grammar.h"
+#include "structured/grammar.h"
+#include "structured/grammar_constraint.h"
+#include "structured/json_schema.h"
+#include "structured/regex_grammar.h"
 
 using namespace step35::grammar;
 

@@ -1,7 +1,7 @@
 // Paged KV cache: block accounting, sliding-window release, rollback and reference counts.
 #include <gtest/gtest.h>
 
-#include "runtime/kv_cache.h"
+#include "exec/kv_cache.h"
 
 using namespace step35;
 

@@ -8,7 +8,7 @@
 
 #include "model/session.h"
 #include "model/step35.h"
-#include "runtime/thread_pool.h"
+#include "exec/thread_pool.h"
 #include "support.h"
 
 using namespace step35;

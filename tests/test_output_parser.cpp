@@ -10,11 +10,11 @@
 
 #include "gguf/gguf.h"
 #include "gguf/gguf_writer.h"
-#include "server/output_parser.h"
-#include "server/stop_strings.h"
+#include "chat/output_parser.h"
+#include "chat/stop_strings.h"
 #include "tokenizer/tokenizer.h"
 
-namespace step35::server {
+namespace step35 {
 namespace {
 
 using json = nlohmann::json;
@@ -513,4 +513,4 @@ TEST(StopStrings, EverySplitGivesTheSameText) {
 }
 
 }  // namespace
-}  // namespace step35::server
+}  // namespace step35

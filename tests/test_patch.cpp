@@ -15,7 +15,7 @@
 #include "model/session.h"
 #include "model/step35.h"
 #include "patch/patch.h"
-#include "runtime/thread_pool.h"
+#include "exec/thread_pool.h"
 #include "support.h"
 
 using namespace step35;

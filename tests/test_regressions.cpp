@@ -19,7 +19,7 @@
 #include "model/step35.h"
 #include "server_request_contract.h"
 #include "support.h"
-#include "tokenizer/chat_template.h"
+#include "chat/chat_template.h"
 #include "tokenizer/tokenizer.h"
 
 namespace fs = std::filesystem;

@@ -8,7 +8,7 @@
 #include <set>
 #include <vector>
 
-#include "runtime/sampler.h"
+#include "engine/sampler.h"
 
 // Allocation counter for the "no allocation after the first call" test: this executable
 // replaces the global operator new/delete with malloc/free plus a counter that is only

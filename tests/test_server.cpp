@@ -17,7 +17,7 @@
 #include <httplib.h>
 #include <nlohmann/json.hpp>
 
-#include "runtime/json_constraint.h"
+#include "structured/json_constraint.h"
 #include "serve_process.h"
 #include "support.h"
 

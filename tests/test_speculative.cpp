@@ -11,9 +11,9 @@
 
 #include "model/session.h"
 #include "model/step35.h"
-#include "runtime/sampler.h"
-#include "runtime/speculative.h"
-#include "runtime/thread_pool.h"
+#include "engine/sampler.h"
+#include "engine/speculative.h"
+#include "exec/thread_pool.h"
 #include "support.h"
 
 using namespace step35;

@@ -6,7 +6,7 @@
 #include "gguf/gguf_writer.h"
 #include "model/session.h"
 #include "model/step35.h"
-#include "runtime/thread_pool.h"
+#include "exec/thread_pool.h"
 #include "support.h"
 
 using namespace step35;

@@ -5,7 +5,7 @@
 #include <thread>
 #include <vector>
 
-#include "runtime/thread_pool.h"
+#include "exec/thread_pool.h"
 
 using step35::ThreadPool;
 

@@ -7,7 +7,7 @@
 
 #include "gguf/gguf.h"
 #include "support.h"
-#include "tokenizer/chat_template.h"
+#include "chat/chat_template.h"
 #include "tokenizer/tokenizer.h"
 
 using namespace step35;

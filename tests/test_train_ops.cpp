@@ -12,7 +12,7 @@
 #include <random>
 #include <vector>
 
-#include "runtime/thread_pool.h"
+#include "exec/thread_pool.h"
 #include "tensor/quants.h"
 #include "train/linear.h"
 #include "train/ops.h"

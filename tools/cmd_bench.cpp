@@ -19,10 +19,10 @@
 #include "common.h"
 #include "ep_options.h"
 #include "model/session.h"
-#include "runtime/engine.h"
-#include "runtime/sampler.h"
-#include "runtime/speculative.h"
-#include "runtime/thread_pool.h"
+#include "engine/engine.h"
+#include "engine/sampler.h"
+#include "engine/speculative.h"
+#include "exec/thread_pool.h"
 #include "tensor/kernels.h"
 
 namespace step35::cli {

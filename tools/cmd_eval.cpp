@@ -9,8 +9,8 @@
 #include "commands.h"
 #include "common.h"
 #include "ep_options.h"
-#include "runtime/sampler.h"
-#include "runtime/thread_pool.h"
+#include "engine/sampler.h"
+#include "exec/thread_pool.h"
 
 namespace step35::cli {
 

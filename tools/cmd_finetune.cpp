@@ -14,7 +14,7 @@
 #include "commands.h"
 #include "common.h"
 #include "patch/patch.h"
-#include "runtime/thread_pool.h"
+#include "exec/thread_pool.h"
 #include "train/finetune.h"
 
 namespace step35::cli {

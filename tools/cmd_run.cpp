@@ -8,10 +8,10 @@
 #include "commands.h"
 #include "common.h"
 #include "ep_options.h"
-#include "runtime/sampler.h"
-#include "runtime/speculative.h"
-#include "runtime/thread_pool.h"
-#include "tokenizer/chat_template.h"
+#include "engine/sampler.h"
+#include "engine/speculative.h"
+#include "exec/thread_pool.h"
+#include "chat/chat_template.h"
 
 namespace step35::cli {
 

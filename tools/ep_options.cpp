@@ -3,7 +3,7 @@
 #include <cstdio>
 
 #include "common.h"
-#include "runtime/thread_pool.h"
+#include "exec/thread_pool.h"
 
 namespace step35::cli {
 

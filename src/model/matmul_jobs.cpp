@@ -3,7 +3,7 @@
 #include <algorithm>
 
 #include "model/workspace.h"
-#include "runtime/thread_pool.h"
+#include "exec/thread_pool.h"
 
 namespace step35 {
 

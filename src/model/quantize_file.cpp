@@ -19,7 +19,7 @@
 #include "gguf/gguf.h"
 #include "gguf/gguf_writer.h"
 #include "model/quantize.h"
-#include "runtime/thread_pool.h"
+#include "exec/thread_pool.h"
 #include "tensor/quants.h"
 #include "tensor/quants_kquant_encode.h"
 

@@ -13,7 +13,7 @@
 #include <numeric>
 #include <stdexcept>
 
-#include "runtime/thread_pool.h"
+#include "exec/thread_pool.h"
 #include "tensor/quants.h"
 
 namespace step35 {

@@ -15,8 +15,8 @@
 
 #include "gguf/gguf.h"
 #include "model/expert_executor.h"
-#include "runtime/batch.h"
-#include "runtime/kv_cache.h"
+#include "exec/batch.h"
+#include "exec/kv_cache.h"
 #include "tensor/kernels.h"
 #include "tensor/repack.h"
 #include "tensor/tensor.h"

@@ -11,7 +11,7 @@
 
 #include "model/step35.h"
 #include "model/workspace.h"
-#include "runtime/thread_pool.h"
+#include "exec/thread_pool.h"
 
 namespace step35 {
 

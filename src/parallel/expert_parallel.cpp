@@ -8,7 +8,7 @@
 
 #include "model/step35.h"
 #include "model/workspace.h"
-#include "runtime/thread_pool.h"
+#include "exec/thread_pool.h"
 
 #ifdef STEP35_HAVE_MPI
 #include <mpi.h>

@@ -9,7 +9,7 @@
 
 #include <nlohmann/json.hpp>
 
-#include "runtime/engine.h"
+#include "engine/engine.h"
 #include "server/request_validation.h"
 #include "server/server_context.h"
 

@@ -15,8 +15,8 @@
 #include <string>
 #include <vector>
 
-#include "runtime/engine.h"
-#include "server/output_parser.h"
+#include "engine/engine.h"
+#include "chat/output_parser.h"
 #include "tokenizer/tokenizer.h"
 
 namespace step35::server {

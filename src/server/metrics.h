@@ -11,7 +11,7 @@
 #include <string>
 #include <utility>
 
-#include "runtime/engine.h"
+#include "engine/engine.h"
 
 namespace step35::server {
 

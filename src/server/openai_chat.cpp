@@ -3,7 +3,7 @@
 // output (response_format, forced tool calls) through grammar constraints, SSE streaming.
 #include <chrono>
 
-#include "runtime/json_constraint.h"
+#include "structured/json_constraint.h"
 #include "server/api_error.h"
 #include "server/chat_plan.h"
 #include "server/generation.h"

@@ -11,7 +11,7 @@
 
 #include <nlohmann/json.hpp>
 
-#include "runtime/sampler.h"
+#include "engine/sampler.h"
 
 namespace step35::server {
 

@@ -7,7 +7,7 @@
 #include <functional>
 #include <string>
 
-#include "runtime/engine.h"
+#include "engine/engine.h"
 
 namespace step35::server {
 

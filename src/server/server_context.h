@@ -10,10 +10,10 @@
 #include <nlohmann/json.hpp>
 
 #include "model/step35.h"
-#include "runtime/engine.h"
+#include "engine/engine.h"
 #include "server/metrics.h"
 #include "server/server.h"
-#include "tokenizer/chat_template.h"
+#include "chat/chat_template.h"
 
 namespace step35::server {
 

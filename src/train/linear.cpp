@@ -3,7 +3,7 @@
 #include <algorithm>
 #include <vector>
 
-#include "runtime/thread_pool.h"
+#include "exec/thread_pool.h"
 #include "tensor/kernels.h"
 #include "tensor/quants.h"
 

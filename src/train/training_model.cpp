@@ -5,7 +5,7 @@
 #include <cstring>
 #include <stdexcept>
 
-#include "runtime/thread_pool.h"
+#include "exec/thread_pool.h"
 #include "tensor/kernels.h"
 #include "train/linear.h"
 #include "train/ops.h"

@@ -11,8 +11,8 @@
 #include <string>
 #include <vector>
 
-#include "runtime/constraint.h"
-#include "runtime/sampler.h"
+#include "structured/constraint.h"
+#include "engine/sampler.h"
 #include "tensor/kernels.h"
 
 namespace step35 {

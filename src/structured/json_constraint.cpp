@@ -1,13 +1,13 @@
 // The structured-output entry points: schemas and tool calls compiled into grammars
 // (json_schema_compile.cpp) and applied to a tokenizer's vocabulary (grammar_constraint),
 // and the reasoning wrapper that leaves <think> ... </think> free.
-#include "runtime/json_constraint.h"
+#include "structured/json_constraint.h"
 
 #include <cmath>
 #include <stdexcept>
 
-#include "runtime/grammar_constraint.h"
-#include "runtime/json_schema.h"
+#include "structured/grammar_constraint.h"
+#include "structured/json_schema.h"
 
 namespace step35 {
 

@@ -9,8 +9,8 @@
 #include <string>
 #include <vector>
 
-#include "runtime/constraint.h"
-#include "runtime/grammar.h"
+#include "structured/constraint.h"
+#include "structured/grammar.h"
 
 namespace step35 {
 class Tokenizer;

@@ -14,7 +14,7 @@
 #include <unordered_map>
 #include <vector>
 
-#include "runtime/kv_cache.h"
+#include "exec/kv_cache.h"
 
 namespace step35 {
 

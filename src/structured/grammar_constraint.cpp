@@ -1,5 +1,5 @@
 // Token trie construction (and its per-tokenizer cache) and the masked trie walk.
-#include "runtime/grammar_constraint.h"
+#include "structured/grammar_constraint.h"
 
 #include <algorithm>
 #include <cmath>

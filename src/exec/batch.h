@@ -6,7 +6,7 @@
 #include <cstdint>
 #include <vector>
 
-#include "runtime/kv_cache.h"
+#include "exec/kv_cache.h"
 
 namespace step35 {
 

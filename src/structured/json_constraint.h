@@ -8,7 +8,7 @@
 
 #include <nlohmann/json.hpp>
 
-#include "runtime/constraint.h"
+#include "structured/constraint.h"
 
 namespace step35 {
 

@@ -8,7 +8,7 @@
 #include <string_view>
 #include <vector>
 
-namespace step35::server {
+namespace step35 {
 
 // Length of the longest suffix of `text` that is a proper prefix of one of `markers`
 // (0 when none): the bytes that must be held back because more text could complete a
@@ -50,4 +50,4 @@ class StopStringMatcher {
   bool stopped_ = false;
 };
 
-}  // namespace step35::server
+}  // namespace step35

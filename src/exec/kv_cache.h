@@ -3,7 +3,7 @@
 // Keys and values live in fixed-size blocks of `block_size` positions taken from a pool
 // shared by all sequences; each sequence lists its blocks in a block table (KvSeq), so
 // sequences of any length share one allocation and blocks can be shared between
-// sequences with a common prefix (reference counts; see runtime/prefix_cache.h).
+// sequences with a common prefix (reference counts; see engine/prefix_cache.h).
 //
 // There are two kinds of block because the model mixes two kinds of layer:
 //  * full-attention layers need every position of a sequence: a sequence keeps all of its

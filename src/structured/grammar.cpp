@@ -1,6 +1,6 @@
 // Grammar builder checks (min lengths, left recursion, byte classes) and the matcher's
 // interned stacks / configurations / memoised transitions. Design: grammar.h.
-#include "runtime/grammar.h"
+#include "structured/grammar.h"
 
 #include <algorithm>
 #include <functional>

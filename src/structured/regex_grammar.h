@@ -18,7 +18,7 @@
 #include <utility>
 #include <vector>
 
-#include "runtime/grammar.h"
+#include "structured/grammar.h"
 
 namespace step35::grammar {
 

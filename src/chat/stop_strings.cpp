@@ -1,8 +1,8 @@
-#include "server/stop_strings.h"
+#include "chat/stop_strings.h"
 
 #include <algorithm>
 
-namespace step35::server {
+namespace step35 {
 
 size_t partial_marker_suffix(std::string_view text, const std::vector<std::string>& markers) {
   size_t best = 0;
@@ -65,4 +65,4 @@ std::string StopStringMatcher::finish() {
   return out;
 }
 
-}  // namespace step35::server
+}  // namespace step35

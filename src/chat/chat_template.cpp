@@ -11,7 +11,7 @@
 // Known difference: nlohmann::json keeps object keys sorted, so tool-call arguments (and
 // tools passed as nlohmann::json) render in key order, not in the client's order; pass
 // tools as nlohmann::ordered_json to keep theirs.
-#include "tokenizer/chat_template.h"
+#include "chat/chat_template.h"
 
 #include <stdexcept>
 #include <string_view>

@@ -23,9 +23,9 @@
 #include <memory>
 #include <vector>
 
-#include "runtime/batch.h"
-#include "runtime/kv_cache.h"
-#include "runtime/sampler.h"
+#include "exec/batch.h"
+#include "exec/kv_cache.h"
+#include "engine/sampler.h"
 #include "tensor/kernels.h"
 
 namespace step35 {

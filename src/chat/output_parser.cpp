@@ -1,11 +1,11 @@
-#include "server/output_parser.h"
+#include "chat/output_parser.h"
 
 #include <algorithm>
 
-#include "runtime/json_constraint.h"
-#include "server/stop_strings.h"
+#include "structured/json_constraint.h"
+#include "chat/stop_strings.h"
 
-namespace step35::server {
+namespace step35 {
 
 namespace {
 
@@ -455,4 +455,4 @@ void OutputParser::warn(std::string message) {
   }
 }
 
-}  // namespace step35::server
+}  // namespace step35

@@ -1,5 +1,5 @@
 // Engine interface helpers (the continuous-batching engine itself: scheduler.cpp).
-#include "runtime/engine.h"
+#include "engine/engine.h"
 
 namespace step35 {
 

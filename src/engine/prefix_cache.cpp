@@ -1,4 +1,4 @@
-#include "runtime/prefix_cache.h"
+#include "engine/prefix_cache.h"
 
 #include <algorithm>
 

@@ -8,8 +8,8 @@
 #include <set>
 #include <stdexcept>
 
-#include "runtime/json_schema.h"
-#include "runtime/regex_grammar.h"
+#include "structured/json_schema.h"
+#include "structured/regex_grammar.h"
 
 namespace step35::grammar {
 

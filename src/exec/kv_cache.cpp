@@ -1,4 +1,4 @@
-#include "runtime/kv_cache.h"
+#include "exec/kv_cache.h"
 
 #include <sys/mman.h>
 

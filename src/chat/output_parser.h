@@ -46,7 +46,7 @@
 
 #include "tokenizer/tokenizer.h"
 
-namespace step35::server {
+namespace step35 {
 
 // One piece of streamed output.
 struct OutputDelta {
@@ -159,4 +159,4 @@ class OutputParser {
   ParsedOutput out_;
 };
 
-}  // namespace step35::server
+}  // namespace step35

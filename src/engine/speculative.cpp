@@ -1,4 +1,4 @@
-#include "runtime/speculative.h"
+#include "engine/speculative.h"
 
 #include <algorithm>
 #include <chrono>
@@ -9,7 +9,7 @@
 #include "model/session.h"
 #include "model/step35.h"
 #include "model/workspace.h"
-#include "runtime/thread_pool.h"
+#include "exec/thread_pool.h"
 
 namespace step35 {
 

@@ -1,5 +1,5 @@
 // Code point sets as UTF-8 grammar fragments, and the regex subset. See regex_grammar.h.
-#include "runtime/regex_grammar.h"
+#include "structured/regex_grammar.h"
 
 #include <algorithm>
 #include <map>

@@ -15,10 +15,10 @@
 
 #include "model/step35.h"
 #include "model/workspace.h"
-#include "runtime/engine.h"
-#include "runtime/prefix_cache.h"
-#include "runtime/speculative.h"
-#include "runtime/thread_pool.h"
+#include "engine/engine.h"
+#include "engine/prefix_cache.h"
+#include "engine/speculative.h"
+#include "exec/thread_pool.h"
 
 namespace step35 {
 

@@ -9,7 +9,7 @@
 
 #include <nlohmann/json.hpp>
 
-#include "runtime/grammar.h"
+#include "structured/grammar.h"
 
 namespace step35::grammar {
 
