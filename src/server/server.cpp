@@ -143,7 +143,8 @@ void add_routes(httplib::Server& svr, ServerContext& ctx) {
           }));
   svr.Get("/metrics", endpoint(ctx, "/metrics", false, true, [&ctx](const httplib::Request&, httplib::Response& res) {
             const EngineStats s = ctx.ready ? ctx.engine->stats() : EngineStats{};
-            res.set_content(ctx.metrics.render(s, ctx.ready), "text/plain; version=0.0.4");
+            res.set_content(ctx.metrics.render(s, ctx.ready) + (ctx.ready ? hotswap_metrics(ctx) : ""),
+                            "text/plain; version=0.0.4");
           }));
   auto models = [&ctx](const httplib::Request&, httplib::Response& res) {
     set_json(res, {{"object", "list"}, {"data", json::array({model_card(ctx)})}});
@@ -177,6 +178,18 @@ void add_routes(httplib::Server& svr, ServerContext& ctx) {
   svr.Post("/detokenize", endpoint(ctx, "/detokenize", true, true, [&ctx](const httplib::Request& req, httplib::Response& res) {
              set_json(res, detokenize_response(ctx, parse_body(req.body)));
            }));
+  svr.Post("/v1/step35/hotswap", endpoint(ctx, "/v1/step35/hotswap", true, true,
+                                          [&ctx](const httplib::Request& req, httplib::Response& res) {
+                                            handle_hotswap(ctx, req, res);
+                                          }));
+  svr.Post("/v1/step35/hotswap/revert", endpoint(ctx, "/v1/step35/hotswap/revert", true, true,
+                                                 [&ctx](const httplib::Request& req, httplib::Response& res) {
+                                                   handle_hotswap_revert(ctx, req, res);
+                                                 }));
+  svr.Get("/v1/step35/hotswap", endpoint(ctx, "/v1/step35/hotswap", true, true,
+                                         [&ctx](const httplib::Request& req, httplib::Response& res) {
+                                           handle_hotswap_list(ctx, req, res);
+                                         }));
   // 404s, 413 (body limit) and other statuses httplib answers itself get the JSON error shape.
   svr.set_error_handler([](const httplib::Request& req, httplib::Response& res) {
     if (!res.body.empty()) return;

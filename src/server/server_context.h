@@ -11,6 +11,7 @@
 
 #include "model/step35.h"
 #include "engine/engine.h"
+#include "server/hotswap.h"
 #include "server/metrics.h"
 #include "server/server.h"
 #include "chat/chat_template.h"
@@ -24,6 +25,7 @@ struct ServerContext {
   std::unique_ptr<ChatTemplate> chat_template;
   int32_t think_end = -1;  // the `</think>` token, -1 when the vocabulary has none
   ServerMetrics metrics;
+  HotSwapState hotswap;
   std::atomic<bool> ready{false};
   std::atomic<bool> draining{false};
   std::atomic<int> in_flight{0};
@@ -44,6 +46,12 @@ void handle_chat(ServerContext& ctx, nlohmann::json body, const ExecuteOptions* 
 void handle_completions(ServerContext& ctx, const nlohmann::json& body, httplib::Response& res);
 void handle_execute(ServerContext& ctx, nlohmann::json body, httplib::Response& res);
 void handle_messages(ServerContext& ctx, const nlohmann::json& body, httplib::Response& res);
+// Hot-swap (server/hotswap.cpp): POST /v1/step35/hotswap, POST /v1/step35/hotswap/revert,
+// GET /v1/step35/hotswap (the active patches), and the /metrics lines.
+void handle_hotswap(ServerContext& ctx, const httplib::Request& req, httplib::Response& res);
+void handle_hotswap_revert(ServerContext& ctx, const httplib::Request& req, httplib::Response& res);
+void handle_hotswap_list(ServerContext& ctx, const httplib::Request& req, httplib::Response& res);
+std::string hotswap_metrics(ServerContext& ctx);
 
 // Shared by the handlers.
 void set_json(httplib::Response& res, const nlohmann::json& body, int status = 200);

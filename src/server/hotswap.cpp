@@ -1,0 +1,173 @@
+// POST /v1/step35/hotswap {"patch": PATH}: validate a patch file against the loaded model
+// (shapes, types, base hash; 400 and nothing changed on a mismatch), then swap its slices
+// in between requests: Engine::run_exclusive lets the running requests finish with the
+// weights they started with, installs the new set (Model::set_replacements, which also
+// reaches the expert-parallel ranks before their next work), and starts the queued
+// requests on it. POST /v1/step35/hotswap/revert takes the last swap back ({"all": true}:
+// every swap, back to the patches the server started with). Admin only: with --api-key the
+// key is required (as everywhere), without one only loopback clients may swap.
+#include <cmath>
+
+#include "gguf/gguf.h"
+#include "server/api_error.h"
+#include "server/request_validation.h"
+#include "server/server_context.h"
+
+namespace step35::server {
+
+namespace {
+
+using json = nlohmann::json;
+
+void require_admin(const ServerContext& ctx, const httplib::Request& req) {
+  // The endpoint wrapper has checked the API key when there is one.
+  if (!ctx.options.api_key.empty()) return;
+  const std::string& a = req.remote_addr;
+  if (a == "127.0.0.1" || a == "::1" || a == "::ffff:127.0.0.1") return;
+  throw ApiError(403, "hot-swap is an admin operation: start the server with --api-key, or call it from this host");
+}
+
+// The replacements of the startup patches and every swapped patch, in order.
+std::vector<MatrixReplacement> compose(const HotSwapState& hs, const HotSwapState::Active* extra) {
+  std::vector<MatrixReplacement> all = hs.startup;
+  auto add = [&](const HotSwapState::Active& a) {
+    for (MatrixReplacement& r : a.patch->replacements(a.patch)) all.push_back(std::move(r));
+  };
+  for (const HotSwapState::Active& a : hs.stack) add(a);
+  if (extra) add(*extra);
+  return all;
+}
+
+json active_list(const HotSwapState& hs) {
+  json list = json::array();
+  for (const HotSwapState::Active& a : hs.stack)
+    list.push_back({{"patch", a.path}, {"slices", a.patch->slices.size()}, {"bytes", a.patch->data_bytes()},
+                    {"base_hash", patch::hash_hex(a.patch->base_hash())}});
+  return list;
+}
+
+// Installs `all` between requests; an invalid set changes nothing (400).
+void install(ServerContext& ctx, std::vector<MatrixReplacement> all) {
+  try {
+    ctx.engine->run_exclusive([&] { ctx.model->set_replacements(std::move(all)); });
+  } catch (const std::invalid_argument& e) {
+    throw ApiError(400, e.what(), "patch");
+  }
+}
+
+}  // namespace
+
+void handle_hotswap(ServerContext& ctx, const httplib::Request& req, httplib::Response& res) {
+  require_admin(ctx, req);
+  const json body = parse_body(req.body);
+  if (!body.is_object()) throw ApiError(400, "the body must be a JSON object", "patch");
+  // "weights_path" is the name the Step 3.5 deployment guides use for the same thing.
+  const char* key = body.contains("patch") ? "patch" : "weights_path";
+  if (!body.contains(key) || !body[key].is_string() || body[key].get<std::string>().empty())
+    throw ApiError(400, "'patch' (the path of a patch file from step35 finetune) is required", "patch");
+  const std::string path = body[key].get<std::string>();
+  HotSwapState& hs = ctx.hotswap;
+  std::lock_guard<std::mutex> lock(hs.mu);
+  HotSwapState::Active next;
+  next.path = path;
+  try {
+    auto p = std::make_shared<const patch::Patch>(patch::Patch::read(path));
+    p->check_base(*ctx.model, path);
+    next.patch = std::move(p);
+  } catch (const patch::PatchError& e) {
+    ++hs.rejected;
+    throw ApiError(400, e.what(), "patch");
+  } catch (const gguf::Error& e) {
+    ++hs.rejected;
+    throw ApiError(400, e.what(), "patch");
+  }
+  if (!hs.have_startup) {
+    hs.startup = ctx.model->weights()->replacements;
+    hs.have_startup = true;
+  }
+  try {
+    install(ctx, compose(hs, &next));
+  } catch (const ApiError&) {
+    ++hs.rejected;
+    throw;
+  }
+  hs.stack.push_back(next);
+  ++hs.swaps;
+  set_json(res, {{"status", "ok"},
+                 {"patch", path},
+                 {"slices", next.patch->slices.size()},
+                 {"bytes", next.patch->data_bytes()},
+                 {"weights_version", ctx.model->weights()->version},
+                 {"active", active_list(hs)}});
+}
+
+void handle_hotswap_revert(ServerContext& ctx, const httplib::Request& req, httplib::Response& res) {
+  require_admin(ctx, req);
+  const json body = req.body.empty() ? json::object() : parse_body(req.body);
+  if (!body.is_object()) throw ApiError(400, "the body must be a JSON object (or empty)");
+  if (body.contains("all") && !body["all"].is_boolean()) throw ApiError(400, "'all' must be true or false", "all");
+  const bool all = body.value("all", false);
+  HotSwapState& hs = ctx.hotswap;
+  std::lock_guard<std::mutex> lock(hs.mu);
+  if (hs.stack.empty()) throw ApiError(400, "no hot-swapped patch to revert");
+  std::vector<HotSwapState::Active> kept = hs.stack;
+  json reverted = json::array();
+  do {
+    reverted.push_back(kept.back().path);
+    kept.pop_back();
+  } while (all && !kept.empty());
+  HotSwapState trial;
+  trial.startup = hs.startup;
+  trial.stack = kept;
+  install(ctx, compose(trial, nullptr));
+  hs.stack = std::move(kept);
+  ++hs.reverts;
+  set_json(res, {{"status", "ok"},
+                 {"reverted", reverted},
+                 {"weights_version", ctx.model->weights()->version},
+                 {"active", active_list(hs)}});
+}
+
+void handle_hotswap_list(ServerContext& ctx, const httplib::Request& req, httplib::Response& res) {
+  require_admin(ctx, req);
+  HotSwapState& hs = ctx.hotswap;
+  std::lock_guard<std::mutex> lock(hs.mu);
+  set_json(res, {{"weights_version", ctx.model->weights()->version}, {"active", active_list(hs)}});
+}
+
+std::string hotswap_metrics(ServerContext& ctx) {
+  HotSwapState& hs = ctx.hotswap;
+  std::lock_guard<std::mutex> lock(hs.mu);
+  std::string s;
+  s += "# HELP step35_hotswaps_total Patches swapped into the running model (POST /v1/step35/hotswap), by result.\n";
+  s += "# TYPE step35_hotswaps_total counter\n";
+  s += "step35_hotswaps_total{result=\"ok\"} " + std::to_string(hs.swaps) + "\n";
+  s += "step35_hotswaps_total{result=\"rejected\"} " + std::to_string(hs.rejected) + "\n";
+  s += "# HELP step35_hotswap_reverts_total Successful POST /v1/step35/hotswap/revert calls.\n";
+  s += "# TYPE step35_hotswap_reverts_total counter\n";
+  s += "step35_hotswap_reverts_total " + std::to_string(hs.reverts) + "\n";
+  s += "# HELP step35_active_patches Hot-swapped patches in effect (not counting --patch at start).\n";
+  s += "# TYPE step35_active_patches gauge\n";
+  s += "step35_active_patches " + std::to_string(hs.stack.size()) + "\n";
+  s += "# HELP step35_active_patch One series per hot-swapped patch in effect, in order.\n";
+  s += "# TYPE step35_active_patch gauge\n";
+  for (size_t i = 0; i < hs.stack.size(); ++i) {
+    std::string path;
+    for (char c : hs.stack[i].path) {  // a Prometheus label value: escape \ " and newlines
+      if (c == '\n') {
+        path += "\\n";
+        continue;
+      }
+      if (c == '\\' || c == '"') path += '\\';
+      path += c;
+    }
+    s += "step35_active_patch{position=\"" + std::to_string(i + 1) + "\",patch=\"" + path + "\",base_hash=\"" +
+         patch::hash_hex(hs.stack[i].patch->base_hash()) + "\"} 1\n";
+  }
+  s += "# HELP step35_weights_version Weight sets installed since start (each swap or revert adds one).\n";
+  s += "# TYPE step35_weights_version gauge\n";
+  s += "step35_weights_version " + std::to_string(ctx.model->weights()->version) + "\n";
+  return s;
+}
+
+}  // namespace step35::server
