@@ -149,17 +149,27 @@ void check_attention(int32_t window, int64_t H, int64_t G, uint32_t seed) {
   };
   loss();
   std::vector<float> dq(q.size()), dk(k.size()), dv(v.size());
-  attention_backward(s, q.data(), k.data(), v.data(), out.data(), lse.data(), c.data(), dq.data(), dk.data(),
-                     dv.data());
+  attention_backward(s, q.data(), k.data(), v.data(), out.data(), lse.data(), c.data(), dq.data(), dk.data(), dv.data());
   check_gradient("attention q", loss, q, dq, seed + 4);
   check_gradient("attention k", loss, k, dk, seed + 5);
   check_gradient("attention v", loss, v, dv, seed + 6);
-  // Per-KV-head calls give the same result.
+  // Calls split by KV head and by row ranges (as threads take them) give the same result.
   loss();
+  std::vector<float> out2(out.size(), 7.0f), lse2(lse.size(), 7.0f);
+  for (int64_t g = 0; g < G; ++g)
+    for (int64_t t0 = 0; t0 < s.n; t0 += 4)
+      attention_forward(s, q.data(), k.data(), v.data(), out2.data(), lse2.data(), g, t0, std::min(s.n, t0 + 4));
+  EXPECT_EQ(out, out2);
+  EXPECT_EQ(lse, lse2);
   std::vector<float> dq2(q.size(), 7.0f), dk2(k.size(), 7.0f), dv2(v.size(), 7.0f);
   for (int64_t g = 0; g < G; ++g)
-    attention_backward(s, q.data(), k.data(), v.data(), out.data(), lse.data(), c.data(), dq2.data(), dk2.data(),
-                       dv2.data(), g);
+    for (int64_t r0 = 0; r0 < s.n; r0 += 4) {
+      const int64_t r1 = std::min(s.n, r0 + 4);
+      attention_backward_queries(s, q.data(), k.data(), v.data(), out.data(), lse.data(), c.data(), dq2.data(), g, r0,
+                                 r1);
+      attention_backward_keys(s, q.data(), k.data(), v.data(), out.data(), lse.data(), c.data(), dk2.data(),
+                              dv2.data(), g, r0, r1);
+    }
   EXPECT_EQ(dq, dq2);
   EXPECT_EQ(dk, dk2);
   EXPECT_EQ(dv, dv2);

@@ -106,61 +106,117 @@ int64_t first_key(const AttentionShape& s, int64_t t) {
 }  // namespace
 
 void attention_forward(const AttentionShape& s, const float* q, const float* k, const float* v, float* out,
-                       float* lse, int64_t kv_head) {
+                       float* lse, int64_t kv_head, int64_t t0, int64_t t1) {
   const int64_t R = s.H / s.G;
   const float scale = 1.0f / std::sqrt(float(s.D));
-  const int64_t h0 = kv_head < 0 ? 0 : kv_head * R, h1 = kv_head < 0 ? s.H : (kv_head + 1) * R;
-  std::vector<float> p(static_cast<size_t>(s.n));
-  for (int64_t t = 0; t < s.n; ++t) {
-    const int64_t lo = first_key(s, t);
-    for (int64_t h = h0; h < h1; ++h) {
-      const int64_t g = h / R;
-      const float* qt = q + (t * s.H + h) * s.D;
-      float mx = -INFINITY;
-      for (int64_t u = lo; u <= t; ++u) {
-        p[size_t(u)] = kernels::dot_f32(qt, k + (u * s.G + g) * s.D, s.D) * scale;
-        mx = std::max(mx, p[size_t(u)]);
+  const int64_t g0 = kv_head < 0 ? 0 : kv_head, g1 = kv_head < 0 ? s.G : kv_head + 1;
+  if (t1 < 0) t1 = s.n;
+  thread_local std::vector<float> sc;
+  for (int64_t t = t0; t < t1; ++t) {
+    const int64_t lo = first_key(s, t), nk = t - lo + 1;
+    sc.resize(size_t(R * nk));
+    for (int64_t g = g0; g < g1; ++g) {
+      // Scores of the group's R query heads against the visible keys, then per head a
+      // softmax and the weighted sum of the value rows (the forward pass's kernels).
+      kernels::attn_scores(q + (t * s.H + g * R) * s.D, s.D, R, k + (lo * s.G + g) * s.D, s.G * s.D, nk, s.D, scale,
+                           sc.data(), nk);
+      for (int64_t r = 0; r < R; ++r) {
+        const int64_t h = g * R + r;
+        float* p = sc.data() + r * nk;
+        float mx = -INFINITY;
+        for (int64_t j = 0; j < nk; ++j) mx = std::max(mx, p[j]);
+        const float z = kernels::exp_shift_sum(p, nk, mx);
+        float* ot = out + (t * s.H + h) * s.Dv;
+        std::fill(ot, ot + s.Dv, 0.0f);
+        kernels::accumulate_rows(p, v + (lo * s.G + g) * s.Dv, s.G * s.Dv, nk, s.Dv, ot);
+        kernels::scale_f32(1.0f / z, ot, s.Dv);
+        lse[t * s.H + h] = mx + std::log(z);
       }
-      double z = 0;
-      for (int64_t u = lo; u <= t; ++u) z += double(p[size_t(u)] = std::exp(p[size_t(u)] - mx));
-      float* ot = out + (t * s.H + h) * s.Dv;
-      std::fill(ot, ot + s.Dv, 0.0f);
-      const float inv = float(1.0 / z);
-      for (int64_t u = lo; u <= t; ++u) kernels::axpy_f32(p[size_t(u)] * inv, v + (u * s.G + g) * s.Dv, ot, s.Dv);
-      lse[t * s.H + h] = mx + float(std::log(z));
+    }
+  }
+}
+
+// dL/ds = p ⊙ (dp − δ) with dp_j = dO · v_j and δ = dO · O (= Σ_j p_j dp_j): the softmax's
+// backward; the scale of the scores is folded in.
+void attention_backward_queries(const AttentionShape& s, const float* q, const float* k, const float* v,
+                                const float* out, const float* lse, const float* dout, float* dq, int64_t kv_head,
+                                int64_t t0, int64_t t1) {
+  const int64_t R = s.H / s.G;
+  const float scale = 1.0f / std::sqrt(float(s.D));
+  const int64_t g0 = kv_head < 0 ? 0 : kv_head, g1 = kv_head < 0 ? s.G : kv_head + 1;
+  thread_local std::vector<float> sc, dp;
+  for (int64_t t = t0; t < t1; ++t) {
+    const int64_t lo = first_key(s, t), nk = t - lo + 1;
+    sc.resize(size_t(R * nk));
+    dp.resize(size_t(R * nk));
+    for (int64_t g = g0; g < g1; ++g) {
+      kernels::attn_scores(q + (t * s.H + g * R) * s.D, s.D, R, k + (lo * s.G + g) * s.D, s.G * s.D, nk, s.D, scale,
+                           sc.data(), nk);
+      kernels::attn_scores(dout + (t * s.H + g * R) * s.Dv, s.Dv, R, v + (lo * s.G + g) * s.Dv, s.G * s.Dv, nk, s.Dv,
+                           1.0f, dp.data(), nk);
+      for (int64_t r = 0; r < R; ++r) {
+        const int64_t h = g * R + r;
+        const float delta = kernels::dot_f32(dout + (t * s.H + h) * s.Dv, out + (t * s.H + h) * s.Dv, s.Dv);
+        const float l = lse[t * s.H + h];
+        float* ds = sc.data() + r * nk;
+        const float* dpr = dp.data() + r * nk;
+        for (int64_t j = 0; j < nk; ++j) ds[j] = std::exp(ds[j] - l) * (dpr[j] - delta) * scale;
+        float* dqt = dq + (t * s.H + h) * s.D;
+        std::fill(dqt, dqt + s.D, 0.0f);
+        kernels::accumulate_rows(ds, k + (lo * s.G + g) * s.D, s.G * s.D, nk, s.D, dqt);
+      }
+    }
+  }
+}
+
+void attention_backward_keys(const AttentionShape& s, const float* q, const float* k, const float* v, const float* out,
+                             const float* lse, const float* dout, float* dk, float* dv, int64_t kv_head, int64_t u0,
+                             int64_t u1) {
+  const int64_t R = s.H / s.G;
+  const float scale = 1.0f / std::sqrt(float(s.D));
+  const int64_t g0 = kv_head < 0 ? 0 : kv_head, g1 = kv_head < 0 ? s.G : kv_head + 1;
+  if (u0 >= u1) return;
+  thread_local std::vector<float> p, dp, delta;
+  // δ = dO · O of every query these keys' gradients need (queries u0 .. t_last).
+  const int64_t t_last = s.window > 0 ? std::min(s.n - 1, u1 - 1 + s.window - 1) : s.n - 1;
+  delta.resize(size_t((t_last - u0 + 1) * s.H));
+  for (int64_t t = u0; t <= t_last; ++t)
+    for (int64_t h = g0 * R; h < g1 * R; ++h)
+      delta[size_t((t - u0) * s.H + h)] = kernels::dot_f32(dout + (t * s.H + h) * s.Dv, out + (t * s.H + h) * s.Dv, s.Dv);
+  for (int64_t u = u0; u < u1; ++u) {
+    // The queries that see key u: t in [u, hi].
+    const int64_t hi = s.window > 0 ? std::min(s.n - 1, u + s.window - 1) : s.n - 1, nq = hi - u + 1;
+    p.resize(size_t(nq));
+    dp.resize(size_t(nq));
+    for (int64_t g = g0; g < g1; ++g) {
+      const float* ku = k + (u * s.G + g) * s.D;
+      const float* vu = v + (u * s.G + g) * s.Dv;
+      float* dku = dk + (u * s.G + g) * s.D;
+      float* dvu = dv + (u * s.G + g) * s.Dv;
+      std::fill(dku, dku + s.D, 0.0f);
+      std::fill(dvu, dvu + s.Dv, 0.0f);
+      for (int64_t h = g * R; h < (g + 1) * R; ++h) {
+        const float* qh = q + (u * s.H + h) * s.D;       // query rows t = u.. of head h
+        const float* doh = dout + (u * s.H + h) * s.Dv;
+        kernels::attn_scores(ku, s.D, 1, qh, s.H * s.D, nq, s.D, scale, p.data(), nq);
+        kernels::attn_scores(vu, s.Dv, 1, doh, s.H * s.Dv, nq, s.Dv, 1.0f, dp.data(), nq);
+        for (int64_t j = 0; j < nq; ++j) {
+          const int64_t t = u + j;
+          const float dl = delta[size_t((t - u0) * s.H + h)];
+          p[size_t(j)] = std::exp(p[size_t(j)] - lse[t * s.H + h]);
+          dp[size_t(j)] = p[size_t(j)] * (dp[size_t(j)] - dl) * scale;
+        }
+        kernels::accumulate_rows(p.data(), doh, s.H * s.Dv, nq, s.Dv, dvu);
+        kernels::accumulate_rows(dp.data(), qh, s.H * s.D, nq, s.D, dku);
+      }
     }
   }
 }
 
 void attention_backward(const AttentionShape& s, const float* q, const float* k, const float* v, const float* out,
-                        const float* lse, const float* dout, float* dq, float* dk, float* dv, int64_t kv_head) {
-  const int64_t R = s.H / s.G;
-  const float scale = 1.0f / std::sqrt(float(s.D));
-  const int64_t g0 = kv_head < 0 ? 0 : kv_head, g1 = kv_head < 0 ? s.G : kv_head + 1;
-  for (int64_t t = 0; t < s.n; ++t)
-    for (int64_t g = g0; g < g1; ++g) {
-      std::memset(dk + (t * s.G + g) * s.D, 0, size_t(s.D) * sizeof(float));
-      std::memset(dv + (t * s.G + g) * s.Dv, 0, size_t(s.Dv) * sizeof(float));
-      std::memset(dq + (t * s.H + g * R) * s.D, 0, size_t(R * s.D) * sizeof(float));
-    }
-  for (int64_t g = g0; g < g1; ++g)
-    for (int64_t h = g * R; h < (g + 1) * R; ++h)
-      for (int64_t t = 0; t < s.n; ++t) {
-        const int64_t lo = first_key(s, t);
-        const float* qt = q + (t * s.H + h) * s.D;
-        const float* dot = dout + (t * s.H + h) * s.Dv;
-        const float delta = kernels::dot_f32(dot, out + (t * s.H + h) * s.Dv, s.Dv);  // Σ_u p_u dp_u
-        float* dqt = dq + (t * s.H + h) * s.D;
-        for (int64_t u = lo; u <= t; ++u) {
-          const float* ku = k + (u * s.G + g) * s.D;
-          const float* vu = v + (u * s.G + g) * s.Dv;
-          const float p = std::exp(kernels::dot_f32(qt, ku, s.D) * scale - lse[t * s.H + h]);
-          kernels::axpy_f32(p, dot, dv + (u * s.G + g) * s.Dv, s.Dv);
-          const float ds = p * (kernels::dot_f32(dot, vu, s.Dv) - delta) * scale;
-          kernels::axpy_f32(ds, ku, dqt, s.D);
-          kernels::axpy_f32(ds, qt, dk + (u * s.G + g) * s.D, s.D);
-        }
-      }
+                        const float* lse, const float* dout, float* dq, float* dk, float* dv) {
+  attention_backward_queries(s, q, k, v, out, lse, dout, dq, -1, 0, s.n);
+  attention_backward_keys(s, q, k, v, out, lse, dout, dk, dv, -1, 0, s.n);
 }
 
 // ---------------------------------------------------------------------------------------

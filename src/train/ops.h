@@ -47,14 +47,24 @@ struct AttentionShape {
   int32_t window = 0;  // 0: full causal
 };
 
-// Saves the log-sum-exp of each (token, head) score row in lse [n][H]. kv_head restricts
-// the work to one KV head and its query heads (-1: all), so callers can run KV heads on
-// different threads.
+// Saves the log-sum-exp of each (token, head) score row in lse [n][H]. kv_head and
+// [t0, t1) restrict the work to one KV head with its query heads (-1: all) and to a range
+// of queries, so callers can split it between threads; -1 for t1 means n.
 void attention_forward(const AttentionShape& s, const float* q, const float* k, const float* v, float* out,
-                       float* lse, int64_t kv_head = -1);
-// Overwrites dq, dk, dv (same shapes as q, k, v), for the heads kv_head selects.
+                       float* lse, int64_t kv_head = -1, int64_t t0 = 0, int64_t t1 = -1);
+// The backward in two passes that write disjoint rows, so both split between threads:
+// the query side writes dq for queries [t0, t1), the key side dk and dv for keys
+// [u0, u1). Each recomputes the scores it needs from q, k and lse. Rows outside the
+// ranges (and heads outside kv_head) are left alone.
+void attention_backward_queries(const AttentionShape& s, const float* q, const float* k, const float* v,
+                                const float* out, const float* lse, const float* dout, float* dq, int64_t kv_head,
+                                int64_t t0, int64_t t1);
+void attention_backward_keys(const AttentionShape& s, const float* q, const float* k, const float* v, const float* out,
+                             const float* lse, const float* dout, float* dk, float* dv, int64_t kv_head, int64_t u0,
+                             int64_t u1);
+// Both passes over everything: overwrites dq, dk, dv.
 void attention_backward(const AttentionShape& s, const float* q, const float* k, const float* v, const float* out,
-                        const float* lse, const float* dout, float* dq, float* dk, float* dv, int64_t kv_head = -1);
+                        const float* lse, const float* dout, float* dq, float* dk, float* dv);
 
 // ---------------------------------------------------------------------------------------
 // SwiGLU with the step35 clamp (§2.5): limit <= 1e-6 means none, else

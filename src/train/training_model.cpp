@@ -69,6 +69,9 @@ void for_rows(int64_t n, ThreadPool& pool, double row_work, Fn&& fn) {
   });
 }
 
+// Queries (or keys) per attention job: the unit the pool's threads take.
+constexpr int64_t kAttnRows = 32;
+
 // Multiply-adds of attention over n_seq sequences of s.n tokens.
 double attention_work(const AttentionShape& s, int32_t n_seq) {
   const double keys = double(s.window > 0 ? std::min<int64_t>(s.window, s.n) : (s.n + 1) / 2);
@@ -118,6 +121,7 @@ struct TrainingModel::State {
   Buf normed, inv_out, logits, dlogits, dnormed;
   std::vector<double> row_loss;
   std::vector<uint8_t> routed;  // per token: top-k includes a trained expert somewhere
+  int layer_in_buffers = -1;    // the layer whose intermediates the buffers hold
 
   State(const Model& model, const TrainedParams* p, ThreadPool& tp, TrainingOptions o)
       : m(model), hp(model.hparams()), params(p), pool(tp), opts(o) {}
@@ -250,9 +254,13 @@ struct TrainingModel::State {
     AttentionShape s{C, H, G, D, Dv, L.is_swa ? hp.swa_window : 0};
     float* po = o.get(T * H * Dv);
     float* pl = lse.get(T * H);
-    for_each(int64_t(B) * G, pool, attention_work(s, B), [&](int64_t job) {
-      const int64_t b = job / G, g = job % G, t0 = b * C;
-      attention_forward(s, pqr + t0 * H * D, pkr + t0 * G * D, pv + t0 * G * Dv, po + t0 * H * Dv, pl + t0 * H, g);
+    // Jobs of (sequence, KV head, block of queries); later blocks see more keys, the pool
+    // balances them by stealing.
+    const int64_t nb = (C + kAttnRows - 1) / kAttnRows;
+    for_each(int64_t(B) * G * nb, pool, attention_work(s, B), [&](int64_t job) {
+      const int64_t b = job / (G * nb), g = job / nb % G, r0 = job % nb * kAttnRows, t0 = b * C;
+      attention_forward(s, pqr + t0 * H * D, pkr + t0 * G * D, pv + t0 * G * Dv, po + t0 * H * Dv, pl + t0 * H, g, r0,
+                        std::min<int64_t>(C, r0 + kAttnRows));
     });
     float* pog = og.get(T * H * Dv);
     if (W.attn_gate.present())
@@ -377,6 +385,7 @@ struct TrainingModel::State {
 
   // §2.3 one decoder block: out = h1 + FFN(RMS(h1)), h1 = x + Attention(RMS(x)).
   void forward_layer(int il, const float* x_in, float* out, LossStats* stats) {
+    layer_in_buffers = il;
     const LayerHParams& L = hp.layers[size_t(il)];
     const LayerWeights& W = m.layer(il);
     const int64_t E = hp.n_embd;
@@ -561,11 +570,20 @@ struct TrainingModel::State {
     float* pdkr = dkr.get(T * G * D);
     float* pdv = dv.get(T * G * Dv);
     AttentionShape s{C, H, G, D, Dv, L.is_swa ? hp.swa_window : 0};
-    for_each(int64_t(B) * G, pool, 3 * attention_work(s, B), [&](int64_t job) {
-      const int64_t b = job / G, g = job % G, t0 = b * C;
-      attention_backward(s, qr.v.data() + t0 * H * D, kr.v.data() + t0 * G * D, v.v.data() + t0 * G * Dv,
-                         o.v.data() + t0 * H * Dv, lse.v.data() + t0 * H, pdo + t0 * H * Dv, pdqr + t0 * H * D,
-                         pdkr + t0 * G * D, pdv + t0 * G * Dv, g);
+    // Query blocks (dq) and key blocks (dk, dv) write disjoint rows: one pool section.
+    const int64_t nb = (C + kAttnRows - 1) / kAttnRows;
+    for_each(2 * int64_t(B) * G * nb, pool, 3 * attention_work(s, B), [&](int64_t job) {
+      const bool keys = job % 2 == 1;
+      job /= 2;
+      const int64_t b = job / (G * nb), g = job / nb % G, r0 = job % nb * kAttnRows, t0 = b * C;
+      const int64_t r1 = std::min<int64_t>(C, r0 + kAttnRows);
+      const float *pq = qr.v.data() + t0 * H * D, *pk = kr.v.data() + t0 * G * D, *pv = v.v.data() + t0 * G * Dv;
+      const float *po = o.v.data() + t0 * H * Dv, *pl = lse.v.data() + t0 * H;
+      if (keys)
+        attention_backward_keys(s, pq, pk, pv, po, pl, pdo + t0 * H * Dv, pdkr + t0 * G * D, pdv + t0 * G * Dv, g, r0,
+                                r1);
+      else
+        attention_backward_queries(s, pq, pk, pv, po, pl, pdo + t0 * H * Dv, pdqr + t0 * H * D, g, r0, r1);
     });
     const float* tab = rope(L);
     for (int32_t b = 0; b < B; ++b) {
@@ -614,7 +632,7 @@ struct TrainingModel::State {
       linear_forward(m.output(), pn, E, T, all_logits->data(), V, &pool);
       return;
     }
-    const int64_t chunk = std::max<int64_t>(1, opts.logits_chunk);
+    const int64_t chunk = opts.logits_chunk > 0 ? opts.logits_chunk : std::max<int64_t>(16, (int64_t(1) << 24) / V);
     float* pl = logits.get(std::min(T, chunk) * V);
     float* pdl = dxf ? dlogits.get(std::min(T, chunk) * V) : nullptr;
     float* pdn = dxf ? dnormed.zero(T * E) : nullptr;
@@ -648,6 +666,7 @@ LossStats TrainingModel::run(const TrainBatch& batch, TrainedParams* grads) {
       batch.targets.size() != batch.tokens.size())
     throw std::invalid_argument("TrainingModel::run: malformed batch");
   S.set_geometry(batch.n_seq, batch.n_ctx);
+  S.layer_in_buffers = -1;
   const HParams& hp = S.hp;
   const int64_t T = S.T, E = hp.n_embd;
   const int n_layer = hp.n_layer;
@@ -694,7 +713,8 @@ LossStats TrainingModel::run(const TrainBatch& batch, TrainedParams* grads) {
   float* scratch = S.x_next.get(T * E);
   for (int il = n_layer - 1; il >= lowest; --il) {
     const float* xin = S.ckpt[size_t(il)].v.data();
-    S.forward_layer(il, xin, scratch, nullptr);
+    // The last layer's intermediates are still there from the forward pass.
+    if (S.layer_in_buffers != il) S.forward_layer(il, xin, scratch, nullptr);
     const bool need_dx = il > lowest;
     S.backward_layer(il, xin, dx, need_dx ? dxn : nullptr, need_dx, grads);
     if (need_dx) std::swap(dx, dxn);

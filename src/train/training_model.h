@@ -47,7 +47,10 @@ struct TrainingOptions {
   float balance_weight = 0.0f;  // weight of the group balance loss at trained routers
   int32_t balance_groups = 0;   // G (must divide n_expert); 0: one group per expert
   bool record_topk = false;
-  int32_t logits_chunk = 64;    // output-head rows per chunk (bounds the tokens × vocab buffer)
+  // Output-head rows per chunk (bounds the tokens × vocab buffers); 0: as many as fit in
+  // 16 M floats (64 MiB) per buffer, so the head's weights are dequantized as few times as
+  // memory allows.
+  int32_t logits_chunk = 0;
 };
 
 class TrainingModel {
