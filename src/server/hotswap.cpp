@@ -24,7 +24,8 @@ void require_admin(const ServerContext& ctx, const httplib::Request& req) {
   if (!ctx.options.api_key.empty()) return;
   const std::string& a = req.remote_addr;
   if (a == "127.0.0.1" || a == "::1" || a == "::ffff:127.0.0.1") return;
-  throw ApiError(403, "hot-swap is an admin operation: start the server with --api-key, or call it from this host");
+  throw ApiError(403, "hot-swap is an admin operation: start the server with --api-key, or call it from this host", "",
+                 "permission_error");
 }
 
 // The replacements of the startup patches and every swapped patch, in order.
