@@ -28,20 +28,18 @@ void require_admin(const ServerContext& ctx, const httplib::Request& req) {
                  "permission_error");
 }
 
-// The replacements of the startup patches and every swapped patch, in order.
-std::vector<MatrixReplacement> compose(const HotSwapState& hs, const HotSwapState::Active* extra) {
-  std::vector<MatrixReplacement> all = hs.startup;
-  auto add = [&](const HotSwapState::Active& a) {
+// The replacements of the startup patches and of the given swapped patches, in order.
+std::vector<MatrixReplacement> compose(const std::vector<MatrixReplacement>& startup,
+                                       const std::vector<HotSwapState::Active>& stack) {
+  std::vector<MatrixReplacement> all = startup;
+  for (const HotSwapState::Active& a : stack)
     for (MatrixReplacement& r : a.patch->replacements(a.patch)) all.push_back(std::move(r));
-  };
-  for (const HotSwapState::Active& a : hs.stack) add(a);
-  if (extra) add(*extra);
   return all;
 }
 
-json active_list(const HotSwapState& hs) {
+json active_list(const std::vector<HotSwapState::Active>& stack) {
   json list = json::array();
-  for (const HotSwapState::Active& a : hs.stack)
+  for (const HotSwapState::Active& a : stack)
     list.push_back({{"patch", a.path}, {"slices", a.patch->slices.size()}, {"bytes", a.patch->data_bytes()},
                     {"base_hash", patch::hash_hex(a.patch->base_hash())}});
   return list;
@@ -68,7 +66,11 @@ void handle_hotswap(ServerContext& ctx, const httplib::Request& req, httplib::Re
     throw ApiError(400, "'patch' (the path of a patch file from step35 finetune) is required", "patch");
   const std::string path = body[key].get<std::string>();
   HotSwapState& hs = ctx.hotswap;
-  std::lock_guard<std::mutex> lock(hs.mu);
+  std::lock_guard<std::mutex> swap_lock(hs.swap_mu);
+  auto reject = [&hs] {
+    std::lock_guard<std::mutex> lock(hs.mu);
+    ++hs.rejected;
+  };
   HotSwapState::Active next;
   next.path = path;
   try {
@@ -76,30 +78,41 @@ void handle_hotswap(ServerContext& ctx, const httplib::Request& req, httplib::Re
     p->check_base(*ctx.model, path);
     next.patch = std::move(p);
   } catch (const patch::PatchError& e) {
-    ++hs.rejected;
+    reject();
     throw ApiError(400, e.what(), "patch");
   } catch (const gguf::Error& e) {
-    ++hs.rejected;
+    reject();
     throw ApiError(400, e.what(), "patch");
   }
-  if (!hs.have_startup) {
-    hs.startup = ctx.model->weights()->replacements;
-    hs.have_startup = true;
+  std::vector<MatrixReplacement> startup;
+  std::vector<HotSwapState::Active> stack;
+  {
+    std::lock_guard<std::mutex> lock(hs.mu);
+    if (!hs.have_startup) {
+      hs.startup = ctx.model->weights()->replacements;
+      hs.have_startup = true;
+    }
+    startup = hs.startup;
+    stack = hs.stack;
   }
+  stack.push_back(next);
   try {
-    install(ctx, compose(hs, &next));
+    install(ctx, compose(startup, stack));
   } catch (const ApiError&) {
-    ++hs.rejected;
+    reject();
     throw;
   }
-  hs.stack.push_back(next);
-  ++hs.swaps;
+  {
+    std::lock_guard<std::mutex> lock(hs.mu);
+    hs.stack = stack;
+    ++hs.swaps;
+  }
   set_json(res, {{"status", "ok"},
                  {"patch", path},
                  {"slices", next.patch->slices.size()},
                  {"bytes", next.patch->data_bytes()},
                  {"weights_version", ctx.model->weights()->version},
-                 {"active", active_list(hs)}});
+                 {"active", active_list(stack)}});
 }
 
 void handle_hotswap_revert(ServerContext& ctx, const httplib::Request& req, httplib::Response& res) {
@@ -109,31 +122,37 @@ void handle_hotswap_revert(ServerContext& ctx, const httplib::Request& req, http
   if (body.contains("all") && !body["all"].is_boolean()) throw ApiError(400, "'all' must be true or false", "all");
   const bool all = body.value("all", false);
   HotSwapState& hs = ctx.hotswap;
-  std::lock_guard<std::mutex> lock(hs.mu);
-  if (hs.stack.empty()) throw ApiError(400, "no hot-swapped patch to revert");
-  std::vector<HotSwapState::Active> kept = hs.stack;
+  std::lock_guard<std::mutex> swap_lock(hs.swap_mu);
+  std::vector<MatrixReplacement> startup;
+  std::vector<HotSwapState::Active> kept;
+  {
+    std::lock_guard<std::mutex> lock(hs.mu);
+    startup = hs.startup;
+    kept = hs.stack;
+  }
+  if (kept.empty()) throw ApiError(400, "no hot-swapped patch to revert");
   json reverted = json::array();
   do {
     reverted.push_back(kept.back().path);
     kept.pop_back();
   } while (all && !kept.empty());
-  HotSwapState trial;
-  trial.startup = hs.startup;
-  trial.stack = kept;
-  install(ctx, compose(trial, nullptr));
-  hs.stack = std::move(kept);
-  ++hs.reverts;
+  install(ctx, compose(startup, kept));
+  {
+    std::lock_guard<std::mutex> lock(hs.mu);
+    hs.stack = kept;
+    ++hs.reverts;
+  }
   set_json(res, {{"status", "ok"},
                  {"reverted", reverted},
                  {"weights_version", ctx.model->weights()->version},
-                 {"active", active_list(hs)}});
+                 {"active", active_list(kept)}});
 }
 
 void handle_hotswap_list(ServerContext& ctx, const httplib::Request& req, httplib::Response& res) {
   require_admin(ctx, req);
   HotSwapState& hs = ctx.hotswap;
   std::lock_guard<std::mutex> lock(hs.mu);
-  set_json(res, {{"weights_version", ctx.model->weights()->version}, {"active", active_list(hs)}});
+  set_json(res, {{"weights_version", ctx.model->weights()->version}, {"active", active_list(hs.stack)}});
 }
 
 std::string hotswap_metrics(ServerContext& ctx) {

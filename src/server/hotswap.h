@@ -21,7 +21,8 @@ struct HotSwapState {
     std::string path;
     std::shared_ptr<const patch::Patch> patch;
   };
-  std::mutex mu;  // one swap or revert at a time
+  std::mutex swap_mu;  // one swap or revert at a time (held while it waits for running requests)
+  std::mutex mu;       // the fields below (never held while waiting: /metrics reads them)
   bool have_startup = false;
   std::vector<MatrixReplacement> startup;  // the --patch replacements
   std::vector<Active> stack;
