@@ -42,7 +42,21 @@ Case make_case(DType t, Precision p, int64_t n_out, int64_t n_in, int64_t n_tok)
       continue;
     }
     for (float& v : row) v = nd(rng);
-    quantize_row_ref(t, row.data(), dst, n_in);
+    if (quantize_row_ref(t, row.data(), dst, n_in)) continue;
+    // The IQ / TQ types without an encoder: random codes, every block's F16 scale 1/16
+    // (IQ1_M keeps its scattered scale bits random but the top nibble, for a finite scale).
+    const DTypeInfo& info = dtype_info(t);
+    for (size_t i = 0; i < rb; ++i) dst[i] = uint8_t(rng());
+    for (size_t b = 0; b < rb / info.block_bytes; ++b) {
+      uint8_t* blk = dst + b * info.block_bytes;
+      if (t == DType::IQ1_M) {
+        blk[55] = uint8_t((blk[55] & 0x0f) | 0x30);
+      } else {
+        const size_t off = t == DType::TQ1_0 ? 52 : t == DType::TQ2_0 ? 64 : 0;
+        blk[off] = 0x00;
+        blk[off + 1] = 0x2c;
+      }
+    }
   }
   c.w = {c.w_bytes.data(), t, n_in, n_out, 1, rb};
   const ActType at = kernels::act_type(t, p);
@@ -140,8 +154,11 @@ void bm_attention_block(benchmark::State& st, Isa isa) {
 }
 
 void register_all() {
-  const DType types[] = {DType::Q4_K, DType::Q6_K, DType::F32,  DType::Q8_0, DType::F16,  DType::Q5_K, DType::BF16,
-                         DType::MXFP4, DType::Q4_0, DType::Q4_1, DType::Q5_0, DType::Q5_1, DType::Q2_K, DType::Q3_K};
+  const DType types[] = {DType::Q4_K,    DType::Q6_K,   DType::F32,     DType::Q8_0,   DType::F16,   DType::Q5_K,
+                         DType::BF16,    DType::MXFP4,  DType::Q4_0,    DType::Q4_1,   DType::Q5_0,  DType::Q5_1,
+                         DType::Q2_K,    DType::Q3_K,   DType::IQ2_XXS, DType::IQ2_XS, DType::IQ2_S, DType::IQ3_XXS,
+                         DType::IQ3_S,   DType::IQ1_S,  DType::IQ1_M,   DType::IQ4_NL, DType::IQ4_XS, DType::TQ1_0,
+                         DType::TQ2_0};
   for (Isa isa : kernels::available_isas()) {
     const std::string in = kernels::isa_name(isa);
     for (DType t : types) {

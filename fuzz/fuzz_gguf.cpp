@@ -1,5 +1,7 @@
 // libFuzzer target: arbitrary bytes as a GGUF file, through the parser, every metadata and
-// tensor accessor, the tokenizer loader and the step35 model loader (Model::load_buffer).
+// tensor accessor, the scalar dequantizer of every tensor type (first row of each tensor:
+// fuzzed IQ grid indices, scales and signs included), the tokenizer loader and the step35
+// model loader (Model::load_buffer).
 // Built by CMake with -DSTEP35_FUZZ=ON (see fuzz/run.sh).
 //
 // Contract checked: malformed input ends in gguf::Error (the loaders' one error type), never
@@ -12,8 +14,12 @@
 #include <memory>
 #include <string>
 
+#include <vector>
+
 #include "gguf/gguf.h"
 #include "model/step35.h"
+#include "tensor/dtype.h"
+#include "tensor/quants.h"
 #include "tokenizer/tokenizer.h"
 
 using namespace step35;
@@ -43,6 +49,14 @@ void exercise_file(const gguf::File& f, const uint8_t* data, size_t size) {
       volatile uint8_t first = t.data[0], last = t.data[t.nbytes - 1];
       (void)first;
       (void)last;
+    }
+    // Decode the first row: any bytes are a valid block of their type (grid indices cannot
+    // leave their grids), so this must neither crash nor read outside the tensor.
+    const DTypeInfo* info = dtype_info(t.type);
+    const std::optional<size_t> rb = info ? row_bytes(info->type, t.ne[0]) : std::nullopt;
+    if (rb && *rb <= t.nbytes && t.ne[0] <= (int64_t(1) << 16)) {
+      std::vector<float> row(size_t(t.ne[0]));
+      dequantize_row_ref(info->type, t.data, row.data(), t.ne[0]);
     }
   }
 }

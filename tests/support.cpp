@@ -5,6 +5,7 @@
 #include <unistd.h>
 
 #include <cstdio>
+#include <cstdlib>
 #include <cstring>
 #include <fstream>
 #include <mutex>
@@ -130,6 +131,11 @@ std::string regenerated_fixture(const std::string& file, std::string* why) {
   }
   ::rmdir(work.c_str());
   return out;
+}
+
+std::string tiny_q_regen_dir() {
+  if (const char* env = std::getenv("STEP35_TINY_Q_DIR"); env && *env) return env;
+  return tmp_dir() + "/tiny-q-regen";
 }
 
 }  // namespace step35::testing

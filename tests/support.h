@@ -29,4 +29,8 @@ std::string step35_binary();                // the built CLI
 // manifest.json's sha256. Returns "" (and sets *why) when it cannot be made.
 std::string regenerated_fixture(const std::string& file, std::string* why);
 
+// Where tests/scripts/regen_tiny_q.sh writes the unshipped tiny-q files (they need
+// llama.cpp's llama-quantize): $STEP35_TINY_Q_DIR, else tmp_dir()/tiny-q-regen.
+std::string tiny_q_regen_dir();
+
 }  // namespace step35::testing

@@ -2,6 +2,8 @@
 // tokenize, inspect, and clear errors (never a crash) for bad input.
 #include <gtest/gtest.h>
 
+#include <algorithm>
+#include <cstring>
 #include <fstream>
 #include <regex>
 #include <sstream>
@@ -49,6 +51,60 @@ TEST(Cli, EvalMatchesGoldenThroughTheCommandLine) {
     EXPECT_LE(max_abs, 1e-3);
     EXPECT_NE(err.find("kv cache:"), std::string::npos) << "KV cache size is printed at load";
   }
+}
+
+// The IQ quantisations through the command line: eval on the shipped tiny-q files (IQ types
+// mixed per tensor with K-quants and Q8_0). --exact: the deqf32 golden (argmax, greedy, last
+// logits within 1e-3); default: llama.cpp's own quantized golden within test_golden's
+// quantized criteria (last-logit rms <= 0.08, argmax agreement >= 93 %).
+TEST(Cli, EvalIqQuantisationsMatchGoldens) {
+  for (const char* m : {"tiny-q-iq4_xs", "tiny-q-iq2_xxs", "tiny-q-iq1_m"}) {
+    for (const bool exact : {true, false}) {
+      SCOPED_TRACE(std::string(m) + (exact ? " --exact" : ""));
+      const auto g = read_json(golden_path(std::string(m) + (exact ? ".deqf32" : "") + ".ids64.json"));
+      std::string out, err;
+      const int rc = run_command(bin() + " eval -m '" + fixtures_dir() + "/models-iq/" + m + ".gguf' -t 2" +
+                                     (exact ? " --exact" : "") + " --greedy 32 --tokens " + ids_csv(g["prompt_tokens"]),
+                                 &out, &err);
+      ASSERT_EQ(rc, 0) << err;
+      const auto j = nlohmann::json::parse(out);
+      const auto& last = j["logits"][0];
+      const auto& ref = g["last_logits"];
+      ASSERT_EQ(last.size(), ref.size());
+      double max_abs = 0, sum_sq = 0;
+      for (size_t i = 0; i < ref.size(); ++i) {
+        const double d = std::fabs(last[i].get<double>() - ref[i].get<double>());
+        max_abs = std::max(max_abs, d);
+        sum_sq += d * d;
+      }
+      size_t agree = 0;
+      for (size_t t = 0; t < g["argmax"].size(); ++t) agree += j["argmax"][t] == g["argmax"][t];
+      if (exact) {
+        EXPECT_EQ(j["argmax"], g["argmax"]);
+        EXPECT_EQ(j["greedy"], g["greedy"]);
+        EXPECT_LE(max_abs, 1e-3);
+      } else {
+        EXPECT_LE(std::sqrt(sum_sq / double(ref.size())), 0.08);
+        EXPECT_GE(double(agree), 0.93 * double(g["argmax"].size()));
+      }
+    }
+  }
+}
+
+// inspect on a mixed IQ file: per-type totals (tensors, parameters, share, bits per weight)
+// and, with --tensors, each tensor's type, shape and bytes.
+TEST(Cli, InspectShowsPerTypeTotalsOfAMixedIqFile) {
+  std::string out, err;
+  ASSERT_EQ(run_command(bin() + " inspect --tensors '" + fixtures_dir() + "/models-iq/tiny-q-iq1_m.gguf'", &out, &err), 0)
+      << err;
+  // 13 iq1_m tensors of 2,362,368 weights at 1.75 bits; 14 q4_K; 50 tensors in all.
+  EXPECT_NE(out.find("tensors:       50,"), std::string::npos) << out;
+  EXPECT_NE(out.find("iq1_m         13        2362368"), std::string::npos) << out;
+  EXPECT_NE(out.find("1.750"), std::string::npos) << out;
+  EXPECT_NE(out.find("q4_K          14"), std::string::npos) << out;
+  EXPECT_NE(out.find("blk.1.ffn_up_exps.weight                 iq1_m   {256, 256, 8}  114688 bytes"), std::string::npos)
+      << out;
+  EXPECT_NE(out.find("token_embd.weight                        q2_K    {256, 513}"), std::string::npos) << out;
 }
 
 // The repacked Q4_K layout (STEP35_REPACK: 0 | shared | all; tensor/repack.h) changes no
@@ -173,6 +229,59 @@ TEST(Cli, BadInputGivesClearErrors) {
     // One line (plus at most a usage text for unknown commands), never a crash trace.
     EXPECT_EQ(err.find("terminate called"), std::string::npos) << err;
     EXPECT_EQ(err.find("Sanitizer"), std::string::npos) << err;
+  }
+}
+
+// A shipped IQ model damaged three ways: cut inside the last tensor's blocks, one tensor's
+// type id changed to another IQ type (whose bytes for the same shape overrun the next
+// tensor), and to an id no ggml type has. Each is one line on stderr naming the file and
+// the tensor, exit status 1, no crash.
+TEST(Cli, CorruptIqModelsGiveOneLineErrors) {
+  const std::string src = fixtures_dir() + "/models-iq/tiny-q-iq2_xxs.gguf";
+  const auto orig = read_bytes(src);
+  // The type field of a tensor info: name (u64 length + bytes), n_dims, ne[n_dims], type.
+  auto type_offset = [&](const std::string& name) {
+    std::string needle(8, '\0');
+    const uint64_t len = name.size();
+    std::memcpy(needle.data(), &len, 8);
+    needle += name;
+    const auto it = std::search(orig.begin(), orig.end(), needle.begin(), needle.end());
+    EXPECT_NE(it, orig.end()) << name;
+    const size_t pos = size_t(it - orig.begin()) + needle.size();
+    uint32_t n_dims;
+    std::memcpy(&n_dims, orig.data() + pos, 4);
+    return pos + 4 + 8 * size_t(n_dims);
+  };
+  const std::string t = "blk.1.ffn_up_exps.weight";
+  const size_t toff = type_offset(t);
+  uint32_t type;
+  std::memcpy(&type, orig.data() + toff, 4);
+  ASSERT_EQ(type, 16u);  // iq2_xxs
+  struct Damage {
+    std::string file;
+    std::vector<uint8_t> bytes;
+    std::vector<std::string> want;
+  };
+  std::vector<Damage> damages;
+  damages.push_back({"iq-cut.gguf", std::vector<uint8_t>(orig.begin(), orig.end() - 100), {"past end of file"}});
+  auto retyped = orig;
+  const uint32_t iq3_s = 21, unknown = 24;
+  std::memcpy(retyped.data() + toff, &iq3_s, 4);
+  damages.push_back({"iq-retyped.gguf", retyped, {t, "overlap"}});
+  std::memcpy(retyped.data() + toff, &unknown, 4);
+  damages.push_back({"iq-unknown.gguf", retyped, {t, "unknown ggml type id 24"}});
+  for (const Damage& d : damages) {
+    const std::string path = tmp_dir() + "/" + d.file;
+    write_bytes(path, d.bytes);
+    for (const char* cmd : {"eval --tokens 0,5", "inspect"}) {
+      std::string out, err;
+      const std::string args = std::string(cmd) == "inspect" ? " inspect '" + path + "'" : " eval -m '" + path + "' --tokens 0,5";
+      EXPECT_EQ(run_command(bin() + args, &out, &err), 1) << args << "\n" << err;
+      EXPECT_NE(err.find(d.file), std::string::npos) << err;
+      for (const std::string& w : d.want) EXPECT_NE(err.find(w), std::string::npos) << args << "\n" << err;
+      EXPECT_EQ(std::count(err.begin(), err.end(), '\n'), 1) << err;
+      EXPECT_EQ(err.find("Sanitizer"), std::string::npos) << err;
+    }
   }
 }
 

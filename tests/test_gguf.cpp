@@ -888,6 +888,53 @@ TEST(GgufCorrupt, TensorInfos) {
   EXPECT_TRUE(rejects(b, {"tensor #0", "empty tensor name"}));
 }
 
+// IQ tensors: a type id that does not match the bytes the tensor has, an id in the gaps
+// between the IQ ids, a row that is not whole super-blocks, and a file cut inside the last
+// grid-indexed block all end in a one-line error naming the tensor (the codebook indices
+// inside a block cannot go wrong: every bit pattern is a valid index, tests/test_quants.cpp).
+TEST(GgufCorrupt, IqTensors) {
+  const std::string a = "blk.0.ffn_up.weight", b = "blk.0.ffn_down.weight";
+  Writer w;
+  w.set_str("general.architecture", "step35");
+  w.set_u32("general.alignment", 32);
+  w.add_tensor(a, 16, {256, 2}, pattern_bytes(2 * 66, 3));  // iq2_xxs: 66 bytes per 256
+  w.add_tensor(b, 20, {64, 1}, pattern_bytes(2 * 18, 5));   // iq4_nl: 18 bytes per 32, last
+  const std::vector<uint8_t> base = w.to_bytes();
+  ASSERT_NO_THROW(parse_copy(base));
+  auto f = File::parse_buffer(base.data(), base.size(), "iq.gguf");
+  EXPECT_EQ(f->find_tensor(a)->nbytes, 132u);
+  EXPECT_EQ(f->find_tensor(b)->nbytes, 36u);
+  const size_t ai = tinfo_pos(base, a), bi = tinfo_pos(base, b);  // n_dims, ne..., type, offset
+  const std::string qa = "'" + a + "'", qb = "'" + b + "'";
+  auto c = base;
+  put_u32(c, ai + 20, 21);  // iq3_s: 220 bytes for the same shape, runs into the next tensor
+  EXPECT_TRUE(rejects(c, {qa, qb, "overlap"}));
+  c = base;
+  put_u32(c, bi + 20, 23);  // iq4_xs needs rows of 256: ne[0] = 64 is not
+  EXPECT_TRUE(rejects(c, {qb, "ne[0] = 64", "iq4_xs block size", "256"}));
+  c = base;
+  put_u64(c, bi + 4, 256);  // iq4_nl over 256 values: 144 bytes, past the end of the file
+  EXPECT_TRUE(rejects(c, {qb, "extends past end of file"}));
+  for (uint32_t gap : {15u, 24u, 25u, 26u, 27u, 28u, 31u, 33u, 36u}) {
+    c = base;
+    put_u32(c, ai + 20, gap);
+    EXPECT_TRUE(rejects(c, {qa, "unknown ggml type id " + std::to_string(gap), "iq2_xxs", "tq2_0"})) << gap;
+  }
+  // Cut inside the last block of the last tensor (the file ends with alignment padding, so
+  // cut relative to where the tensor's data ends).
+  const size_t b_end = size_t(f->find_tensor(b)->data - base.data()) + 36;
+  EXPECT_TRUE(throws_gguf_error([&] { parse_copy(base, b_end - 5); }, {qb, "past end of file"}));
+  Writer w2;  // the grid-indexed IQ2_XXS tensor last
+  w2.set_str("general.architecture", "step35");
+  w2.add_tensor(b, 20, {64, 1}, pattern_bytes(36, 5));
+  w2.add_tensor(a, 16, {256, 2}, pattern_bytes(132, 3));
+  const std::vector<uint8_t> iq_last = w2.to_bytes();
+  auto f2 = File::parse_buffer(iq_last.data(), iq_last.size(), "iq_last.gguf");
+  const size_t a_end = size_t(f2->find_tensor(a)->data - iq_last.data()) + 132;
+  for (size_t cut : {size_t(1), size_t(33), size_t(65), size_t(131)})
+    EXPECT_TRUE(throws_gguf_error([&] { parse_copy(iq_last, a_end - cut); }, {qa, "past end of file"})) << cut;
+}
+
 TEST(GgufCorrupt, NamesInMessagesStayOneLine) {
   auto b = base_file();
   size_t key = key_pos(b, "test.k2");

@@ -45,6 +45,14 @@ const Model* get_model(const std::string& file, std::string* why) {
   auto it = models.find(file);
   if (it != models.end()) return it->second.get();
   std::string path = fixture_model(file);
+  // The tiny-q set lives in models-iq/; its unshipped files are made by
+  // tests/scripts/regen_tiny_q.sh (they need llama-quantize) into tiny_q_regen_dir().
+  if (!file_exists(path)) path = fixtures_dir() + "/models-iq/" + file;
+  if (!file_exists(path)) path = tiny_q_regen_dir() + "/" + file;
+  if (!file_exists(path) && file.rfind("tiny-q-", 0) == 0 && file != "tiny-q-f32.gguf") {
+    if (why) *why = "not in " + tiny_q_regen_dir() + ": tests/scripts/regen_tiny_q.sh makes it (needs llama-quantize)";
+    return nullptr;
+  }
   if (!file_exists(path)) path = regenerated_fixture(file, why);
   if (path.empty()) return nullptr;
   Model::LoadOptions opts;
@@ -162,10 +170,32 @@ std::vector<Case> all_cases() {
         cases.push_back({std::string(m) + ".gguf", std::string(m) + ".deqf32." + p, true, threads});
         cases.push_back({std::string(m) + ".gguf", std::string(m) + "." + p, false, threads});
       }
+    // The tiny-q set (models-iq/): the F32 model (regenerated) and the five shipped
+    // quantisations, IQ types mixed with K-quants and Q8_0 per tensor as llama-quantize made them.
+    for (const char* p : prompts) cases.push_back({"tiny-q-f32.gguf", std::string("tiny-q-f32.") + p, true, threads});
+    for (const char* m : {"tiny-q-iq4_xs", "tiny-q-iq3_s", "tiny-q-iq2_xxs", "tiny-q-q2_k", "tiny-q-iq1_m"})
+      for (const char* p : prompts) {
+        cases.push_back({std::string(m) + ".gguf", std::string(m) + ".deqf32." + p, true, threads});
+        cases.push_back({std::string(m) + ".gguf", std::string(m) + "." + p, false, threads});
+      }
   }
   return cases;
 }
 
+// The twelve tiny-q files the fixtures do not ship (tests/scripts/regen_tiny_q.sh makes
+// them with llama-quantize; skipped while absent): their only golden is ids64 (argmax and
+// top-5 at every position, last-position logits).
+std::vector<Case> regenerated_cases() {
+  std::vector<Case> cases;
+  for (int threads : {1, 2})
+    for (const char* m : {"tiny-q-iq1_s", "tiny-q-iq2_xs", "tiny-q-iq2_s", "tiny-q-iq2_m", "tiny-q-iq3_xxs",
+                          "tiny-q-iq3_m", "tiny-q-iq4_nl", "tiny-q-q3_k_m", "tiny-q-q4_0", "tiny-q-q5_k_m",
+                          "tiny-q-mxfp4_moe", "tiny-q-iq3_s_attnq8"})
+      cases.push_back({std::string(m) + ".gguf", std::string(m) + ".ids64", false, threads});
+  return cases;
+}
+
 INSTANTIATE_TEST_SUITE_P(Fixtures, Golden, ::testing::ValuesIn(all_cases()), case_name);
+INSTANTIATE_TEST_SUITE_P(RegeneratedTinyQ, Golden, ::testing::ValuesIn(regenerated_cases()), case_name);
 
 }  // namespace

@@ -22,11 +22,38 @@ using kernels::ActRows;
 using kernels::ActType;
 using kernels::Isa;
 
-const DType kAllTypes[] = {DType::F32,  DType::F16,  DType::BF16, DType::Q8_0, DType::Q4_0, DType::Q4_1, DType::Q5_0,
-                           DType::Q5_1, DType::Q2_K, DType::Q3_K, DType::Q4_K, DType::Q5_K, DType::Q6_K, DType::MXFP4};
+const DType kAllTypes[] = {DType::F32,    DType::F16,    DType::BF16,    DType::Q8_0,   DType::Q4_0,  DType::Q4_1,
+                           DType::Q5_0,   DType::Q5_1,   DType::Q2_K,    DType::Q3_K,   DType::Q4_K,  DType::Q5_K,
+                           DType::Q6_K,   DType::MXFP4,  DType::IQ2_XXS, DType::IQ2_XS, DType::IQ2_S, DType::IQ3_XXS,
+                           DType::IQ3_S,  DType::IQ1_S,  DType::IQ1_M,   DType::IQ4_NL, DType::IQ4_XS, DType::TQ1_0,
+                           DType::TQ2_0};
 
-bool is_kquant(DType t) {
-  return t == DType::Q2_K || t == DType::Q3_K || t == DType::Q4_K || t == DType::Q5_K || t == DType::Q6_K;
+// The weight types whose dot products against Q8_K activations are exact integer sums per
+// 256-block followed by the same few float steps at every level: bit for bit across ISAs.
+bool q8k_integer_dot(DType t) {
+  return kernels::act_type(t, Precision::Native) == ActType::Q8_K;
+}
+
+// Random blocks for the types without an encoder (MXFP4, the IQ types that need an
+// importance matrix, TQ1_0/TQ2_0): random bytes, then the scale field made moderate so
+// products stay finite (F16 super-scales of magnitude 1/16..1/8, MXFP4 exponents near 2^0,
+// IQ1_M's scattered F16 scale between 1/8 and 2).
+void random_codes(DType t, uint8_t* dst, int64_t n, std::mt19937& rng) {
+  const DTypeInfo& info = dtype_info(t);
+  const int64_t nb = n / info.block_elems;
+  for (int64_t b = 0; b < nb; ++b) {
+    uint8_t* blk = dst + size_t(b) * info.block_bytes;
+    for (size_t j = 0; j < info.block_bytes; ++j) blk[j] = uint8_t(rng());
+    if (t == DType::MXFP4) {
+      blk[0] = uint8_t(120 + rng() % 12);
+    } else if (t == DType::IQ1_M) {
+      blk[55] = uint8_t((blk[55] & 0x0f) | 0x30);
+    } else {
+      const size_t off = t == DType::TQ1_0 ? 52 : t == DType::TQ2_0 ? 64 : 0;
+      const uint16_t h = uint16_t(0x2c00 | (rng() & 0x83ff));
+      std::memcpy(blk + off, &h, 2);
+    }
+  }
 }
 
 // Restores the ISA in use when a test ends.
@@ -46,15 +73,8 @@ struct RandomMatrix {
     std::vector<float> row(static_cast<size_t>(n_in));
     for (int64_t o = 0; o < n_out; ++o) {
       uint8_t* dst = bytes.data() + rb * size_t(o);
-      if (t == DType::MXFP4) {  // no encoder: random codes, scale exponents near 2^0
-        for (int64_t b = 0; b < n_in / 32; ++b) {
-          dst[17 * b] = uint8_t(120 + rng() % 12);
-          for (int j = 1; j < 17; ++j) dst[17 * b + j] = uint8_t(rng());
-        }
-        continue;
-      }
       for (float& v : row) v = nd(rng);
-      EXPECT_TRUE(quantize_row_ref(t, row.data(), dst, n_in));
+      if (!quantize_row_ref(t, row.data(), dst, n_in)) random_codes(t, dst, n_in, rng);
     }
     w.data = bytes.data();
     w.type = t;
@@ -116,7 +136,7 @@ TEST_P(KernelTypes, SimdMatchesScalarReference) {
       for (int64_t tk = 0; tk < n_tok; ++tk) {
         for (int64_t o = 0; o < n_out; ++o) {
           const float r = ref[size_t(tk * n_out + o)], g = got[size_t(tk * n_out + o)];
-          if (p == Precision::Native && is_kquant(t)) {
+          if (p == Precision::Native && q8k_integer_dot(t)) {
             // Exact integer sums per block and the same float steps: bit for bit.
             ASSERT_EQ(r, g) << dtype_name(t) << " " << kernels::isa_name(isa) << " o=" << o << " t=" << tk;
           } else {
@@ -190,7 +210,9 @@ TEST_P(KernelTypes, InvariantToSplitsTokensAndIndex) {
 // and index lists with repeats.
 TEST(Kernels, RowGroupsAndTilesMatchSingleRowSingleToken) {
   IsaGuard guard;
-  for (DType t : {DType::Q4_K, DType::Q5_K, DType::Q6_K, DType::Q2_K, DType::Q3_K}) {
+  for (DType t : {DType::Q4_K, DType::Q5_K, DType::Q6_K, DType::Q2_K, DType::Q3_K, DType::IQ2_XXS, DType::IQ2_XS,
+                  DType::IQ2_S, DType::IQ3_XXS, DType::IQ3_S, DType::IQ1_S, DType::IQ1_M, DType::IQ4_XS, DType::TQ1_0,
+                  DType::TQ2_0}) {
     std::mt19937 rng(4242 + int(t));
     const int64_t n_in = 768, n_out = 23, max_tok = 9;
     RandomMatrix m(t, n_out, n_in, rng);

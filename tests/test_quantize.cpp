@@ -181,6 +181,56 @@ TEST(KQuantEncode, NonFiniteInputDoesNotCrash) {
 // quantize_row_fast (what `step35 quantize` runs) against the scalar reference, on rows that
 // reach every branch of the searches: several magnitudes, sparse, one-signed, constant,
 // all-zero and denormal sub-blocks, outliers, ties, and non-finite values.
+// ---- IQ4_NL / IQ4_XS encoders ----------------------------------------------------------
+
+TEST(Iq4Encode, RoundTripErrorOfNonUniformFourBits) {
+  std::mt19937 rng(23);
+  std::normal_distribution<float> nd(0.0f, 1.0f);
+  std::vector<float> x(256 * 32);
+  for (size_t i = 0; i < x.size(); ++i) x[i] = nd(rng) * 0.02f * float(1 + (i / 256) % 4);
+  for (DType t : {DType::IQ4_NL, DType::IQ4_XS}) {
+    SCOPED_TRACE(dtype_name(t));
+    const std::vector<float> y = roundtrip(t, x);
+    double err2 = 0, sum2 = 0;
+    for (size_t i = 0; i < x.size(); ++i) {
+      err2 += std::pow(double(y[i]) - x[i], 2);
+      sum2 += std::pow(double(x[i]), 2);
+    }
+    // Gaussian data, 16 levels fitted per 32 values: ~Q4_K's error (rms_bound(Q4_K) 0.095).
+    EXPECT_LE(std::sqrt(err2 / sum2), 0.095);
+  }
+}
+
+// All-zero blocks come out as llama-quantize writes them (checked against its output on a
+// model with zeroed blocks and tensors): level code 8 (the level 1, nearest to 0) under a zero
+// scale; IQ4_XS's super-scale is -0.0 (d = -max/32 with max = 0) and every 6-bit sub-block
+// scale the biased 0, i.e. 32.
+TEST(Iq4Encode, ZeroBlocksAsLlamaQuantizeWritesThem) {
+  std::vector<float> x(256, 0.0f);
+  std::vector<uint8_t> nl(*row_bytes(DType::IQ4_NL, 256)), xs(*row_bytes(DType::IQ4_XS, 256));
+  ASSERT_TRUE(quantize_row_ref(DType::IQ4_NL, x.data(), nl.data(), 256));
+  ASSERT_TRUE(quantize_row_ref(DType::IQ4_XS, x.data(), xs.data(), 256));
+  for (size_t b = 0; b < 8; ++b) {
+    EXPECT_EQ(nl[18 * b], 0x00);
+    EXPECT_EQ(nl[18 * b + 1], 0x00);
+    for (size_t j = 2; j < 18; ++j) EXPECT_EQ(nl[18 * b + j], 0x88) << b << " " << j;
+  }
+  const uint8_t head[8] = {0x00, 0x80, 0xaa, 0xaa, 0x00, 0x00, 0x00, 0x00};
+  for (size_t j = 0; j < 8; ++j) EXPECT_EQ(xs[j], head[j]) << j;
+  for (size_t j = 8; j < 136; ++j) EXPECT_EQ(xs[j], 0x88) << j;
+  for (float v : roundtrip(DType::IQ4_XS, x)) EXPECT_EQ(v, 0.0f);
+}
+
+TEST(Iq4Encode, NonFiniteInputDoesNotCrash) {
+  std::vector<float> x(512, 1.0f);
+  x[3] = std::numeric_limits<float>::quiet_NaN();
+  x[300] = std::numeric_limits<float>::infinity();
+  x[301] = -std::numeric_limits<float>::infinity();
+  std::vector<uint8_t> xs(*row_bytes(DType::IQ4_XS, 512)), nl(*row_bytes(DType::IQ4_NL, 512));
+  EXPECT_TRUE(quantize_row_ref(DType::IQ4_XS, x.data(), xs.data(), 512));
+  EXPECT_TRUE(quantize_row_ref(DType::IQ4_NL, x.data(), nl.data(), 512));
+}
+
 TEST(KQuantEncode, FastPathIsBitIdenticalToReference) {
   std::mt19937 rng(21);
   const int n = 256 * 8;
@@ -291,6 +341,50 @@ TEST(QuantizeRecipe, Q4KMGivesMoreBitsToEveryThirdAttnVAndFfnDown) {
   }
 }
 
+// IQ4_NL / IQ4_XS without an importance matrix: attn_v Q5_K when 4+ query heads share a KV
+// head, ffn_down Q5_K for blocks < n/8, output Q6_K, the rest the base type; an IQ4_XS row
+// that is not whole 256-blocks falls back to IQ4_NL.
+TEST(QuantizeRecipe, Iq4MixesOfTheBenchmarkShape) {
+  std::vector<TensorDesc> ts;
+  for (int il = 0; il < 13; ++il) {
+    const std::string p = "blk." + std::to_string(il) + ".";
+    ts.push_back(desc(p + "attn_v.weight", {1024, 256}));
+    ts.push_back(desc(p + "attn_k.weight", {1024, 256}));
+    ts.push_back(desc(p + "attn_output.weight", {2048, 1024}));
+    ts.push_back(desc(p + (il < 2 ? "ffn_down.weight" : "ffn_down_exps.weight"), {256, 1024, 64}));
+    ts.push_back(desc(p + "ffn_gate_exps.weight", {1024, 256, 64}));
+  }
+  ts.push_back(desc("output.weight", {1024, 16384}));
+  ts.push_back(desc("token_embd.weight", {1024, 16384}));
+  for (FileType ft : {FileType::IQ4_NL, FileType::IQ4_XS}) {
+    SCOPED_TRACE(file_type_name(ft));
+    const std::string base = ft == FileType::IQ4_NL ? "iq4_nl" : "iq4_xs";
+    const auto m = choose(ts, QuantizeModelInfo{13, 64, 8}, ft);
+    for (int il = 0; il < 13; ++il) {
+      const std::string p = "blk." + std::to_string(il) + ".";
+      EXPECT_EQ(m.at(p + "attn_v.weight"), "q5_K") << il;
+      EXPECT_EQ(m.at(p + "attn_k.weight"), base) << il;
+      EXPECT_EQ(m.at(p + "attn_output.weight"), base) << il;
+      EXPECT_EQ(m.at(p + (il < 2 ? "ffn_down.weight" : "ffn_down_exps.weight")), il < 1 ? "q5_K" : base) << il;
+      EXPECT_EQ(m.at(p + "ffn_gate_exps.weight"), base) << il;
+    }
+    EXPECT_EQ(m.at("output.weight"), "q6_K");
+    EXPECT_EQ(m.at("token_embd.weight"), base);
+    // Fewer query heads per KV head: attn_v keeps the base type. Eight experts: Q8_0 for
+    // attn_k / attn_v and Q5_K for attn_output, as in every 4-bit mix.
+    EXPECT_EQ(choose(ts, QuantizeModelInfo{13, 64, 2}, ft).at("blk.5.attn_v.weight"), base);
+    const auto e8 = choose(ts, QuantizeModelInfo{13, 8, 2}, ft);
+    EXPECT_EQ(e8.at("blk.5.attn_v.weight"), "q8_0");
+    EXPECT_EQ(e8.at("blk.5.attn_k.weight"), "q8_0");
+    EXPECT_EQ(e8.at("blk.5.attn_output.weight"), "q5_K");
+  }
+  const auto c = choose_tensor_types({desc("blk.0.attn_q.weight", {160, 64}), desc("blk.0.attn_k.weight", {48, 64})},
+                                     QuantizeModelInfo{1, 0, 1}, FileType::IQ4_XS);
+  EXPECT_STREQ(dtype_name(c[0].type), "iq4_nl");
+  EXPECT_TRUE(c[0].fallback);
+  EXPECT_STREQ(dtype_name(c[1].type), "f16");
+}
+
 TEST(QuantizeRecipe, TiedEmbeddingsEightExpertsAndFallbacks) {
   // No output.weight: token_embd is the output matrix and gets its rule (Q6_K, or Q8_0 when
   // the row does not fit the base type's block).
@@ -345,8 +439,12 @@ TEST(QuantizeRecipe, FileTypeNames) {
   EXPECT_EQ(file_type_from_name("Q5_K"), FileType::Q5_K_M);
   EXPECT_EQ(file_type_from_name("bf16"), FileType::BF16);
   EXPECT_FALSE(file_type_from_name("Q2_K_S"));  // needs an importance matrix
-  EXPECT_FALSE(file_type_from_name("IQ4_XS"));
+  EXPECT_EQ(file_type_from_name("iq4_xs"), FileType::IQ4_XS);
+  EXPECT_EQ(file_type_from_name("IQ4_NL"), FileType::IQ4_NL);
+  EXPECT_FALSE(file_type_from_name("IQ3_S"));  // needs an importance matrix
   EXPECT_FALSE(file_type_from_name(""));
+  EXPECT_EQ(uint32_t(FileType::IQ4_NL), 25u);
+  EXPECT_EQ(uint32_t(FileType::IQ4_XS), 30u);
   EXPECT_EQ(uint32_t(FileType::Q4_K_M), 15u);  // general.file_type as llama.cpp numbers it
   EXPECT_STREQ(file_type_name(FileType::Q6_K), "Q6_K");
 }
@@ -471,6 +569,17 @@ constexpr Golden kGoldens[] = {
     {"tiny-k-f32.gguf", "Q5_K_S", "e8ddf07e92be2824fea07f4f9aa303bd39b714fba83a43b114f711b4ef2bc629", "f32:24 q5_K:42 q6_K:1"},
     {"tiny-k-f32.gguf", "Q5_K_M", "876fda3c5019327f3e0f83017ddb8fe7c6dcf904ed2a9b4b53a1a71f2033d1ce", "f32:24 q5_K:36 q6_K:7"},
     {"tiny-k-f32.gguf", "Q6_K", "e7a4736cea087146ef53e82d01504d849f17577e6de142e2e78894ff734fa553", "f32:24 q6_K:43"},
+    // The IQ file types llama-quantize writes without an importance matrix. tiny-a: rows of
+    // 128 (IQ4_XS falls back to IQ4_NL); tiny-b: eight experts, rows of 64; tiny-k: rows of
+    // 256; tiny-q: eight experts, 256 (tiny-q-f32 is regenerated like tiny-k-f32).
+    {"tiny-a-f32.gguf", "IQ4_NL", "2fbfdb0804d50f2ba1a3ed69d94417e9445d06392d9630fe6e8df322f235ac13", "f32:55 iq4_nl:95 q5_K:1 q8_0:1"},
+    {"tiny-a-f32.gguf", "IQ4_XS", "3f1ccb37b996d5924a0b6f0bde84de8beb30162901c124321c15f94919a74856", "f32:55 iq4_nl:93 iq4_xs:2 q5_K:1 q8_0:1"},
+    {"tiny-b-f32.gguf", "IQ4_NL", "9134b7c3421cb4ae8ee95996c060f107b16695476d9be687bd365f5a961c8d45", "f32:62 iq4_nl:75 q5_1:10 q8_0:19"},
+    {"tiny-b-f32.gguf", "IQ4_XS", "9134b7c3421cb4ae8ee95996c060f107b16695476d9be687bd365f5a961c8d45", "f32:62 iq4_nl:75 q5_1:10 q8_0:19"},
+    {"tiny-k-f32.gguf", "IQ4_NL", "b25d2d3fe4292a6c5e0df831cc200d653eb8da325e19bd9cbd9ce59815bdd0bb", "f32:24 iq4_nl:42 q6_K:1"},
+    {"tiny-k-f32.gguf", "IQ4_XS", "a6af463c2f3437a2a423b63353e9af85229b63e50fdb458ddb3766ebca4b2dc7", "f32:24 iq4_xs:42 q6_K:1"},
+    {"tiny-q-f32.gguf", "IQ4_NL", "5af995f084efb26118300ccf2e0a8b8f20178365ed34edc29fbe0d776306b8de", "f32:19 iq4_nl:21 q5_K:3 q6_K:1 q8_0:6"},
+    {"tiny-q-f32.gguf", "IQ4_XS", "d381571d39249a51b388d152c973bee25ae4b54010736c798ef858d39df9d18e", "f32:19 iq4_xs:21 q5_K:3 q6_K:1 q8_0:6"},
     // Already-quantized inputs (llama-quantize --allow-requantize) and an F16 input.
     {"tiny-a-q8_0.gguf", "Q4_K_M", "690878358e3bfb8250665b1ab11c83f661a6419bf2aa365a3ea1756f0e7394f2", "f32:55 q4_K:2 q5_0:80 q6_K:1 q8_0:14"},
     {"tiny-a-f16.gguf", "Q4_K_M", "6b6af84a60ff15ba1bf4706a30cf4d6ca53896deb41a1436e326063ad0b727ca", "f32:55 q4_K:2 q5_0:80 q6_K:1 q8_0:14"},
@@ -496,7 +605,9 @@ TEST_P(QuantizeGolden, MatchesLlamaQuantizeFingerprint) {
   EXPECT_EQ(tensor_digest(*f, out + ".digest", &counts), g.sha256)
       << "compare with llama-quantize's file: bench/quantize_vs_llama.sh " << in << " " << g.type;
   EXPECT_EQ(counts, g.counts);
-  const bool requantized = std::string(g.input).find("q") != std::string::npos;
+  // "<set>-<dtype>.gguf": quantized inputs are the q* dtypes (the set name may hold a q too).
+  const std::string input(g.input);
+  const bool requantized = input[input.rfind('-') + 1] == 'q';
   EXPECT_EQ(s.n_requantized > 0, requantized);
   if (requantized) {
     EXPECT_NE(log.front().find("warning: "), std::string::npos) << log.front();
@@ -626,7 +737,7 @@ TEST(QuantizeCli, ProgressAndSummaryOnStderr) {
   EXPECT_NE(err.find("fallback: ncols 128 not divisible by 256 (q4_K) -> q5_0"), std::string::npos);
   EXPECT_NE(err.find("Q4_K_M, 152 tensors (97 converted, 55 copied, 93 fallbacks)"), std::string::npos) << err;
   EXPECT_NE(err.find("6.15 bits per weight"), std::string::npos) << err;
-  EXPECT_NE(err.find("q6_K      1 tensors"), std::string::npos) << err;
+  EXPECT_NE(err.find("q6_K        1 tensors"), std::string::npos) << err;
 }
 
 TEST(QuantizeCli, ErrorsAreOneClearLine) {

@@ -23,7 +23,9 @@
 #include "support.h"
 #include "tensor/dtype.h"
 #include "tensor/fp16.h"
+#include "tensor/iq_grids.h"
 #include "tensor/quants.h"
+#include "tensor/quants_iq.h"
 
 using namespace step35;
 
@@ -229,7 +231,11 @@ TEST(DType, Table) {
                       {3, "q4_1", 32, 20},     {6, "q5_0", 32, 22},    {7, "q5_1", 32, 24},
                       {8, "q8_0", 32, 34},     {10, "q2_K", 256, 84},  {11, "q3_K", 256, 110},
                       {12, "q4_K", 256, 144},  {13, "q5_K", 256, 176}, {14, "q6_K", 256, 210},
-                      {30, "bf16", 1, 2},      {39, "mxfp4", 32, 17}};
+                      {16, "iq2_xxs", 256, 66}, {17, "iq2_xs", 256, 74}, {18, "iq3_xxs", 256, 98},
+                      {19, "iq1_s", 256, 50},  {20, "iq4_nl", 32, 18}, {21, "iq3_s", 256, 110},
+                      {22, "iq2_s", 256, 82},  {23, "iq4_xs", 256, 136}, {29, "iq1_m", 256, 56},
+                      {30, "bf16", 1, 2},      {34, "tq1_0", 256, 54}, {35, "tq2_0", 256, 66},
+                      {39, "mxfp4", 32, 17}};
   for (const auto& r : rows) {
     const DTypeInfo* info = dtype_info(r.id);
     ASSERT_NE(info, nullptr) << r.id;
@@ -240,7 +246,10 @@ TEST(DType, Table) {
     EXPECT_EQ(&dtype_info(info->type), info);
     EXPECT_STREQ(dtype_name(info->type), r.name);
   }
-  for (uint32_t id : {4u, 5u, 9u, 15u, 16u, 20u, 29u, 31u, 40u, 1000u, 0xffffffffu})
+  // 4, 5: the removed Q4_2/Q4_3; 15: Q8_K (activations only); 24-28, 31-33, 36-38: removed
+  // or never stored in files (Q4_0_4_4 ...); 40+: types this engine does not read (NVFP4 ...).
+  for (uint32_t id : {4u, 5u, 9u, 15u, 24u, 25u, 26u, 27u, 28u, 31u, 32u, 33u, 36u, 37u, 38u, 40u, 41u, 1000u,
+                      0xffffffffu})
     EXPECT_EQ(dtype_info(id), nullptr) << id;
 }
 
@@ -253,11 +262,13 @@ TEST(DType, FromName) {
   EXPECT_EQ(dtype_from_name("F32"), DType::F32);
   EXPECT_EQ(dtype_from_name("MXFP4"), DType::MXFP4);
   EXPECT_EQ(dtype_from_name("q6_k"), DType::Q6_K);
+  EXPECT_EQ(dtype_from_name("IQ4_XS"), DType::IQ4_XS);
+  EXPECT_EQ(dtype_from_name("iq2_xxs"), DType::IQ2_XXS);
+  EXPECT_EQ(dtype_from_name("TQ2_0"), DType::TQ2_0);
   EXPECT_FALSE(dtype_from_name("").has_value());
   EXPECT_FALSE(dtype_from_name("q4").has_value());
   EXPECT_FALSE(dtype_from_name("q4_k_m").has_value());  // a file type, not a tensor type
   EXPECT_FALSE(dtype_from_name("f64").has_value());
-  EXPECT_FALSE(dtype_from_name("iq4_xs").has_value());
 }
 
 TEST(DType, RowBytes) {
@@ -846,6 +857,258 @@ TEST(Dot, EqualsSumOfDequantTimesX) {
   EXPECT_EQ(dot_row_ref(DType::Q4_K, nullptr, &x0, 0), 0.0f);
 }
 
+// ==== IQ / TQ types =========================================================================
+// Codebooks against checksums of ggml's tables, dequantization against llama.cpp's own
+// decoders (gguf-py, which the fixtures README found bit-identical to ggml's C decoders) on
+// pseudo-random blocks of every type and on every IQ tensor of the shipped tiny-q files, and
+// a few hand-built blocks that pin down the bit layouts.
+
+namespace {
+
+uint64_t fnv1a(const void* data, size_t n) {
+  const auto* p = static_cast<const uint8_t*>(data);
+  uint64_t h = 0xcbf29ce484222325ull;
+  for (size_t i = 0; i < n; ++i) h = (h ^ p[i]) * 0x100000001b3ull;
+  return h;
+}
+
+// Σ bits(y_i)·(2i+1) mod 2^64 over the F32 bit patterns: the checksum the expected values
+// below were computed with (numpy over gguf-py's output).
+uint64_t weighted_bits(const std::vector<float>& y) {
+  uint64_t h = 0;
+  for (size_t i = 0; i < y.size(); ++i) {
+    uint32_t bits;
+    std::memcpy(&bits, &y[i], 4);
+    h += uint64_t(bits) * (2 * uint64_t(i) + 1);
+  }
+  return h;
+}
+
+// Pseudo-random blocks: a 64-bit LCG (Knuth's MMIX constants) seeded with 0x9E3779B97F4A7C15
+// ^ type id, one byte (the top one) per step; then each F16 super-scale gets exponent bits
+// 01011 (values of magnitude 1/16..1/8, either sign), IQ1_M's scattered one bits 0011 in its
+// top nibble, so that every value stays finite. The expected checksums were computed from
+// the same bytes.
+std::vector<uint8_t> lcg_blocks(DType t, int nb) {
+  const size_t bb = dtype_info(t).block_bytes;
+  std::vector<uint8_t> out(bb * size_t(nb));
+  uint64_t state = 0x9E3779B97F4A7C15ull ^ uint64_t(t);
+  for (auto& b : out) {
+    state = state * 6364136223846793005ull + 1442695040888963407ull;
+    b = uint8_t(state >> 56);
+  }
+  const int d_offset = t == DType::TQ1_0 ? 52 : t == DType::TQ2_0 ? 64 : 0;
+  for (int k = 0; k < nb; ++k) {
+    uint8_t* blk = out.data() + bb * size_t(k);
+    if (t == DType::IQ1_M) {
+      blk[55] = uint8_t((blk[55] & 0x0f) | 0x30);
+    } else {
+      const uint16_t h = uint16_t(0x2c00 | ((blk[d_offset] | (blk[d_offset + 1] << 8)) & 0x83ff));
+      blk[d_offset] = uint8_t(h & 0xff);
+      blk[d_offset + 1] = uint8_t(h >> 8);
+    }
+  }
+  return out;
+}
+
+const DType kIqTypes[] = {DType::IQ2_XXS, DType::IQ2_XS, DType::IQ3_XXS, DType::IQ1_S,  DType::IQ4_NL, DType::IQ3_S,
+                          DType::IQ2_S,   DType::IQ4_XS, DType::IQ1_M,   DType::TQ1_0, DType::TQ2_0};
+
+}  // namespace
+
+TEST(IqGrids, MatchGgmlTables) {
+  // FNV-1a 64 of each table's little-endian bytes as ggml-common.h (llama.cpp de3ff81) lists
+  // them, and entries 1, n/2 and n-1.
+  EXPECT_EQ(fnv1a(iq::kIq2xxsGrid, sizeof iq::kIq2xxsGrid), 0xbb4ee025b5ac6e8eull);
+  EXPECT_EQ(fnv1a(iq::kIq2xsGrid, sizeof iq::kIq2xsGrid), 0xc9b1ee61e79909bdull);
+  EXPECT_EQ(fnv1a(iq::kIq2sGrid, sizeof iq::kIq2sGrid), 0x123edd38a3b62b90ull);
+  EXPECT_EQ(fnv1a(iq::kIq3xxsGrid, sizeof iq::kIq3xxsGrid), 0xdfa5dc83d6a155d5ull);
+  EXPECT_EQ(fnv1a(iq::kIq3sGrid, sizeof iq::kIq3sGrid), 0xfa37020c25b44829ull);
+  EXPECT_EQ(fnv1a(iq::kIq1sGrid, sizeof iq::kIq1sGrid), 0x6703ed863501ae2eull);
+  EXPECT_EQ(fnv1a(iq::kIq4nlValues, sizeof iq::kIq4nlValues), 0x055d06d2d8fa0f75ull);
+  EXPECT_EQ(iq::kIq2xxsGrid[1], 0x080808080808082bull);
+  EXPECT_EQ(iq::kIq2xxsGrid[128], 0x082b2b0808082b08ull);
+  EXPECT_EQ(iq::kIq2xxsGrid[255], 0x2b2b2b1908081908ull);
+  EXPECT_EQ(iq::kIq2xsGrid[256], 0x190808080808192bull);
+  EXPECT_EQ(iq::kIq2xsGrid[511], 0x2b2b2b2b2b2b2b2bull);
+  EXPECT_EQ(iq::kIq2sGrid[512], 0x19080819082b1919ull);
+  EXPECT_EQ(iq::kIq2sGrid[1023], 0x2b2b2b2b2b2b2b2bull);
+  EXPECT_EQ(iq::kIq3xxsGrid[1], 0x04040414u);
+  EXPECT_EQ(iq::kIq3xxsGrid[128], 0x141c3e04u);
+  EXPECT_EQ(iq::kIq3xxsGrid[255], 0x3e341c04u);
+  EXPECT_EQ(iq::kIq3sGrid[1], 0x01010103u);
+  EXPECT_EQ(iq::kIq3sGrid[256], 0x05090507u);
+  EXPECT_EQ(iq::kIq3sGrid[511], 0x0f0f0101u);
+  EXPECT_EQ(iq::kIq1sGrid[1], 0xffffffffffffff01ull);
+  EXPECT_EQ(iq::kIq1sGrid[1024], 0x0000000000ff0100ull);
+  EXPECT_EQ(iq::kIq1sGrid[2047], 0x0101010101010101ull);
+  // ggml's 128-entry ksigns_iq2xs table is the 7 stored sign bits plus an even-parity eighth.
+  uint8_t signs[128];
+  for (uint32_t i = 0; i < 128; ++i) signs[i] = iq::expand_signs7(i);
+  EXPECT_EQ(fnv1a(signs, sizeof signs), 0xf19ba8f8c3292ba5ull);
+  EXPECT_EQ(signs[1], 129);
+  EXPECT_EQ(signs[64], 192);
+  EXPECT_EQ(signs[127], 255);
+  // Every byte of every grid is one of the format's magnitudes.
+  const std::set<int> m2 = {8, 25, 43}, m3xxs = {4, 12, 20, 28, 36, 44, 52, 62}, m3s = {1, 3, 5, 7, 9, 11, 13, 15};
+  for (uint64_t e : iq::kIq2sGrid)
+    for (int j = 0; j < 8; ++j) ASSERT_TRUE(m2.count(iq::grid_byte(e, j)));
+  for (uint32_t e : iq::kIq3xxsGrid)
+    for (int j = 0; j < 4; ++j) ASSERT_TRUE(m3xxs.count(iq::grid_byte(e, j)));
+  for (uint32_t e : iq::kIq3sGrid)
+    for (int j = 0; j < 4; ++j) ASSERT_TRUE(m3s.count(iq::grid_byte(e, j)));
+  for (uint64_t e : iq::kIq1sGrid)
+    for (int j = 0; j < 8; ++j) ASSERT_LE(std::abs(int(int8_t(iq::grid_byte(e, j)))), 1);
+}
+
+TEST(Dequant, IqTypesMatchLlamaCppOnPseudoRandomBlocks) {
+  // Checksum of gguf-py's dequantization of lcg_blocks(type, n / block size) (n = 16384 values),
+  // and two of its values.
+  struct Expect {
+    DType t;
+    uint64_t sum;
+    float y1, y_last5;
+  };
+  const Expect expects[] = {
+      {DType::IQ2_XXS, 0x08015d0aa94f98b0ull, 5.079414367675781f, 2.117431640625f},
+      {DType::IQ2_XS, 0x07fdd4dca9186308ull, 1.14447021484375f, 0.45305633544921875f},
+      {DType::IQ3_XXS, 0x081bef7705a97e78ull, 2.25439453125f, -1.57196044921875f},
+      {DType::IQ1_S, 0x08036c280a224be0ull, -0.6015625f, 0.4762725830078125f},
+      {DType::IQ4_NL, 0x080b99dba2801f00ull, -2.8411865234375f, 1.1273193359375f},
+      {DType::IQ3_S, 0x07f47c25dda3c390ull, 1.4075927734375f, 1.67779541015625f},
+      {DType::IQ2_S, 0x080faa27517129f8ull, -3.11126708984375f, -13.847579956054688f},
+      {DType::IQ4_XS, 0x0805f57228d76078ull, -53.79638671875f, -155.822265625f},
+      {DType::IQ1_M, 0x07facb09e938afc0ull, -0.052703857421875f, 6.35870361328125f},
+      {DType::TQ1_0, 0x0690c30b17d66000ull, 0.0f, 0.11395263671875f},
+      {DType::TQ2_0, 0x06f9a8ccd460a000ull, -0.1129150390625f, -0.1995849609375f},
+  };
+  const int64_t n = 16384;
+  for (const Expect& e : expects) {
+    const std::vector<uint8_t> blocks = lcg_blocks(e.t, int(n / dtype_info(e.t).block_elems));
+    const std::vector<float> y = deq(e.t, blocks, n);
+    EXPECT_EQ(weighted_bits(y), e.sum) << dtype_name(e.t);
+    EXPECT_EQ(y[1], e.y1) << dtype_name(e.t);
+    EXPECT_EQ(y[size_t(n - 5)], e.y_last5) << dtype_name(e.t);
+  }
+}
+
+// IQ2_XXS: 8 bytes per 32 values (four grid indices, then scale and four 7-bit sign groups
+// whose eighth sign makes the count of minus signs even); value = d·(s+½)/4 · magnitude.
+TEST(Dequant, Iq2xxsHandBuilt) {
+  Bytes B(66);
+  B.u16(0, H(1.0f));
+  B.u8(2, 1);    // grid 1: magnitudes 43, 8, 8, 8, 8, 8, 8, 8
+  B.u8(3, 0);    // grid 0: all 8
+  B.u8(4, 255);  // grid 255: 8, 25, 8, 8, 25, 43, 43, 43
+  B.u8(5, 0);
+  // s = 3; sign groups: 0000001 (odd: the eighth is set too), 0000011, none, 1111111 (odd).
+  B.u32(6, (3u << 28) | 1u | (3u << 7) | (127u << 21));
+  const auto y = deq(DType::IQ2_XXS, B.b, 256);
+  const float db = 0.875f;  // 1.0 · 3.5 / 4
+  const float want[32] = {-43 * db, 8 * db,  8 * db,  8 * db,  8 * db,  8 * db,  8 * db,  -8 * db,
+                          -8 * db,  -8 * db, 8 * db,  8 * db,  8 * db,  8 * db,  8 * db,  8 * db,
+                          8 * db,   25 * db, 8 * db,  8 * db,  25 * db, 43 * db, 43 * db, 43 * db,
+                          -8 * db,  -8 * db, -8 * db, -8 * db, -8 * db, -8 * db, -8 * db, -8 * db};
+  for (int i = 0; i < 32; ++i) EXPECT_EQ(y[size_t(i)], want[i]) << i;
+  for (int i = 32; i < 256; ++i) EXPECT_EQ(y[size_t(i)], 1.0f) << i;  // grid 0, s = 0: 8 · 0.5/4
+}
+
+// IQ4_XS: sub-block b's 6-bit scale = nibble b%2 of scales_l[b/2] + 16 · bits 2b..2b+1 of scales_h.
+TEST(Dequant, Iq4xsScaleBits) {
+  Bytes B(136);
+  B.u16(0, H(0.5f));
+  B.u16(2, uint16_t(2u << 10));  // sub-block 5: high bits 2
+  B.u8(4 + 2, 0x70);             // sub-block 5: low bits 7 -> ls = 39, dl = 0.5 · 7
+  B.u8(8 + 16 * 5, 0xf0);        // value 160: level 0 (-127), value 176: level 15 (113)
+  const auto y = deq(DType::IQ4_XS, B.b, 256);
+  EXPECT_EQ(y[160], -127 * 3.5f);
+  EXPECT_EQ(y[176], 113 * 3.5f);
+  EXPECT_EQ(y[161], -127 * 3.5f);
+  EXPECT_EQ(y[0], -127 * -16.0f);  // ls = 0: dl = 0.5 · -32
+}
+
+// IQ1_M: the F16 super-scale is the top nibbles of the four 16-bit scale words (word 0 holds
+// its lowest bits); 3-bit scales per 16 values below them; one qh nibble per 8 values gives
+// 3 index bits and the sign of the ±1/8 shift.
+TEST(Dequant, Iq1mScaleAssemblyAndShift) {
+  Bytes B(56);
+  const uint16_t d = H(0.25f);  // 0x3400
+  const uint16_t low12 = uint16_t(5 | (2 << 3));  // values 0..15: s = 5, values 16..31: s = 2
+  B.u16(48, uint16_t(low12 | ((d & 0xf) << 12)));
+  B.u16(50, uint16_t(((d >> 4) & 0xf) << 12));
+  B.u16(52, uint16_t(((d >> 8) & 0xf) << 12));
+  B.u16(54, uint16_t(((d >> 12) & 0xf) << 12));
+  B.u8(32, 0x08);  // values 0..7: index 0 (all -1), shift -1/8; values 8..15: index 0, +1/8
+  const auto y = deq(DType::IQ1_M, B.b, 256);
+  for (int i = 0; i < 8; ++i) EXPECT_EQ(y[size_t(i)], 2.75f * (-1.0f - 0.125f)) << i;
+  for (int i = 8; i < 16; ++i) EXPECT_EQ(y[size_t(i)], 2.75f * (-1.0f + 0.125f)) << i;
+  for (int i = 16; i < 32; ++i) EXPECT_EQ(y[size_t(i)], 1.25f * (-1.0f + 0.125f)) << i;
+  for (int i = 32; i < 256; ++i) EXPECT_EQ(y[size_t(i)], 0.25f * (-1.0f + 0.125f)) << i;
+}
+
+// TQ1_0: a byte is 5 trits (value + 1) as a base-3 fraction, most significant first; trit k
+// of qs byte m is value 32k + m, of qs byte 32 + m value 160 + 16k + m, of qh byte m value
+// 240 + 4k + m. 188 encodes trits 2, 0, 1, 2, 1 (ggml's encoder: ceil(178 · 256 / 243)).
+TEST(Dequant, Tq1TritOrder) {
+  Bytes B(54);
+  B.u8(0, 188);
+  B.u8(40, 188);
+  B.u8(49, 188);
+  B.u16(52, H(1.0f));
+  const auto y = deq(DType::TQ1_0, B.b, 256);
+  const int idx_qs0[5] = {0, 32, 64, 96, 128}, idx_qs40[5] = {168, 184, 200, 216, 232};
+  const int idx_qh1[4] = {241, 245, 249, 253};
+  const float trits[5] = {1, -1, 0, 1, 0};
+  for (int k = 0; k < 5; ++k) {
+    EXPECT_EQ(y[size_t(idx_qs0[k])], trits[k]) << k;
+    EXPECT_EQ(y[size_t(idx_qs40[k])], trits[k]) << k;
+  }
+  for (int k = 0; k < 4; ++k) EXPECT_EQ(y[size_t(idx_qh1[k])], trits[k]) << k;
+  EXPECT_EQ(y[1], -1.0f);  // a zero byte holds five zero trits: value -1
+}
+
+TEST(Dot, IqTypesEqualSumOfDequantTimesX) {
+  std::mt19937 rng(17);
+  std::normal_distribution<float> nd(0.0f, 1.0f);
+  for (DType t : kIqTypes) {
+    const int64_t n = 1024;
+    const auto w = lcg_blocks(t, int(n / dtype_info(t).block_elems));
+    std::vector<float> x(static_cast<size_t>(n));
+    for (auto& v : x) v = nd(rng);
+    const auto y = deq(t, w, n);
+    double ref = 0.0, mag = 0.0;
+    for (int64_t i = 0; i < n; ++i) {
+      ref += double(y[size_t(i)]) * x[size_t(i)];
+      mag += std::fabs(double(y[size_t(i)]) * x[size_t(i)]);
+    }
+    EXPECT_NEAR(dot_row_ref(t, w.data(), x.data(), n), ref, 1e-5 * mag) << dtype_name(t);
+  }
+}
+
+// Every bit pattern is a block: all-ones bytes (the largest grid index of every type, every
+// scale at its maximum) decode to finite values within the format's range.
+TEST(Dequant, IqAllOnesBlocksStayInRange) {
+  for (DType t : kIqTypes) {
+    const size_t bb = dtype_info(t).block_bytes;
+    const int64_t qk = dtype_info(t).block_elems;
+    std::vector<uint8_t> w(bb * 4, 0xff);
+    for (size_t k = 0; k < 4; ++k) {  // keep the F16 scale finite: 1.0
+      const size_t off = k * bb + (t == DType::TQ1_0 ? 52 : t == DType::TQ2_0 ? 64 : 0);
+      if (t != DType::IQ1_M) {
+        w[off] = 0x00;
+        w[off + 1] = 0x3c;
+      }
+    }
+    if (t == DType::IQ1_M)
+      for (size_t k = 0; k < 4; ++k) w[k * bb + 55] = 0x3f;  // super-scale 0x3fff: 1.999
+    const auto y = deq(t, w, 4 * qk);
+    for (float v : y) {
+      ASSERT_TRUE(std::isfinite(v)) << dtype_name(t);
+      ASSERT_LE(std::fabs(v), 2.0f * 64 * 31) << dtype_name(t);
+    }
+  }
+}
+
 // ==== quantize ==============================================================================
 
 TEST(Quantize, Q8_0HandCase) {
@@ -1259,4 +1522,159 @@ TEST(Fixtures, DequantTinyKQ4_K_M) {
   if (f32.empty()) GTEST_SKIP() << "cannot regenerate tiny-k-f32.gguf: " << why;
   const auto seen = expect_close_dequant(read_gguf(f32), read_gguf(qk), 0.15);
   for (const char* t : {"q4_K", "q6_K", "f32"}) EXPECT_TRUE(seen.count(t)) << t;
+}
+
+// Every IQ tensor of the shipped tiny-q files (made by llama-quantize with an importance
+// matrix) dequantizes to exactly what llama.cpp's gguf-py decoders give: checksums of the
+// F32 bits as weighted_bits() computes them.
+TEST(Fixtures, DequantTinyQIqTensorsMatchLlamaCpp) {
+  struct Expect {
+    const char* file;
+    const char* tensor;
+    uint64_t sum;
+  };
+  const Expect expects[] = {
+      {"tiny-q-iq1_m.gguf", "blk.0.attn_gate.weight", 0x0007d6796c14a240ull},
+      {"tiny-q-iq1_m.gguf", "blk.0.attn_q.weight", 0x7c821bdd63de54e0ull},
+      {"tiny-q-iq1_m.gguf", "blk.0.ffn_down.weight", 0xf19167f14587edc0ull},
+      {"tiny-q-iq1_m.gguf", "blk.0.ffn_gate.weight", 0xf45349cdc33dffc0ull},
+      {"tiny-q-iq1_m.gguf", "blk.0.ffn_up.weight", 0xf3ebe30b361fec60ull},
+      {"tiny-q-iq1_m.gguf", "blk.1.attn_gate.weight", 0x001f80a9f0ab3700ull},
+      {"tiny-q-iq1_m.gguf", "blk.1.attn_q.weight", 0xf3e819ea41705c40ull},
+      {"tiny-q-iq1_m.gguf", "blk.1.ffn_down_exps.weight", 0x278a2070ba531f20ull},
+      {"tiny-q-iq1_m.gguf", "blk.1.ffn_down_shexp.weight", 0x7c0c946990118be0ull},
+      {"tiny-q-iq1_m.gguf", "blk.1.ffn_gate_exps.weight", 0x33b746b740606620ull},
+      {"tiny-q-iq1_m.gguf", "blk.1.ffn_gate_shexp.weight", 0x7e34a0a79473b240ull},
+      {"tiny-q-iq1_m.gguf", "blk.1.ffn_up_exps.weight", 0x3b76fb68b8d29be0ull},
+      {"tiny-q-iq1_m.gguf", "blk.1.ffn_up_shexp.weight", 0x7ccd4cbb6799f920ull},
+      {"tiny-q-iq2_xxs.gguf", "blk.0.attn_gate.weight", 0x0007d7bd3e3f2fd4ull},
+      {"tiny-q-iq2_xxs.gguf", "blk.0.attn_q.weight", 0x7cd03baa07e353d0ull},
+      {"tiny-q-iq2_xxs.gguf", "blk.0.ffn_down.weight", 0xf1d751df4b60ff48ull},
+      {"tiny-q-iq2_xxs.gguf", "blk.0.ffn_gate.weight", 0xf4c6cf6999243120ull},
+      {"tiny-q-iq2_xxs.gguf", "blk.0.ffn_up.weight", 0xf378f16415c05698ull},
+      {"tiny-q-iq2_xxs.gguf", "blk.1.attn_gate.weight", 0x001f9ba2c60252f0ull},
+      {"tiny-q-iq2_xxs.gguf", "blk.1.attn_q.weight", 0xf47a4ed99e104174ull},
+      {"tiny-q-iq2_xxs.gguf", "blk.1.ffn_down_exps.weight", 0x3411fd6ab1198194ull},
+      {"tiny-q-iq2_xxs.gguf", "blk.1.ffn_down_shexp.weight", 0x7c487016cc650c90ull},
+      {"tiny-q-iq2_xxs.gguf", "blk.1.ffn_gate_exps.weight", 0x3e5b83864a20e724ull},
+      {"tiny-q-iq2_xxs.gguf", "blk.1.ffn_gate_shexp.weight", 0x7d71e5331bd26634ull},
+      {"tiny-q-iq2_xxs.gguf", "blk.1.ffn_up_exps.weight", 0x47d35efc03fd4f54ull},
+      {"tiny-q-iq2_xxs.gguf", "blk.1.ffn_up_shexp.weight", 0x7d128f1ec6ffa454ull},
+      {"tiny-q-iq3_s.gguf", "token_embd.weight", 0xfe31948f7a290e40ull},
+      {"tiny-q-iq3_s.gguf", "blk.0.attn_gate.weight", 0x0007cb50ab1d2bd0ull},
+      {"tiny-q-iq3_s.gguf", "blk.0.attn_q.weight", 0x7cdae8b7e29ef720ull},
+      {"tiny-q-iq3_s.gguf", "blk.0.ffn_down.weight", 0xf0f8410221b8ab40ull},
+      {"tiny-q-iq3_s.gguf", "blk.0.ffn_gate.weight", 0xf371de28af8861d0ull},
+      {"tiny-q-iq3_s.gguf", "blk.0.ffn_up.weight", 0xf40c38a12c56cdb0ull},
+      {"tiny-q-iq3_s.gguf", "blk.1.attn_gate.weight", 0x001f99427d4a6b30ull},
+      {"tiny-q-iq3_s.gguf", "blk.1.attn_q.weight", 0xf473a7afc9c8ea30ull},
+      {"tiny-q-iq3_s.gguf", "blk.1.ffn_down_exps.weight", 0x313d40d7b1fc0370ull},
+      {"tiny-q-iq3_s.gguf", "blk.1.ffn_down_shexp.weight", 0x7c256fea1c13fb90ull},
+      {"tiny-q-iq3_s.gguf", "blk.1.ffn_gate_exps.weight", 0x3e4b436e436f8fa0ull},
+      {"tiny-q-iq3_s.gguf", "blk.1.ffn_gate_shexp.weight", 0x7da271a1156f7470ull},
+      {"tiny-q-iq3_s.gguf", "blk.1.ffn_up_exps.weight", 0x432e392dc5a85af0ull},
+      {"tiny-q-iq3_s.gguf", "blk.1.ffn_up_shexp.weight", 0x7d02fd5911b07f70ull},
+      {"tiny-q-iq3_s.gguf", "blk.2.attn_gate.weight", 0x001fb9fc859319a0ull},
+      {"tiny-q-iq3_s.gguf", "blk.2.attn_q.weight", 0xf5b5bfc187d41670ull},
+      {"tiny-q-iq3_s.gguf", "blk.2.ffn_down.weight", 0xf09967682b894e10ull},
+      {"tiny-q-iq3_s.gguf", "blk.2.ffn_gate.weight", 0xf48357c436e365b0ull},
+      {"tiny-q-iq3_s.gguf", "blk.2.ffn_up.weight", 0xf455bb738e9d7c30ull},
+      {"tiny-q-iq3_s.gguf", "blk.2.nextn.eh_proj.weight", 0xf3e316be7c9fdef0ull},
+      {"tiny-q-iq3_s.gguf", "blk.2.nextn.shared_head_head.weight", 0xf829d11383cd3c10ull},
+      {"tiny-q-iq4_xs.gguf", "token_embd.weight", 0xfd33b1c5cf026da0ull},
+      {"tiny-q-iq4_xs.gguf", "blk.0.attn_gate.weight", 0x0007d053b0636ca0ull},
+      {"tiny-q-iq4_xs.gguf", "blk.0.attn_q.weight", 0x7cc07cbd9a2ddc10ull},
+      {"tiny-q-iq4_xs.gguf", "blk.0.ffn_down.weight", 0xf047751a5c7f9ac8ull},
+      {"tiny-q-iq4_xs.gguf", "blk.0.ffn_gate.weight", 0xf2e6e112290878c8ull},
+      {"tiny-q-iq4_xs.gguf", "blk.0.ffn_up.weight", 0xf315da5a1309c818ull},
+      {"tiny-q-iq4_xs.gguf", "blk.1.attn_gate.weight", 0x001f7a15c1659a48ull},
+      {"tiny-q-iq4_xs.gguf", "blk.1.attn_q.weight", 0xf3487380d6f014b0ull},
+      {"tiny-q-iq4_xs.gguf", "blk.1.ffn_down_exps.weight", 0x22a16e257bccc110ull},
+      {"tiny-q-iq4_xs.gguf", "blk.1.ffn_down_shexp.weight", 0x7c0055fe2eaa5618ull},
+      {"tiny-q-iq4_xs.gguf", "blk.1.ffn_gate_exps.weight", 0x3adadc84cecfd52cull},
+      {"tiny-q-iq4_xs.gguf", "blk.1.ffn_gate_shexp.weight", 0x7d3bfff685c94064ull},
+      {"tiny-q-iq4_xs.gguf", "blk.1.ffn_up_exps.weight", 0x38dea396ca6aa9ccull},
+      {"tiny-q-iq4_xs.gguf", "blk.1.ffn_up_shexp.weight", 0x7cf0d70a98314b58ull},
+      {"tiny-q-iq4_xs.gguf", "blk.2.attn_gate.weight", 0x001f3c20d053d804ull},
+      {"tiny-q-iq4_xs.gguf", "blk.2.attn_q.weight", 0xf42e8e8344dcdfacull},
+      {"tiny-q-iq4_xs.gguf", "blk.2.ffn_down.weight", 0xf08e3cc3b526d410ull},
+      {"tiny-q-iq4_xs.gguf", "blk.2.ffn_gate.weight", 0xf42e2a1d2b83a8a8ull},
+      {"tiny-q-iq4_xs.gguf", "blk.2.ffn_up.weight", 0xf472d145113cb670ull},
+      {"tiny-q-iq4_xs.gguf", "blk.2.nextn.eh_proj.weight", 0xf34ca6f7f46653f0ull},
+      {"tiny-q-iq4_xs.gguf", "blk.2.nextn.shared_head_head.weight", 0xf71c8ad008f29acaull},
+  };
+  std::map<std::string, MiniGguf> files;
+  std::map<std::string, int> per_type;
+  for (const Expect& e : expects) {
+    auto it = files.find(e.file);
+    if (it == files.end()) {
+      const std::string path = step35::testing::fixtures_dir() + "/models-iq/" + e.file;
+      if (!step35::testing::file_exists(path)) GTEST_SKIP() << path << " not found";
+      it = files.emplace(e.file, read_gguf(path)).first;
+    }
+    const MiniTensor* t = it->second.find(e.tensor);
+    ASSERT_NE(t, nullptr) << e.file << " " << e.tensor;
+    const DTypeInfo* info = dtype_info(t->type);
+    ASSERT_NE(info, nullptr) << e.file << " " << e.tensor << ": type " << t->type;
+    const int64_t ne0 = t->ne.at(0), rows = t->nelem() / ne0;
+    const size_t rb = *row_bytes(info->type, ne0);
+    const uint8_t* q = it->second.data(*t, rb * size_t(rows));
+    std::vector<float> y(size_t(t->nelem()));
+    for (int64_t r = 0; r < rows; ++r) dequantize_row_ref(info->type, q + size_t(r) * rb, y.data() + r * ne0, ne0);
+    EXPECT_EQ(weighted_bits(y), e.sum) << e.file << " " << e.tensor << " (" << info->name << ")";
+    ++per_type[info->name];
+  }
+  EXPECT_EQ(per_type["iq1_m"], 13);
+  EXPECT_EQ(per_type["iq2_xxs"], 13);
+  EXPECT_EQ(per_type["iq3_s"], 21);
+  EXPECT_EQ(per_type["iq4_xs"], 21);
+}
+
+// The IQ types only the unshipped tiny-q files hold (IQ1_S, IQ2_XS, IQ2_S, IQ3_XXS, IQ4_NL),
+// once tests/scripts/regen_tiny_q.sh has made them: per file and type, the sum of the
+// tensors' weighted_bits() over gguf-py's dequantization, and the tensor count.
+TEST(Fixtures, DequantRegeneratedTinyQIqTensorsMatchLlamaCpp) {
+  struct Expect {
+    const char* file;
+    const char* type;
+    int tensors;
+    uint64_t sum;
+  };
+  const Expect expects[] = {
+      {"tiny-q-iq1_s.gguf", "iq1_s", 13, 0x72fe2d17473752e0ull},
+      {"tiny-q-iq2_m.gguf", "iq2_s", 13, 0x84245401e2a3fc68ull},
+      {"tiny-q-iq2_m.gguf", "iq3_s", 1, 0xfe31948f7a290e40ull},
+      {"tiny-q-iq2_s.gguf", "iq2_xs", 13, 0x7cbcf9ceb21bc4f0ull},
+      {"tiny-q-iq2_s.gguf", "iq3_s", 1, 0xfe31948f7a290e40ull},
+      {"tiny-q-iq2_xs.gguf", "iq2_xs", 13, 0x7cbcf9ceb21bc4f0ull},
+      {"tiny-q-iq3_xxs.gguf", "iq2_s", 2, 0x71b70710d6e1c518ull},
+      {"tiny-q-iq3_xxs.gguf", "iq3_s", 1, 0xfe31948f7a290e40ull},
+      {"tiny-q-iq3_xxs.gguf", "iq3_xxs", 11, 0xf5f8273006d37ef0ull},
+      {"tiny-q-iq4_nl.gguf", "iq4_nl", 21, 0x07fbc844a16b0840ull},
+  };
+  const std::string dir = step35::testing::tiny_q_regen_dir();
+  int checked = 0;
+  for (const Expect& e : expects) {
+    const std::string path = dir + "/" + e.file;
+    if (!step35::testing::file_exists(path)) continue;
+    const MiniGguf g = read_gguf(path);
+    uint64_t sum = 0;
+    int n = 0;
+    for (const MiniTensor& t : g.tensors) {
+      const DTypeInfo* info = dtype_info(t.type);
+      ASSERT_NE(info, nullptr) << e.file << " " << t.name << ": type " << t.type;
+      if (std::string(info->name) != e.type) continue;
+      const int64_t ne0 = t.ne.at(0), rows = t.nelem() / ne0;
+      const size_t rb = *row_bytes(info->type, ne0);
+      const uint8_t* q = g.data(t, rb * size_t(rows));
+      std::vector<float> y(size_t(t.nelem()));
+      for (int64_t r = 0; r < rows; ++r) dequantize_row_ref(info->type, q + size_t(r) * rb, y.data() + r * ne0, ne0);
+      sum += weighted_bits(y);
+      ++n;
+    }
+    EXPECT_EQ(n, e.tensors) << e.file << " " << e.type;
+    EXPECT_EQ(sum, e.sum) << e.file << " " << e.type;
+    ++checked;
+  }
+  if (checked == 0) GTEST_SKIP() << "no regenerated tiny-q files in " << dir << " (tests/scripts/regen_tiny_q.sh makes them)";
 }

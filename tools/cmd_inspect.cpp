@@ -46,15 +46,30 @@ static int inspect_main(const Args& args) {
                 L.is_moe ? L.n_ff_exp : L.n_ff, L.is_moe ? L.n_expert_used : 0, double(L.clamp_exp),
                 double(L.clamp_shexp), int(il) >= hp.n_layer ? "  (MTP)" : "");
   }
-  std::map<std::string, std::pair<size_t, uint64_t>> by_type;
+  // Per ggml type: tensors, parameters, bytes, share of the tensor bytes and bits per weight
+  // (a mixed file such as a community IQ quantisation holds five or six types).
+  struct TypeTotals {
+    size_t tensors = 0;
+    uint64_t elements = 0, bytes = 0;
+  };
+  std::map<std::string, TypeTotals> by_type;
+  TypeTotals all;
   for (const auto& t : f.tensors()) {
-    auto& e = by_type[dtype_info(t.type) ? dtype_info(t.type)->name : "?"];
-    e.first++;
-    e.second += t.nbytes;
+    uint64_t elements = 1;
+    for (uint32_t d = 0; d < t.n_dims; ++d) elements *= uint64_t(t.ne[d]);
+    for (TypeTotals* e : {&by_type[dtype_info(t.type) ? dtype_info(t.type)->name : "?"], &all}) {
+      e->tensors++;
+      e->elements += elements;
+      e->bytes += t.nbytes;
+    }
   }
-  std::printf("\ntensors:       %zu\n", f.tensors().size());
+  auto bpw = [](const TypeTotals& e) { return e.elements ? 8.0 * double(e.bytes) / double(e.elements) : 0.0; };
+  std::printf("\ntensors:       %zu, %.2f M parameters, %.2f MiB, %.2f bits per weight\n", all.tensors,
+              double(all.elements) / 1e6, double(all.bytes) / (1 << 20), bpw(all));
+  std::printf("  %-8s %7s %14s %12s %7s %8s\n", "type", "tensors", "parameters", "MiB", "bytes", "bits/w");
   for (const auto& [name, e] : by_type)
-    std::printf("  %-6s %5zu tensors  %10.2f MiB\n", name.c_str(), e.first, double(e.second) / (1 << 20));
+    std::printf("  %-8s %7zu %14llu %12.2f %6.1f%% %8.3f\n", name.c_str(), e.tensors, (unsigned long long)e.elements,
+                double(e.bytes) / (1 << 20), all.bytes ? 100.0 * double(e.bytes) / double(all.bytes) : 0.0, bpw(e));
   std::printf("\ntokenizer:     %zu tokens, %zu merges, pre-tokenizer '%s', bos %d, eos %d, add_bos %s, "
               "%zu end-of-generation ids\n",
               tok.n_vocab(), tok.n_merges(), tok.pre_type().c_str(), tok.bos(), tok.eos(),
@@ -79,7 +94,7 @@ static int inspect_main(const Args& args) {
   if (p.has("tensors")) {
     std::printf("\n");
     for (const auto& t : f.tensors()) {
-      std::printf("  %-40s %-6s {", t.name.c_str(), dtype_info(t.type) ? dtype_info(t.type)->name : "?");
+      std::printf("  %-40s %-7s {", t.name.c_str(), dtype_info(t.type) ? dtype_info(t.type)->name : "?");
       for (uint32_t d = 0; d < t.n_dims; ++d) std::printf("%s%lld", d ? ", " : "", (long long)t.ne[d]);
       std::printf("}  %llu bytes\n", (unsigned long long)t.nbytes);
     }

@@ -13,7 +13,8 @@ static int quantize_main(const Args& args) {
   ArgParser p("quantize",
               "Quantizes a step35 GGUF as llama-quantize does without an importance matrix: the same type\n"
               "for every tensor and the same bytes. Input tensors may be F32, F16, BF16 or already quantized\n"
-              "(dequantized first, with a warning). A split input is read whole; the output is one file.");
+              "(dequantized first, with a warning). A split input is read whole; the output is one file.\n"
+              "Of the IQ types, IQ4_NL and IQ4_XS need no importance matrix and are written; the others are not.");
   p.positional("IN", "input GGUF (first part of a split model)");
   p.positional("OUT", "output GGUF (must not be the input)");
   p.positional("TYPE", "target file type, case-insensitive: " + file_type_names() +
@@ -28,7 +29,7 @@ static int quantize_main(const Args& args) {
   if (!type) {
     std::string why = "unknown TYPE '" + type_name + "'";
     if (type_name.size() > 1 && (type_name[0] == 'I' || type_name[0] == 'i'))
-      why += " (IQ types need an importance matrix, which step35 quantize does not use)";
+      why += " (IQ types other than IQ4_NL and IQ4_XS need an importance matrix, which step35 quantize does not use)";
     throw UsageError(why + "; expected one of " + file_type_names());
   }
   QuantizeOptions opts;
@@ -46,7 +47,7 @@ static int quantize_main(const Args& args) {
                s.n_elements ? 8.0 * double(s.output_bytes) / double(s.n_elements) : 0.0,
                (unsigned long long)s.output_file_bytes);
   for (const auto& [name, t] : s.by_type)
-    std::fprintf(stderr, "  %-5s %5zu tensors %10.2f MiB  %5.2f bits per weight\n", name.c_str(), t.tensors,
+    std::fprintf(stderr, "  %-7s %5zu tensors %10.2f MiB  %5.2f bits per weight\n", name.c_str(), t.tensors,
                  double(t.bytes) / mib, t.elements ? 8.0 * double(t.bytes) / double(t.elements) : 0.0);
   std::fprintf(stderr, "  time %.2f s with %d thread%s\n", s.seconds, opts.n_threads, opts.n_threads > 1 ? "s" : "");
   return 0;

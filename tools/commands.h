@@ -11,6 +11,7 @@ using Args = std::vector<std::string>;
 
 int cmd_run(const Args& args);
 int cmd_eval(const Args& args);
+int cmd_perplexity(const Args& args);
 int cmd_tokenize(const Args& args);
 int cmd_inspect(const Args& args);
 int cmd_make_tiny(const Args& args);

@@ -13,17 +13,18 @@ static void print_usage() {
                "usage: step35 <command> [options]\n"
                "\n"
                "commands:\n"
-               "  run        generate text from a prompt (streams to stdout)\n"
-               "  eval       run token ids as one batch, print logits/argmax/greedy as JSON\n"
-               "  tokenize   print the token ids of a text as JSON\n"
-               "  inspect    describe a GGUF model (hyperparameters, tensors, tokenizer)\n"
-               "  make-tiny  write a small random-weight step35 GGUF\n"
-               "  bench      measure prompt and generation speed, memory bandwidth and the decode roofline\n"
-               "  quantize   convert a GGUF to Q4_K_M, Q8_0, ... like llama-quantize\n"
-               "  serve      OpenAI-compatible HTTP server with continuous batching\n"
-               "  ep-plan    balance experts over ranks for expert parallelism (--ep) from recorded counts\n"
-               "  finetune   train chosen experts / routers of a model on a text, write the trained slices as a patch\n"
-               "  patch      inspect a patch file, or write a model with patches applied\n"
+               "  run         generate text from a prompt (streams to stdout)\n"
+               "  eval        run token ids as one batch, print logits/argmax/greedy as JSON\n"
+               "  perplexity  perplexity of a text, KL divergence against a base model (as llama-perplexity)\n"
+               "  tokenize    print the token ids of a text as JSON\n"
+               "  inspect     describe a GGUF model (hyperparameters, tensors, tokenizer)\n"
+               "  make-tiny   write a small random-weight step35 GGUF\n"
+               "  bench       measure prompt and generation speed, memory bandwidth and the decode roofline\n"
+               "  quantize    convert a GGUF to Q4_K_M, Q8_0, ... like llama-quantize\n"
+               "  serve       OpenAI-compatible HTTP server with continuous batching\n"
+               "  ep-plan     balance experts over ranks for expert parallelism (--ep) from recorded counts\n"
+               "  finetune    train chosen experts / routers of a model on a text, write the trained slices as a patch\n"
+               "  patch       inspect a patch file, or write a model with patches applied\n"
                "\n"
                "run 'step35 <command> --help' for a command's options.\n");
 }
@@ -38,6 +39,7 @@ int main(int argc, char** argv) {
   try {
     if (cmd == "run") return cmd_run(args);
     if (cmd == "eval") return cmd_eval(args);
+    if (cmd == "perplexity") return cmd_perplexity(args);
     if (cmd == "tokenize") return cmd_tokenize(args);
     if (cmd == "inspect") return cmd_inspect(args);
     if (cmd == "make-tiny") return cmd_make_tiny(args);

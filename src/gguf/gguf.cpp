@@ -418,7 +418,7 @@ Part parse_part(const uint8_t* data, size_t size, const std::string& name) {
     const DTypeInfo* info = dtype_info(t.type);
     if (info == nullptr) {
       r.fail("unknown ggml type id " + u64s(t.type) + " at offset " + u64s(type_pos) +
-             " (expected a supported type: f32, f16, bf16, q4_0, q4_1, q5_0, q5_1, q8_0, q2_K..q6_K, mxfp4)");
+             " (expected a supported type: " + dtype_names() + ")");
     }
     if (t.ne[0] % info->block_elems != 0) {
       r.fail("ne[0] = " + std::to_string(t.ne[0]) + " at offset " + u64s(dims_pos + 4) +

@@ -1,7 +1,7 @@
 // The per-tensor type recipe of llama-quantize (llama.cpp de3ff81, src/llama-quant.cpp) for
 // the file types step35 writes, as it applies to arch step35, stated rule by rule. Rules that
-// cannot fire for step35 (Falcon, the Llama 70B attn_v bump, IQ*/TQ*/MXFP4 file types,
-// imatrix-only cases) are left out. Without an importance matrix and without user
+// cannot fire for step35 (Falcon, the Llama 70B attn_v bump, the IQ file types that need an
+// importance matrix, TQ*/MXFP4 file types, imatrix-only cases) are left out. Without an importance matrix and without user
 // overrides, llama-quantize decides in four steps:
 //
 //   1. Is the tensor quantized at all?       (tensor_is_quantizable)
@@ -35,7 +35,8 @@ constexpr FileTypeName kFileTypeNames[] = {
     {"Q5_0", FileType::Q5_0},     {"Q5_1", FileType::Q5_1},     {"Q2_K", FileType::Q2_K},
     {"Q3_K_S", FileType::Q3_K_S}, {"Q3_K_M", FileType::Q3_K_M}, {"Q3_K_L", FileType::Q3_K_L},
     {"Q4_K_S", FileType::Q4_K_S}, {"Q4_K_M", FileType::Q4_K_M}, {"Q5_K_S", FileType::Q5_K_S},
-    {"Q5_K_M", FileType::Q5_K_M}, {"Q6_K", FileType::Q6_K},
+    {"Q5_K_M", FileType::Q5_K_M}, {"Q6_K", FileType::Q6_K},     {"IQ4_NL", FileType::IQ4_NL},
+    {"IQ4_XS", FileType::IQ4_XS},
     // llama-quantize's aliases.
     {"Q3_K", FileType::Q3_K_M},   {"Q4_K", FileType::Q4_K_M},   {"Q5_K", FileType::Q5_K_M},
 };
@@ -143,6 +144,7 @@ DType mix_type(MixState& st, const TensorDesc& t, DType type) {
   const Kind kind = tensor_kind(t.name);
   const int n_layer = st.info.n_layer_all;
   const bool eight_experts = st.info.n_expert == 8;
+  const bool iq4 = ft == FileType::IQ4_NL || ft == FileType::IQ4_XS;
 
   // The output matrix (and a tied token embedding): Q6_K unless the file is Q8_0, Q8_0 when
   // the row does not fit the base type's block.
@@ -159,6 +161,7 @@ DType mix_type(MixState& st, const TensorDesc& t, DType type) {
     if (ft == FileType::Q2_K) type = st.info.n_gqa >= 4 ? DType::Q4_K : DType::Q3_K;
     else if (ft == FileType::Q3_K_M) type = i < 2 ? DType::Q5_K : DType::Q4_K;
     else if (ft == FileType::Q3_K_L) type = DType::Q5_K;
+    else if (iq4 && st.info.n_gqa >= 4) type = DType::Q5_K;
     else if ((ft == FileType::Q4_K_M || ft == FileType::Q5_K_M) && use_more_bits(i, st.n_attn_v)) type = DType::Q6_K;
     else if (ft == FileType::Q4_K_S && i < 4) type = DType::Q5_K;
     // Eight-expert models (Mixtral's shape): V is small, so it gets Q8_0 whatever the mix.
@@ -178,6 +181,8 @@ DType mix_type(MixState& st, const TensorDesc& t, DType type) {
     else if (ft == FileType::Q3_K_M) type = i < n_layer / 16 ? DType::Q5_K : DType::Q4_K;
     else if (ft == FileType::Q3_K_L) type = DType::Q5_K;
     else if (ft == FileType::Q4_K_M) { if (use_more_bits(i, n_layer)) type = DType::Q6_K; }
+    // Without an importance matrix (always, here) the IQ4 types give the first eighth Q5_K.
+    else if (iq4 && i < n_layer / 8) type = DType::Q5_K;
     else if (ft == FileType::Q5_K_M) { if (use_more_bits(i, n_layer)) type = DType::Q6_K; }
     else if (ft == FileType::Q4_K_S) { if (i < n_layer / 8) type = DType::Q5_K; }
     return type;
@@ -185,7 +190,7 @@ DType mix_type(MixState& st, const TensorDesc& t, DType type) {
   if (kind == Kind::AttnOutput) {
     if (eight_experts) {
       if (ft == FileType::Q2_K || ft == FileType::Q3_K_S || ft == FileType::Q3_K_M || ft == FileType::Q4_K_S ||
-          ft == FileType::Q4_K_M)
+          ft == FileType::Q4_K_M || iq4)
         type = DType::Q5_K;
     } else {
       if (ft == FileType::Q2_K) type = DType::Q3_K;
@@ -220,6 +225,7 @@ DType fit_row_length(const TensorDesc& t, DType type, TensorChoice* choice) {
     case DType::Q4_K: fallback = DType::Q5_0; break;
     case DType::Q5_K: fallback = DType::Q5_1; break;
     case DType::Q6_K: fallback = DType::Q8_0; break;
+    case DType::IQ4_XS: fallback = DType::IQ4_NL; break;
     default: break;  // a 32-block type has no smaller block to fall back to
   }
   if (t.ne[0] % dtype_info(fallback).block_elems != 0) fallback = DType::F16;
@@ -273,6 +279,8 @@ DType file_type_base(FileType t) {
     case FileType::Q5_K_S:
     case FileType::Q5_K_M: return DType::Q5_K;
     case FileType::Q6_K: return DType::Q6_K;
+    case FileType::IQ4_NL: return DType::IQ4_NL;
+    case FileType::IQ4_XS: return DType::IQ4_XS;
   }
   throw std::invalid_argument("unknown file type " + std::to_string(uint32_t(t)));
 }

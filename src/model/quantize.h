@@ -20,7 +20,8 @@ class File;
 }
 
 // llama.cpp's file types (the value written to general.file_type) that step35 can produce.
-// The K mixes (_S/_M/_L) differ only in which tensors get more bits.
+// The K mixes (_S/_M/_L) differ only in which tensors get more bits. IQ4_NL / IQ4_XS are
+// the IQ file types llama-quantize writes without an importance matrix.
 enum class FileType : uint32_t {
   F32 = 0,
   F16 = 1,
@@ -38,6 +39,8 @@ enum class FileType : uint32_t {
   Q5_K_S = 16,
   Q5_K_M = 17,
   Q6_K = 18,
+  IQ4_NL = 25,
+  IQ4_XS = 30,
   BF16 = 32,
 };
 

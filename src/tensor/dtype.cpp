@@ -11,8 +11,9 @@ namespace step35 {
 
 namespace {
 
-// Ordered by id; dtype_info(id) does a linear scan (14 entries — cheaper than a map and
-// needs no static initialisation order care).
+// Ordered by id; dtype_info(id) does a linear scan (25 entries — cheaper than a map and
+// needs no static initialisation order care). Block bytes of the IQ and TQ types: ggml's
+// block_iq*/block_tq* structs (tensor/quants.h reproduces them and checks the sizes).
 constexpr DTypeInfo kTypes[] = {
     {DType::F32, "f32", 1, 4},
     {DType::F16, "f16", 1, 2},
@@ -26,7 +27,18 @@ constexpr DTypeInfo kTypes[] = {
     {DType::Q4_K, "q4_K", 256, 144},
     {DType::Q5_K, "q5_K", 256, 176},
     {DType::Q6_K, "q6_K", 256, 210},
+    {DType::IQ2_XXS, "iq2_xxs", 256, 66},
+    {DType::IQ2_XS, "iq2_xs", 256, 74},
+    {DType::IQ3_XXS, "iq3_xxs", 256, 98},
+    {DType::IQ1_S, "iq1_s", 256, 50},
+    {DType::IQ4_NL, "iq4_nl", 32, 18},
+    {DType::IQ3_S, "iq3_s", 256, 110},
+    {DType::IQ2_S, "iq2_s", 256, 82},
+    {DType::IQ4_XS, "iq4_xs", 256, 136},
+    {DType::IQ1_M, "iq1_m", 256, 56},
     {DType::BF16, "bf16", 1, 2},
+    {DType::TQ1_0, "tq1_0", 256, 54},
+    {DType::TQ2_0, "tq2_0", 256, 66},
     {DType::MXFP4, "mxfp4", 32, 17},
 };
 
@@ -46,6 +58,15 @@ const DTypeInfo& dtype_info(DType t) {
   // programming error, not bad input (file ids go through the uint32_t overload).
   if (!info) throw std::invalid_argument("unsupported ggml type id " + std::to_string(uint32_t(t)));
   return *info;
+}
+
+std::string dtype_names() {
+  std::string s;
+  for (const auto& t : kTypes) {
+    if (!s.empty()) s += ", ";
+    s += t.name;
+  }
+  return s;
 }
 
 std::optional<DType> dtype_from_name(std::string_view name) {

@@ -4,6 +4,7 @@
 #include <cstddef>
 #include <cstdint>
 #include <optional>
+#include <string>
 #include <string_view>
 
 namespace step35 {
@@ -21,7 +22,18 @@ enum class DType : uint32_t {
   Q4_K = 12,
   Q5_K = 13,
   Q6_K = 14,
+  IQ2_XXS = 16,
+  IQ2_XS = 17,
+  IQ3_XXS = 18,
+  IQ1_S = 19,
+  IQ4_NL = 20,
+  IQ3_S = 21,
+  IQ2_S = 22,
+  IQ4_XS = 23,
+  IQ1_M = 29,
   BF16 = 30,
+  TQ1_0 = 34,
+  TQ2_0 = 35,
   MXFP4 = 39,
 };
 
@@ -36,6 +48,8 @@ struct DTypeInfo {
 const DTypeInfo* dtype_info(uint32_t ggml_type_id);
 const DTypeInfo& dtype_info(DType t);
 inline const char* dtype_name(DType t) { return dtype_info(t).name; }
+// Every supported type's name, in id order, comma-separated (for error messages).
+std::string dtype_names();
 // Case-insensitive lookup by name ("q4_k", "Q8_0", "bf16" ...).
 std::optional<DType> dtype_from_name(std::string_view name);
 // Bytes for one row of n elements; nullopt if n is not a multiple of the block size.

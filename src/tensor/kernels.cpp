@@ -204,14 +204,26 @@ ActType act_type(DType weight, Precision p) {
     case DType::Q8_0:
     case DType::Q4_0:
     case DType::Q5_0:
-    case DType::MXFP4: return ActType::Q8_0;
+    case DType::MXFP4:
+    case DType::IQ4_NL: return ActType::Q8_0;
     case DType::Q4_1:
     case DType::Q5_1: return ActType::Q8_1;
     case DType::Q2_K:
     case DType::Q3_K:
     case DType::Q4_K:
     case DType::Q5_K:
-    case DType::Q6_K: return ActType::Q8_K;
+    case DType::Q6_K:
+    // ggml-cpu's vec_dot_type of every IQ type but IQ4_NL, and of TQ1_0 / TQ2_0.
+    case DType::IQ2_XXS:
+    case DType::IQ2_XS:
+    case DType::IQ2_S:
+    case DType::IQ3_XXS:
+    case DType::IQ3_S:
+    case DType::IQ1_S:
+    case DType::IQ1_M:
+    case DType::IQ4_XS:
+    case DType::TQ1_0:
+    case DType::TQ2_0: return ActType::Q8_K;
   }
   throw std::invalid_argument("act_type: unsupported weight type");
 }

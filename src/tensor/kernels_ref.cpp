@@ -7,8 +7,10 @@
 
 #include "tensor/fp16.h"
 #include "tensor/kernels_exp.h"
+#include "tensor/iq_grids.h"
 #include "tensor/kernels_impl.h"
 #include "tensor/quants.h"
+#include "tensor/quants_iq.h"
 
 namespace step35::kernels {
 
@@ -234,6 +236,46 @@ float dot_q2_k(int64_t n, const uint8_t* w, const uint8_t* x) {
   return acc;
 }
 
+// ---- IQ and TQ super-blocks against Q8_K ----
+// ggml's integer sums per 256-block, from the block's integer form (tensor/quants_iq.h):
+//   isum   = Σ_g scale[g] · Σ_{j in sub-block g} q_j · y_j
+//   idelta = Σ_g scale[g] · Σ_{8-groups k of g} delta_k · Σ_{j in k} y_j     (IQ1_S, IQ1_M)
+// both exact in int32 (|isum| < 2^28), then one float step per block in ggml's order,
+//   acc += (d_w · d_y) · isum        or   acc += (d_w · d_y) · (isum + 1/8 · idelta),
+// and the type's constant factor once per row (1/8 for IQ2_*, 1/4 for IQ3_XXS). ggml's
+// generic IQ4_XS kernel applies the float scale per 32 values instead; its x86 kernel sums
+// the whole block in integers first, as here.
+template <DType T>
+float dot_iq_q8_k(int64_t n, const uint8_t* w, const uint8_t* x) {
+  const auto* bx = reinterpret_cast<const ActQ8_K*>(x);
+  const size_t block_bytes = dtype_info(T).block_bytes;
+  iq::BlockInts b;
+  float acc = 0.0f;
+  for (int64_t i = 0; i < n / 256; ++i) {
+    iq::decode(T, w + size_t(i) * block_bytes, &b);
+    const ActQ8_K& y = bx[i];
+    int32_t isum = 0;
+    for (int g = 0; g < 256 / b.group; ++g) {
+      int32_t dot = 0;
+      for (int j = g * b.group; j < (g + 1) * b.group; ++j) dot += b.q[j] * y.qs[j];
+      isum += b.scale[g] * dot;
+    }
+    const float d = b.d * y.d;
+    if (b.has_delta) {
+      int32_t idelta = 0;
+      for (int k = 0; k < 32; ++k) {
+        int32_t ysum = 0;
+        for (int j = 8 * k; j < 8 * k + 8; ++j) ysum += y.qs[j];
+        idelta += b.scale[8 * k / b.group] * b.delta[k] * ysum;
+      }
+      acc += d * (float(isum) + iq::kIq1Delta * float(idelta));
+    } else {
+      acc += d * float(isum);
+    }
+  }
+  return acc * iq::dot_row_factor(T);
+}
+
 // ---- 32-element blocks against Q8_0 / Q8_1 activations ----
 
 // Weight block b as 32 signed integers (for the types without an offset).
@@ -263,6 +305,16 @@ void decode32<DType::Q5_0>(const uint8_t* w, int64_t b, int* q, float* d) {
   for (int j = 0; j < 16; ++j) {
     q[j] = ((blk.qs[j] & 15) | int(((qh >> j) & 1u) << 4)) - 16;
     q[j + 16] = ((blk.qs[j] >> 4) | int(((qh >> (j + 16)) & 1u) << 4)) - 16;
+  }
+  *d = fp16_to_fp32(blk.d);
+}
+
+template <>
+void decode32<DType::IQ4_NL>(const uint8_t* w, int64_t b, int* q, float* d) {
+  const BlockIQ4_NL& blk = reinterpret_cast<const BlockIQ4_NL*>(w)[b];
+  for (int j = 0; j < 16; ++j) {
+    q[j] = iq::kIq4nlValues[blk.qs[j] & 15];
+    q[j + 16] = iq::kIq4nlValues[blk.qs[j] >> 4];
   }
   *d = fp16_to_fp32(blk.d);
 }
@@ -412,6 +464,17 @@ IsaKernels make_scalar() {
   k.vec_dot[int(DType::Q4_K)] = dot_q4_k;
   k.vec_dot[int(DType::Q5_K)] = dot_q5_k;
   k.vec_dot[int(DType::Q6_K)] = dot_q6_k;
+  k.vec_dot[int(DType::IQ4_NL)] = dot_q8_0_family<DType::IQ4_NL>;
+  k.vec_dot[int(DType::IQ2_XXS)] = dot_iq_q8_k<DType::IQ2_XXS>;
+  k.vec_dot[int(DType::IQ2_XS)] = dot_iq_q8_k<DType::IQ2_XS>;
+  k.vec_dot[int(DType::IQ2_S)] = dot_iq_q8_k<DType::IQ2_S>;
+  k.vec_dot[int(DType::IQ3_XXS)] = dot_iq_q8_k<DType::IQ3_XXS>;
+  k.vec_dot[int(DType::IQ3_S)] = dot_iq_q8_k<DType::IQ3_S>;
+  k.vec_dot[int(DType::IQ1_S)] = dot_iq_q8_k<DType::IQ1_S>;
+  k.vec_dot[int(DType::IQ1_M)] = dot_iq_q8_k<DType::IQ1_M>;
+  k.vec_dot[int(DType::IQ4_XS)] = dot_iq_q8_k<DType::IQ4_XS>;
+  k.vec_dot[int(DType::TQ1_0)] = dot_iq_q8_k<DType::TQ1_0>;
+  k.vec_dot[int(DType::TQ2_0)] = dot_iq_q8_k<DType::TQ2_0>;
   k.dot_f32 = ref_dot_f32;
   k.axpy_f32 = ref_axpy_f32;
   k.scale_f32 = ref_scale_f32;

@@ -11,6 +11,8 @@
 #include <string>
 
 #include "tensor/fp16.h"
+#include "tensor/iq_grids.h"
+#include "tensor/quants_iq.h"
 #include "tensor/quants_kquant_encode.h"
 
 namespace step35 {
@@ -183,6 +185,42 @@ void deq_q2_k(const BlockQ2_K& b, float* y) {
       }
     }
   }
+}
+
+void deq_iq4_nl(const BlockIQ4_NL& b, float* y) {
+  const float d = fp16_to_fp32(b.d);
+  for (int j = 0; j < 16; ++j) {
+    y[j] = d * float(iq::kIq4nlValues[b.qs[j] & 15]);
+    y[j + 16] = d * float(iq::kIq4nlValues[b.qs[j] >> 4]);
+  }
+}
+
+// The 256-element IQ / TQ types go through their integer decoders (tensor/quants_iq.h).
+void dequant_iq_blocks(DType t, const void* src, float* dst, int64_t n) {
+  const uint8_t* p = static_cast<const uint8_t*>(src);
+  const size_t bb = dtype_info(t).block_bytes;
+  iq::BlockInts b;
+  for (int64_t i = 0; i < n / 256; ++i) {
+    iq::decode(t, p + size_t(i) * bb, &b);
+    iq::dequantize(b, dst + 256 * i);
+  }
+}
+
+float dot_iq_blocks(DType t, const void* w, const float* x, int64_t n) {
+  const uint8_t* p = static_cast<const uint8_t*>(w);
+  const size_t bb = dtype_info(t).block_bytes;
+  iq::BlockInts b;
+  float tmp[256];
+  double sum = 0.0;
+  for (int64_t i = 0; i < n / 256; ++i) {
+    iq::decode(t, p + size_t(i) * bb, &b);
+    iq::dequantize(b, tmp);
+    const float* xb = x + 256 * i;
+    float acc = 0.0f;
+    for (int j = 0; j < 256; ++j) acc += tmp[j] * xb[j];
+    sum += double(acc);
+  }
+  return float(sum);
 }
 
 // Float "blocks" of one element; packed so that a row at any byte address is legal.
@@ -369,6 +407,17 @@ void dequantize_row_ref(DType t, const void* src, float* dst, int64_t n) {
     case DType::Q4_K: return dequant_blocks<BlockQ4_K, 256, deq_q4_k>(src, dst, n);
     case DType::Q5_K: return dequant_blocks<BlockQ5_K, 256, deq_q5_k>(src, dst, n);
     case DType::Q6_K: return dequant_blocks<BlockQ6_K, 256, deq_q6_k>(src, dst, n);
+    case DType::IQ4_NL: return dequant_blocks<BlockIQ4_NL, 32, deq_iq4_nl>(src, dst, n);
+    case DType::IQ2_XXS:
+    case DType::IQ2_XS:
+    case DType::IQ2_S:
+    case DType::IQ3_XXS:
+    case DType::IQ3_S:
+    case DType::IQ1_S:
+    case DType::IQ1_M:
+    case DType::IQ4_XS:
+    case DType::TQ1_0:
+    case DType::TQ2_0: return dequant_iq_blocks(t, src, dst, n);
   }
 }
 
@@ -400,6 +449,17 @@ float dot_row_ref(DType t, const void* w, const float* x, int64_t n) {
     case DType::Q4_K: return dot_blocks<BlockQ4_K, 256, deq_q4_k>(w, x, n);
     case DType::Q5_K: return dot_blocks<BlockQ5_K, 256, deq_q5_k>(w, x, n);
     case DType::Q6_K: return dot_blocks<BlockQ6_K, 256, deq_q6_k>(w, x, n);
+    case DType::IQ4_NL: return dot_blocks<BlockIQ4_NL, 32, deq_iq4_nl>(w, x, n);
+    case DType::IQ2_XXS:
+    case DType::IQ2_XS:
+    case DType::IQ2_S:
+    case DType::IQ3_XXS:
+    case DType::IQ3_S:
+    case DType::IQ1_S:
+    case DType::IQ1_M:
+    case DType::IQ4_XS:
+    case DType::TQ1_0:
+    case DType::TQ2_0: return dot_iq_blocks(t, w, x, n);
   }
   return 0.0f;  // unreachable: check_row rejected unknown types
 }
@@ -435,6 +495,8 @@ bool quantize_row_ref(DType t, const float* src, void* dst, int64_t n) {
     case DType::Q4_K: quantize_row_q4_k_ref(src, dst, n); return true;
     case DType::Q5_K: quantize_row_q5_k_ref(src, dst, n); return true;
     case DType::Q6_K: quantize_row_q6_k_ref(src, dst, n); return true;
+    case DType::IQ4_NL: iq::quantize_row_iq4_nl(src, dst, n); return true;
+    case DType::IQ4_XS: iq::quantize_row_iq4_xs(src, dst, n); return true;
     default: return false;
   }
 }
