@@ -200,6 +200,16 @@ TEST(HotSwap, RefusesWhatDoesNotFitAndChangesNothing) {
     post(s, "/v1/step35/hotswap", bad, &status);
     EXPECT_EQ(status, 400) << bad.dump();
   }
+  // Fields the endpoint does not use are refused, not ignored (nothing is read or swapped).
+  const std::string good = strong_patch("hs_patch");
+  for (const json& bad : {json{{"weights_path", good}, {"expert_id", 12}}, json{{"patch", good}, {"layer", 7}},
+                          json{{"patch", good}, {"weights_path", good}}}) {
+    r = post(s, "/v1/step35/hotswap", bad, &status);
+    EXPECT_EQ(status, 400) << bad.dump();
+    EXPECT_FALSE(r["error"]["param"].is_null()) << r.dump();
+  }
+  post(s, "/v1/step35/hotswap/revert", {{"everything", true}}, &status);
+  EXPECT_EQ(status, 400);
   auto c = client(s);
   auto raw = c.Post("/v1/step35/hotswap", "{not json", "application/json");
   ASSERT_TRUE(raw);

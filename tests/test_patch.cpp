@@ -172,6 +172,36 @@ TEST(PatchCli, QuantizedBaseInItsOwnTypeOrF32) {
   for (const gguf::TensorInfo& t : g->tensors()) EXPECT_EQ(f->find_tensor(t.name)->type, t.type) << t.name;
 }
 
+TEST(PatchCli, IqBasesStoredInTheirTypeWhereThereIsAnEncoder) {
+  // tiny-q-iq4_xs's experts are iq4_xs (step35 encodes it): the patch keeps that type and
+  // --patch equals the applied file. iq2_xxs has no encoder: refused before training with the
+  // flag to use, and an F16 patch runs in memory but cannot be written into the file.
+  const std::string iq4 = fixtures_dir() + "/models-iq/tiny-q-iq4_xs.gguf";
+  const std::string iq2 = fixtures_dir() + "/models-iq/tiny-q-iq2_xxs.gguf";
+  const std::string p4 = tmp_dir() + "/pi_iq4_xs.gguf";
+  std::string err;
+  const std::string train = " finetune -f " + text_file() + " --train experts=1:top2 --steps 2 -c 32 -b 1 --lr 1e-2 -t 1 --out ";
+  ASSERT_EQ(run_command(bin() + train + p4 + " -m " + iq4, nullptr, &err), 0) << err;
+  const patch::Patch a = patch::Patch::read(p4);
+  ASSERT_EQ(a.slices.size(), 6u);
+  for (const patch::Slice& s : a.slices) EXPECT_EQ(s.type, DType::IQ4_XS) << s.name();
+  const std::string applied = tmp_dir() + "/pi_iq4_xs_applied.gguf";
+  ASSERT_EQ(run_command(bin() + " patch apply -m " + iq4 + " --patch " + p4 + " --out " + applied), 0);
+  const std::string patched = eval(iq4, "--patch " + p4);
+  EXPECT_EQ(patched, eval(applied, ""));
+  EXPECT_NE(patched, eval(iq4, ""));
+
+  const std::string p2 = tmp_dir() + "/pi_iq2_xxs.gguf";
+  EXPECT_EQ(run_command(bin() + train + p2 + " -m " + iq2, nullptr, &err), 1);
+  EXPECT_NE(err.find("no encoder for iq2_xxs"), std::string::npos) << err;
+  EXPECT_NE(err.find("--patch-type"), std::string::npos) << err;
+  EXPECT_FALSE(file_exists(p2));
+  ASSERT_EQ(run_command(bin() + train + p2 + " -m " + iq2 + " --patch-type f16", nullptr, &err), 0) << err;
+  EXPECT_NE(eval(iq2, "--patch " + p2), eval(iq2, ""));
+  EXPECT_EQ(run_command(bin() + " patch apply -m " + iq2 + " --patch " + p2 + " --out " + tmp_dir() + "/pi_no.gguf", nullptr, &err), 1);
+  EXPECT_NE(err.find("no encoder for the model's iq2_xxs"), std::string::npos) << err;
+}
+
 TEST(PatchCli, RepackedExpertsGiveTheSameLogits) {
   // tiny-k-q4_k_m: q4_K experts with rows in groups of 16, repacked (on AVX-512 VNNI) at
   // load, on first use, or not at all; the replaced experts are repacked too.

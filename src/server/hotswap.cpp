@@ -60,6 +60,14 @@ void handle_hotswap(ServerContext& ctx, const httplib::Request& req, httplib::Re
   require_admin(ctx, req);
   const json body = parse_body(req.body);
   if (!body.is_object()) throw ApiError(400, "the body must be a JSON object", "patch");
+  // The deployment guides' form also names the expert; a patch carries its own (layer,
+  // expert) slices, so a separate id could only contradict it: refuse it rather than ignore it.
+  if (body.contains("expert_id"))
+    throw ApiError(400, "'expert_id' is not used: a patch file names its own slices (layer and expert); send {\"patch\": PATH}",
+                   "expert_id");
+  Fields(body).only({"patch", "weights_path"});
+  if (body.contains("patch") && body.contains("weights_path"))
+    throw ApiError(400, "give 'patch' or 'weights_path', not both", "weights_path");
   // "weights_path" is the name the Step 3.5 deployment guides use for the same thing.
   const char* key = body.contains("patch") ? "patch" : "weights_path";
   if (!body.contains(key) || !body[key].is_string() || body[key].get<std::string>().empty())
@@ -119,6 +127,7 @@ void handle_hotswap_revert(ServerContext& ctx, const httplib::Request& req, http
   require_admin(ctx, req);
   const json body = req.body.empty() ? json::object() : parse_body(req.body);
   if (!body.is_object()) throw ApiError(400, "the body must be a JSON object (or empty)");
+  Fields(body).only({"all"});
   if (body.contains("all") && !body["all"].is_boolean()) throw ApiError(400, "'all' must be true or false", "all");
   const bool all = body.value("all", false);
   HotSwapState& hs = ctx.hotswap;
