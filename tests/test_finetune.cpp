@@ -153,6 +153,23 @@ TEST(Finetune, DeterministicForASeedWhateverTheThreads) {
   EXPECT_TRUE(a["routed_loss_before"].is_number());
 }
 
+TEST(Finetune, BalanceLossEvensOutTheRouting) {
+  // Retraining a router alone with the group balance loss lowers its layer's activation skew
+  // (max / mean selections) well below where the plain loss takes it. Measured on tiny-a-f32
+  // layer 6 (30 steps): 2.29 -> 1.86 without, -> 1.26 with weight 1.
+  std::string train, heldout;
+  if (!split_corpus(&train, &heldout, 3000, 1000)) GTEST_SKIP() << kCorpus << " is missing";
+  const std::string base = "-m " + fixture_model("tiny-a-f32.gguf") + " -f " + train +
+                           " --train router=6 --steps 30 -c 32 -b 2 --lr 1e-2 -t 1 --out " + tmp_dir() + "/ft_bal.gguf";
+  const auto plain = finetune_json(base + " --balance-weight 0");
+  const auto balanced = finetune_json(base + " --balance-weight 1");
+  ASSERT_TRUE(plain.is_object() && balanced.is_object());
+  const double before = balanced["skew_before"]["6"].get<double>();
+  EXPECT_EQ(before, plain["skew_before"]["6"].get<double>());
+  EXPECT_LT(balanced["skew_after"]["6"].get<double>(), 0.8 * before) << balanced.dump();
+  EXPECT_LT(balanced["skew_after"]["6"].get<double>(), 0.8 * plain["skew_after"]["6"].get<double>()) << plain.dump();
+}
+
 TEST(Finetune, RejectsBadOptionsWithOneLine) {
   std::string train, heldout;
   if (!split_corpus(&train, &heldout, 3000, 1000)) GTEST_SKIP() << kCorpus << " is missing";
