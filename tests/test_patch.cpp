@@ -7,6 +7,7 @@
 #include <gtest/gtest.h>
 
 #include <atomic>
+#include <cstdio>
 #include <cstring>
 #include <map>
 #include <thread>
@@ -192,6 +193,7 @@ TEST(PatchCli, IqBasesStoredInTheirTypeWhereThereIsAnEncoder) {
   EXPECT_NE(patched, eval(iq4, ""));
 
   const std::string p2 = tmp_dir() + "/pi_iq2_xxs.gguf";
+  std::remove(p2.c_str());  // made by an earlier run (the scratch folder persists)
   EXPECT_EQ(run_command(bin() + train + p2 + " -m " + iq2, nullptr, &err), 1);
   EXPECT_NE(err.find("no encoder for iq2_xxs"), std::string::npos) << err;
   EXPECT_NE(err.find("--patch-type"), std::string::npos) << err;
