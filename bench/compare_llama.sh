@@ -3,9 +3,12 @@
 # GGUF, same threads, same machine, one run (issue: CPU speed). The two engines alternate
 # per repetition so that drift in a shared VM hits both alike. Nothing of llama.cpp is in
 # the repository: point LLAMA_BIN at a build of the peer (../shared/docs/peer.md).
+# With IK_BIN set to a build of ik_llama.cpp (peer.md, "Second peer") its llama-bench runs
+# in the same rounds as a third engine, with run-time repacking (-rtr 1, its fastest mode).
 #
 # usage: bench/compare_llama.sh MODEL.gguf
-# env:   LLAMA_BIN (default /tmp/peer/llama.cpp/build/bin), STEP35 (default build/bin/step35),
+# env:   LLAMA_BIN (default /tmp/peer/llama.cpp/build/bin), IK_BIN (default: none),
+#        STEP35 (default build/bin/step35),
 #        THREADS (default "1 2"), ROUNDS (default 3), REPS per round (default 3),
 #        PP (default 512), TG (default 128), STEP35_ARGS (extra step35 bench args)
 set -euo pipefail
@@ -17,7 +20,7 @@ ROUNDS="${ROUNDS:-3}"
 REPS="${REPS:-3}"
 PP="${PP:-512}"
 TG="${TG:-128}"
-[ $# -eq 1 ] || { sed -n '2,11p' "$0"; exit 2; }
+[ $# -eq 1 ] || { sed -n '2,13p' "$0"; exit 2; }
 model="$1"
 tmp="$(mktemp -d)"
 trap 'rm -rf "$tmp"' EXIT
@@ -32,9 +35,12 @@ j = json.loads(open(sys.argv[1]).read().strip().splitlines()[-1])
 print(j["pp"]["tok_per_s"], j["tg"]["tok_per_s"], sys.argv[2])
 PY
 }
+# run_llama THREADS [BIN_DIR [EXTRA_ARGS...]]: llama-bench of llama.cpp or of ik_llama.cpp.
 run_llama() {
-  /usr/bin/time -f '%M' -o "$tmp/rss" "$LLAMA_BIN/llama-bench" -m "$model" -p "$PP" -n "$TG" -t "$1" -r "$REPS" \
-    -o json > "$tmp/out.json" 2> "$tmp/err" || { cat "$tmp/err" >&2; exit 1; }
+  local t="$1" bin="${2:-$LLAMA_BIN}"
+  shift $(( $# < 2 ? $# : 2 ))
+  /usr/bin/time -f '%M' -o "$tmp/rss" "$bin/llama-bench" -m "$model" -p "$PP" -n "$TG" -t "$t" -r "$REPS" \
+    "$@" -o json > "$tmp/out.json" 2> "$tmp/err" || { cat "$tmp/err" >&2; exit 1; }
   python3 - "$tmp/out.json" "$(cat "$tmp/rss")" <<'PY'
 import json, sys
 rows = json.load(open(sys.argv[1]))
@@ -48,29 +54,43 @@ echo "model: $model"
 echo "cpu: $(grep -m1 'model name' /proc/cpuinfo | cut -d: -f2- | sed 's/^ //'), $(nproc) cores"
 echo "step35: $("$STEP35" --version 2>/dev/null | head -1) ($(git -C "$here" rev-parse --short HEAD 2>/dev/null || echo '?'))"
 echo "llama.cpp: $LLAMA_BIN"
+if [ -n "${IK_BIN:-}" ]; then echo "ik_llama.cpp: $IK_BIN (-rtr 1)"; fi
 echo
 for t in $THREADS; do
-  : > "$tmp/s.txt"; : > "$tmp/l.txt"
+  : > "$tmp/s.txt"; : > "$tmp/l.txt"; : > "$tmp/k.txt"
   for ((r = 0; r < ROUNDS; ++r)); do
     run_step35 "$t" >> "$tmp/s.txt"
     run_llama "$t" >> "$tmp/l.txt"
+    if [ -n "${IK_BIN:-}" ]; then run_llama "$t" "$IK_BIN" -rtr 1 >> "$tmp/k.txt"; fi
   done
-  python3 - "$t" "$tmp/s.txt" "$tmp/l.txt" "$PP" "$TG" <<'PY'
+  python3 - "$t" "$tmp/s.txt" "$tmp/l.txt" "$PP" "$TG" "$tmp/k.txt" <<'PY'
 import statistics as st, sys
-t, sf, lf, pp, tg = sys.argv[1], sys.argv[2], sys.argv[3], sys.argv[4], sys.argv[5]
+t, sf, lf, pp, tg, kf = sys.argv[1:7]
 def load(f):
     rows = [list(map(float, l.split())) for l in open(f) if l.strip()]
     return [r[0] for r in rows], [r[1] for r in rows], max(r[2] for r in rows)
 spp, stg, srss = load(sf)
 lpp, ltg, lrss = load(lf)
+ik = open(kf).read().strip() != ""
+if ik:
+    kpp, ktg, krss = load(kf)
 def ms(v):
     return f"{st.mean(v):8.1f} ± {st.stdev(v) if len(v) > 1 else 0:5.1f}"
+def ratio(a, b):
+    return f"{st.mean(a)/st.mean(b):.2f}"
 print(f"threads {t}: {len(spp)} rounds per engine")
-print("| test | step35 t/s | llama.cpp t/s | ratio |")
-print("|---|---:|---:|---:|")
-print(f"| pp{pp} | {ms(spp)} | {ms(lpp)} | {st.mean(spp)/st.mean(lpp):.2f} |")
-print(f"| tg{tg} | {ms(stg)} | {ms(ltg)} | {st.mean(stg)/st.mean(ltg):.2f} |")
-print(f"| peak RSS MiB | {srss/1024:8.0f} | {lrss/1024:8.0f} | {srss/lrss:.2f} |")
+if ik:
+    print("| test | step35 t/s | llama.cpp t/s | ik_llama.cpp t/s | vs llama.cpp | vs ik_llama.cpp |")
+    print("|---|---:|---:|---:|---:|---:|")
+    print(f"| pp{pp} | {ms(spp)} | {ms(lpp)} | {ms(kpp)} | {ratio(spp, lpp)} | {ratio(spp, kpp)} |")
+    print(f"| tg{tg} | {ms(stg)} | {ms(ltg)} | {ms(ktg)} | {ratio(stg, ltg)} | {ratio(stg, ktg)} |")
+    print(f"| peak RSS MiB | {srss/1024:8.0f} | {lrss/1024:8.0f} | {krss/1024:8.0f} | {srss/lrss:.2f} | {srss/krss:.2f} |")
+else:
+    print("| test | step35 t/s | llama.cpp t/s | ratio |")
+    print("|---|---:|---:|---:|")
+    print(f"| pp{pp} | {ms(spp)} | {ms(lpp)} | {ratio(spp, lpp)} |")
+    print(f"| tg{tg} | {ms(stg)} | {ms(ltg)} | {ratio(stg, ltg)} |")
+    print(f"| peak RSS MiB | {srss/1024:8.0f} | {lrss/1024:8.0f} | {srss/lrss:.2f} |")
 print()
 PY
 done

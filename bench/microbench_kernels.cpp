@@ -5,6 +5,7 @@
 // Bytes/s counts weight bytes streamed (the decode roofline quantity).
 #include <benchmark/benchmark.h>
 
+#include <cstring>
 #include <random>
 #include <string>
 #include <vector>
@@ -87,7 +88,8 @@ void bm_matmul(benchmark::State& st, DType t, Isa isa, Precision p, int64_t n_ou
   st.counters["tok/s"] = benchmark::Counter(double(st.iterations()) * double(n_tok), benchmark::Counter::kIsRate);
 }
 
-// A Q4_K or Q6_K matrix repacked 16 rows at a time (tensor/repack.h, AVX-512 only).
+// A matrix repacked 16 rows at a time (tensor/repack.h, AVX-512 only). Bytes/s counts the
+// GGUF bytes of the matrix (the expanded IQ code layouts read more).
 void bm_matmul_repacked(benchmark::State& st, DType type, int64_t n_out) {
   kernels::force_isa(Isa::Avx512);
   const int64_t n_tok = st.range(0);
@@ -178,6 +180,15 @@ void register_all() {
       benchmark::RegisterBenchmark("matmul/q6_K_x16/avx512", bm_matmul_repacked, DType::Q6_K, 2048)
           ->Arg(1)->Arg(2)->Arg(4)->Arg(8)->Arg(64)->Unit(benchmark::kMicrosecond);
       benchmark::RegisterBenchmark("matmul_dram/q6_K_x16/avx512", bm_matmul_repacked, DType::Q6_K, 65536)
+          ->Arg(1)->Arg(2)->Arg(4)->Unit(benchmark::kMicrosecond);
+      benchmark::RegisterBenchmark("matmul/q5_K_x16/avx512", bm_matmul_repacked, DType::Q5_K, 2048)
+          ->Arg(1)->Arg(2)->Arg(4)->Arg(8)->Arg(64)->Unit(benchmark::kMicrosecond);
+      for (DType t : {DType::IQ4_XS, DType::IQ3_S, DType::IQ3_XXS, DType::IQ2_S, DType::IQ2_XS, DType::IQ2_XXS,
+                      DType::IQ1_M, DType::IQ1_S, DType::TQ2_0, DType::TQ1_0})
+        benchmark::RegisterBenchmark(("matmul/" + std::string(dtype_name(t)) + "_x16/avx512").c_str(),
+                                     bm_matmul_repacked, t, 2048)
+            ->Arg(1)->Arg(2)->Arg(4)->Arg(8)->Arg(64)->Unit(benchmark::kMicrosecond);
+      benchmark::RegisterBenchmark("matmul_dram/iq4_xs_x16/avx512", bm_matmul_repacked, DType::IQ4_XS, 65536)
           ->Arg(1)->Arg(2)->Arg(4)->Unit(benchmark::kMicrosecond);
     }
     benchmark::RegisterBenchmark(("moe_experts/" + in).c_str(), bm_moe_experts, isa)

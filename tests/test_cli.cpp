@@ -107,23 +107,30 @@ TEST(Cli, InspectShowsPerTypeTotalsOfAMixedIqFile) {
   EXPECT_NE(out.find("token_embd.weight                        q2_K    {256, 513}"), std::string::npos) << out;
 }
 
-// The repacked Q4_K layout (STEP35_REPACK: 0 | shared | all; tensor/repack.h) changes no
-// output bit: eval's logits on a Q4_K_M model are identical in all three modes; a bad
-// value is a clear error.
+// The repacked layouts (STEP35_REPACK: 0 | shared | lazy | all; tensor/repack.h) change no
+// output bit: eval's logits are identical in every mode, on a Q4_K_M model (Q4_K, Q6_K) and
+// on the shipped IQ files (IQ4_XS, IQ3_S, IQ2_XXS, IQ1_M in the 4-bit code layout, next to
+// Q2_K..Q6_K and Q8_0 matrices); a bad value is a clear error.
 TEST(Cli, RepackModesGiveIdenticalLogits) {
-  std::string first;
-  for (const char* mode : {"0", "shared", "lazy", "all", ""}) {  // "": the default
-    std::string out, err;
-    ASSERT_EQ(run_command(std::string("STEP35_REPACK=") + mode + " " + bin() + " eval -m '" +
-                              fixture_model("tiny-k-q4_k_m.gguf") + "' -t 2 --all-logits --tokens 1,7,42,300,5,9",
-                          &out, &err),
-              0)
-        << err;
-    if (std::string(mode) == "0") {
-      EXPECT_EQ(err.find("repacked"), std::string::npos) << err;
-      first = out;
-    } else {
-      EXPECT_EQ(out, first) << "STEP35_REPACK=" << mode;
+  const std::string fixtures = fixtures_dir();
+  for (const std::string& model :
+       {fixture_model("tiny-k-q4_k_m.gguf"), fixtures + "/models-iq/tiny-q-iq4_xs.gguf",
+        fixtures + "/models-iq/tiny-q-iq3_s.gguf", fixtures + "/models-iq/tiny-q-iq2_xxs.gguf",
+        fixtures + "/models-iq/tiny-q-iq1_m.gguf"}) {
+    std::string first;
+    for (const char* mode : {"0", "shared", "lazy", "all", ""}) {  // "": the default
+      std::string out, err;
+      ASSERT_EQ(run_command(std::string("STEP35_REPACK=") + mode + " " + bin() + " eval -m '" + model +
+                                "' -t 2 --all-logits --tokens 1,7,42,300,5,9,11,12,13",
+                            &out, &err),
+                0)
+          << model << ": " << err;
+      if (std::string(mode) == "0") {
+        EXPECT_EQ(err.find("repacked"), std::string::npos) << err;
+        first = out;
+      } else {
+        EXPECT_EQ(out, first) << model << " STEP35_REPACK=" << mode;
+      }
     }
   }
   std::string out, err;

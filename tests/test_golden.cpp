@@ -30,6 +30,10 @@ struct Case {
   int threads;
 };
 
+// Without this gtest prints the parameter as raw bytes (string pointers included), which
+// ctest then shows in every test name.
+void PrintTo(const Case& c, std::ostream* os) { *os << c.golden << " t" << c.threads; }
+
 std::string case_name(const ::testing::TestParamInfo<Case>& info) {
   std::string s = info.param.golden + "_t" + std::to_string(info.param.threads);
   for (char& c : s)

@@ -28,22 +28,24 @@ const DType kAllTypes[] = {DType::F32,    DType::F16,    DType::BF16,    DType::
                            DType::IQ3_S,  DType::IQ1_S,  DType::IQ1_M,   DType::IQ4_NL, DType::IQ4_XS, DType::TQ1_0,
                            DType::TQ2_0};
 
-// The weight types whose dot products against Q8_K activations are exact integer sums per
-// 256-block followed by the same few float steps at every level: bit for bit across ISAs.
+// The weight types whose dot products are exact integer sums per block followed by the same
+// few float steps at every level: bit for bit across ISAs (every type against Q8_K, and
+// IQ4_NL, whose SIMD kernel adds its 32-blocks in the reference's order).
 bool q8k_integer_dot(DType t) {
-  return kernels::act_type(t, Precision::Native) == ActType::Q8_K;
+  return kernels::act_type(t, Precision::Native) == ActType::Q8_K || t == DType::IQ4_NL;
 }
 
 // Random blocks for the types without an encoder (MXFP4, the IQ types that need an
 // importance matrix, TQ1_0/TQ2_0): random bytes, then the scale field made moderate so
 // products stay finite (F16 super-scales of magnitude 1/16..1/8, MXFP4 exponents near 2^0,
 // IQ1_M's scattered F16 scale between 1/8 and 2).
-void random_codes(DType t, uint8_t* dst, int64_t n, std::mt19937& rng) {
+// `fill` >= 0: every byte that value instead of random (blocks at the limits of a format).
+void random_codes(DType t, uint8_t* dst, int64_t n, std::mt19937& rng, int fill = -1) {
   const DTypeInfo& info = dtype_info(t);
   const int64_t nb = n / info.block_elems;
   for (int64_t b = 0; b < nb; ++b) {
     uint8_t* blk = dst + size_t(b) * info.block_bytes;
-    for (size_t j = 0; j < info.block_bytes; ++j) blk[j] = uint8_t(rng());
+    for (size_t j = 0; j < info.block_bytes; ++j) blk[j] = fill >= 0 ? uint8_t(fill) : uint8_t(rng());
     if (t == DType::MXFP4) {
       blk[0] = uint8_t(120 + rng() % 12);
     } else if (t == DType::IQ1_M) {
@@ -211,12 +213,12 @@ TEST_P(KernelTypes, InvariantToSplitsTokensAndIndex) {
 TEST(Kernels, RowGroupsAndTilesMatchSingleRowSingleToken) {
   IsaGuard guard;
   for (DType t : {DType::Q4_K, DType::Q5_K, DType::Q6_K, DType::Q2_K, DType::Q3_K, DType::IQ2_XXS, DType::IQ2_XS,
-                  DType::IQ2_S, DType::IQ3_XXS, DType::IQ3_S, DType::IQ1_S, DType::IQ1_M, DType::IQ4_XS, DType::TQ1_0,
-                  DType::TQ2_0}) {
+                  DType::IQ2_S, DType::IQ3_XXS, DType::IQ3_S, DType::IQ1_S, DType::IQ1_M, DType::IQ4_XS, DType::IQ4_NL,
+                  DType::TQ1_0, DType::TQ2_0}) {
     std::mt19937 rng(4242 + int(t));
     const int64_t n_in = 768, n_out = 23, max_tok = 9;
     RandomMatrix m(t, n_out, n_in, rng);
-    Acts a(ActType::Q8_K, max_tok, n_in, rng);
+    Acts a(kernels::act_type(t, Precision::Native), max_tok, n_in, rng);
     // Single row, single token, scalar level: the ground truth.
     kernels::force_isa(Isa::Scalar);
     std::vector<float> ref(size_t(max_tok * n_out));
@@ -260,7 +262,49 @@ TEST(Kernels, RowGroupsAndTilesMatchSingleRowSingleToken) {
   }
 }
 
-// Q4_K and Q6_K rows repacked 16 at a time (tensor/repack.h) give, through matmul, exactly the
+// The IQ / TQ kernels at the limits of their formats, against the scalar level bit for bit:
+// blocks of all-zero and all-one bytes (largest grid indices, every sign set, extreme
+// sub-block multipliers) and random bytes, times activations of ±127 whose signs follow the
+// weights (every product positive: the largest pair sums the SIMD kernels form in int16),
+// all +127 and all -127.
+TEST(Kernels, IqBlocksAtTheLimitsMatchScalar) {
+  IsaGuard guard;
+  for (DType t : {DType::IQ2_XXS, DType::IQ2_XS, DType::IQ2_S, DType::IQ3_XXS, DType::IQ3_S, DType::IQ1_S,
+                  DType::IQ1_M, DType::IQ4_XS, DType::IQ4_NL, DType::TQ1_0, DType::TQ2_0}) {
+    std::mt19937 rng(777 + int(t));
+    const int64_t n_in = 512, n_out = 6;
+    RandomMatrix m(t, n_out, n_in, rng);
+    for (int64_t o = 0; o < n_out; ++o)  // rows 0, 1: zero / one bytes; the rest random
+      random_codes(t, m.bytes.data() + m.w.row_bytes * size_t(o), n_in, rng, o == 0 ? 0x00 : o == 1 ? 0xff : -1);
+    const ActType at = kernels::act_type(t, Precision::Native);
+    const size_t stride = kernels::act_row_bytes(at, n_in);
+    std::vector<float> x(size_t(n_out + 2) * size_t(n_in));
+    for (int64_t o = 0; o < n_out; ++o) {  // activation row o: the signs of weight row o
+      std::vector<float> w(static_cast<size_t>(n_in));
+      dequantize_row(m.w, o, w.data());
+      for (int64_t i = 0; i < n_in; ++i) x[size_t(o * n_in + i)] = w[size_t(i)] < 0.0f ? -1.0f : 1.0f;
+    }
+    for (int64_t i = 0; i < n_in; ++i) x[size_t(n_out * n_in + i)] = 1.0f, x[size_t((n_out + 1) * n_in + i)] = -1.0f;
+    std::vector<uint8_t> conv(stride * size_t(n_out + 2));
+    kernels::convert_activations(at, x.data(), n_out + 2, n_in, n_in, conv.data());
+    ActRows rows;
+    rows.type = at;
+    rows.data = conv.data();
+    rows.stride = stride;
+    rows.n_tok = n_out + 2;
+    kernels::force_isa(Isa::Scalar);
+    const std::vector<float> ref = run(m.w, rows);
+    for (Isa isa : kernels::available_isas()) {
+      kernels::force_isa(isa);
+      const std::vector<float> got = run(m.w, rows);
+      for (size_t k = 0; k < ref.size(); ++k)
+        ASSERT_EQ(ref[k], got[k]) << dtype_name(t) << " " << kernels::isa_name(isa) << " token " << k / size_t(n_out)
+                                  << " row " << k % size_t(n_out);
+    }
+  }
+}
+
+// Rows repacked 16 at a time (tensor/repack.h) give, through matmul, exactly the
 // scalar reference's value for every (row, token) pair: 16-aligned ranges take the
 // repacked kernel (1..4 tokens per call, partial token groups, index lists with repeats),
 // other ranges fall back to the GGUF rows; the second matrix of a 3-D tensor (an expert)
@@ -324,6 +368,29 @@ TEST(Kernels, RepackedQ4kMatchesScalarReference) {
 TEST(Kernels, RepackedQ6kMatchesScalarReference) {
   if (!have_repacked_kernels()) GTEST_SKIP() << "no AVX-512 VNNI on this CPU";
   check_repacked_matches_scalar(DType::Q6_K);
+}
+
+TEST(Kernels, RepackedQ5kMatchesScalarReference) {
+  if (!have_repacked_kernels()) GTEST_SKIP() << "no AVX-512 VNNI on this CPU";
+  check_repacked_matches_scalar(DType::Q5_K);
+}
+
+// The IQ / TQ types in the 4-bit code layout (every value a code into its type's table).
+TEST(Kernels, RepackedIqMatchesScalarReference) {
+  if (!have_repacked_kernels()) GTEST_SKIP() << "no AVX-512 VNNI on this CPU";
+  for (DType t : {DType::IQ4_XS, DType::IQ3_S, DType::IQ3_XXS, DType::IQ2_S, DType::IQ2_XS, DType::IQ2_XXS,
+                  DType::IQ1_M, DType::IQ1_S, DType::TQ2_0, DType::TQ1_0}) {
+    check_repacked_matches_scalar(t);
+    if (HasFatalFailure()) return;
+  }
+}
+
+// IQ4_NL (32-element blocks with an F16 scale each) has no repacked layout.
+TEST(Kernels, Iq4nlIsNotRepacked) {
+  std::mt19937 rng(3);
+  RandomMatrix m(DType::IQ4_NL, 16, 256, rng);
+  EXPECT_FALSE(kernels::can_repack(m.w));
+  EXPECT_EQ(kernels::x16_group_bytes(DType::IQ4_NL, 256), 0u);
 }
 
 INSTANTIATE_TEST_SUITE_P(AllTypes, KernelTypes, ::testing::ValuesIn(kAllTypes),

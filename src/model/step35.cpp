@@ -78,8 +78,9 @@ std::unique_ptr<Model> Model::load_parsed(std::unique_ptr<gguf::File> file, cons
                             : LoadOptions::ExpertRepack::Never;
   }
   if (experts == LoadOptions::ExpertRepack::Auto)
-    experts = m->weight_bytes_ <= usable_memory_bytes() / 4 * 3 ? LoadOptions::ExpertRepack::OnFirstUse
-                                                                 : LoadOptions::ExpertRepack::Never;
+    experts = m->weight_bytes_ + m->repack_growth_bytes() <= usable_memory_bytes() / 4 * 3
+                  ? LoadOptions::ExpertRepack::OnFirstUse
+                  : LoadOptions::ExpertRepack::Never;
   if (repack) m->repack_weights(experts);
   auto base = std::make_shared<WeightSet>();
   base->layers = m->layers_;
@@ -323,6 +324,23 @@ std::vector<KvLayerShape> Model::kv_layers(bool with_mtp) const {
     shapes.push_back({L.is_swa, L.n_head_kv, hp_.head_dim_k, hp_.head_dim_v});
   }
   return shapes;
+}
+
+uint64_t Model::repack_growth_bytes() const {
+  uint64_t grow = 0;
+  auto add = [&](const WeightMatrix& w) {
+    if (!kernels::can_repack(w)) return;
+    const uint64_t copy = kernels::repacked_bytes(w), rows = w.total_bytes();
+    if (copy > rows) grow += copy - rows;
+  };
+  for (const LayerWeights& W : layers_)
+    for (const WeightMatrix* w : {&W.attn_q, &W.attn_k, &W.attn_v, &W.attn_gate, &W.attn_output, &W.ffn_gate,
+                                  &W.ffn_up, &W.ffn_down, &W.ffn_gate_shexp, &W.ffn_up_shexp, &W.ffn_down_shexp,
+                                  &W.nextn_eh_proj, &W.nextn_shared_head_head, &W.ffn_gate_exps, &W.ffn_up_exps,
+                                  &W.ffn_down_exps})
+      add(*w);
+  add(output_);
+  return grow;
 }
 
 void Model::repack_weights(LoadOptions::ExpertRepack expert_mode) {

@@ -120,15 +120,16 @@ class Model {
   struct LoadOptions {
     bool verbose = true;    // print a summary line to stderr
     bool progress = false;  // progress bar on stderr
-    // Copy the Q4_K / Q6_K matrices every token uses (attention, dense and shared-expert
-    // FFN, MTP projection, output) into the 16-row interleaved layout of the AVX-512
-    // kernels (tensor/repack.h) when the CPU has them.
+    // Copy the Q4_K / Q6_K / IQ / TQ matrices every token uses (attention, dense and
+    // shared-expert FFN, MTP projection, output) into the 16-row interleaved layout of the
+    // AVX-512 kernels (tensor/repack.h) when the CPU has them.
     bool repack = true;
     // With `repack`, the routed experts: never, each one when a forward pass first routes
     // to it, or all at load (which reads the whole file then). Auto means on first use
-    // when the file fits in 3/4 of the memory this process may use, else never: the
-    // copies are anonymous memory, which the kernel cannot drop under pressure as it can
-    // the file's pages (and read them again).
+    // when the weights, with every copy in place of the rows it copies (the IQ code
+    // layouts are larger than their rows), fit in 3/4 of the memory this process may use,
+    // else never: the copies are anonymous memory, which the kernel cannot drop under
+    // pressure as it can the file's pages (and read them again).
     enum class ExpertRepack { Auto, Never, OnFirstUse, AtLoad };
     ExpertRepack repack_experts = ExpertRepack::Auto;
     // The environment variable STEP35_REPACK overrides both: 0 (nothing), shared (the
@@ -215,6 +216,9 @@ class Model {
   void load_hparams();
   void load_tensors(const LoadOptions& opts);
   void repack_weights(LoadOptions::ExpertRepack experts);
+  // What repacking every matrix that can be repacked would add to the resident weights
+  // (copies minus the file rows they replace; 0 where a copy is no larger).
+  uint64_t repack_growth_bytes() const;
 
   std::unique_ptr<gguf::File> file_;
   std::unique_ptr<Tokenizer> tokenizer_;

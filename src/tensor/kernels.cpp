@@ -330,7 +330,7 @@ const uint8_t* act_row(const ActRows& x, int64_t t) {
 
 // The level's kernel for rows of type t repacked 16 at a time, or null.
 X16DotFn x16_kernel(const IsaKernels& k, DType t) {
-  return t == DType::Q4_K ? k.q4k_x16 : t == DType::Q6_K ? k.q6k_x16 : nullptr;
+  return unsigned(t) < 40 ? k.x16_dot[unsigned(t)] : nullptr;
 }
 
 }  // namespace
@@ -349,16 +349,19 @@ void matmul(const WeightMatrix& w, int64_t o_begin, int64_t o_end, const ActRows
     const auto x16 = x16_kernel(k, w.type);
     if (w.packed && x16 && o_begin % kX16Rows == 0 && o_end % kX16Rows == 0) {
       // Repacked rows (tensor/repack.h): whole 16-row groups, every group of up to
-      // kMaxTileTokens tokens passing over one group while its weights are in L1.
+      // kMaxX16Tokens tokens passing over one group while its weights are in L1 (the
+      // kernels take 1..4 or 8 tokens: 5..7 go as 4 and the rest).
       const size_t group_bytes = x16_group_bytes(w.type, w.n_in);
-      const uint8_t* xs[kMaxTileTokens];
+      const uint8_t* xs[kMaxX16Tokens];
       const uint8_t* end = w.packed + size_t(o_end / kX16Rows) * group_bytes;
       for (int64_t o = o_begin; o < o_end; o += kX16Rows) {
         const uint8_t* group = w.packed + size_t(o / kX16Rows) * group_bytes;
-        for (int64_t t0 = 0; t0 < x.n_tok; t0 += kMaxTileTokens) {
-          const int nt = int(std::min<int64_t>(kMaxTileTokens, x.n_tok - t0));
+        for (int64_t t0 = 0; t0 < x.n_tok;) {
+          const int64_t left = x.n_tok - t0;
+          const int nt = int(left >= kMaxX16Tokens ? kMaxX16Tokens : std::min<int64_t>(4, left));
           for (int t = 0; t < nt; ++t) xs[t] = act_row(x, t0 + t);
           x16(w.n_in, group, end, xs, nt, y + t0 * ldy + o, ldy);
+          t0 += nt;
         }
       }
       return;

@@ -103,7 +103,7 @@ void matmul(const WeightMatrix& w, int64_t o_begin, int64_t o_end, const ActRows
 int64_t row_granularity(const WeightMatrix& w);
 
 // Whether the level in use has the kernel for rows of type t repacked 16 at a time
-// (tensor/repack.h): Q4_K and Q6_K at AVX-512 with VNNI.
+// (tensor/repack.h): Q4_K, Q6_K and the IQ / TQ types but IQ4_NL, at AVX-512 with VNNI.
 bool has_repacked(DType t);
 
 // ---------------------------------------------------------------------------------------

@@ -34,19 +34,21 @@ using X16DotFn = void (*)(int64_t n, const uint8_t* group, const uint8_t* end, c
                           float* y, int64_t ldy);
 constexpr int kMaxTileRows = 4;
 constexpr int kMaxTileTokens = 4;
+// Tokens one repacked-group call takes: 1..4 or 8 (8 halves the share of the per-group
+// unpacking in prefill; the registers of the 16-row kernels hold 8 tokens' sums).
+constexpr int kMaxX16Tokens = 8;
 
 // Everything an ISA level implements. A null vec_dot entry falls back to the scalar one.
 struct IsaKernels {
   VecDotFn vec_dot[40] = {};  // indexed by DType id (all supported ids are < 40)
   TileDotFn tile_dot[40] = {};  // null: the driver calls vec_dot per (row, token)
   int tile_tokens = 1;          // most tokens one tile_dot call takes (<= kMaxTileTokens)
-  // Q4_K rows repacked 16 at a time (tensor/repack.h): y[t*ldy + r] for the 16 rows of
-  // one group and n_tok <= kMaxTileTokens tokens, bit-identical to vec_dot on the
-  // original rows. Null where the level has none (the driver then uses the GGUF rows).
-  // `end` bounds the software prefetch (the end of the caller's row range: bytes past it
-  // belong to another thread's chunk or another matrix).
-  X16DotFn q4k_x16 = nullptr;
-  X16DotFn q6k_x16 = nullptr;  // the same for Q6_K rows repacked 16 at a time
+  // Rows repacked 16 at a time (tensor/repack.h), indexed by DType id: y[t*ldy + r] for
+  // the 16 rows of one group and n_tok (1..4 or 8) tokens, bit-identical to vec_dot
+  // on the original rows. Null where the level has none (the driver then uses the GGUF
+  // rows). `end` bounds the software prefetch (the end of the caller's row range: bytes
+  // past it belong to another thread's chunk or another matrix).
+  X16DotFn x16_dot[40] = {};
   // Q8_K activation rounding, bit-identical to quantize_act_q8_K (null: use that).
   void (*quantize_q8_K)(const float* x, ActQ8_K* y, int64_t n) = nullptr;
   float (*dot_f32)(const float* a, const float* b, int64_t n) = nullptr;

@@ -5,10 +5,12 @@
 #include <algorithm>
 #include <cstring>
 #include <new>
+#include <string>
 #include <stdexcept>
 
 #include "tensor/kernels.h"
 #include "tensor/quants.h"
+#include "tensor/quants_iq.h"
 
 namespace step35::kernels {
 
@@ -22,12 +24,41 @@ int q4k_quant(const BlockQ4_K& b, int k) {
   return s % 2 == 0 ? (byte & 15) : (byte >> 4);
 }
 
-void repack_group(const BlockQ4_K* const* rows, int64_t n_blocks, uint8_t* dst) {
+// The 5-bit quant of weight k of a Q5_K block: the Q4_K nibble, bit 4 from bit k / 32 of
+// qh[k % 32].
+int q5k_quant(const BlockQ5_K& b, int k) {
+  const int s = k / 32, l = k % 32;
+  const uint8_t byte = b.qs[32 * (s / 2) + l];
+  return (s % 2 == 0 ? (byte & 15) : (byte >> 4)) | (((b.qh[l] >> s) & 1) << 4);
+}
+
+// Q4_K, or Q5_K (rows_q5 set, rows unused): the Q5_K fields d, dmin, scales and qs sit where
+// Q4_K's do, so the Q4_K part is written from them alike, then the fifth bits.
+void repack_group(const BlockQ4_K* const* rows, int64_t n_blocks, uint8_t* dst,
+                  const BlockQ5_K* const* rows_q5 = nullptr) {
+  const size_t block_bytes = rows_q5 ? kQ5kX16BlockBytes : kQ4kX16BlockBytes;
   for (int64_t i = 0; i < n_blocks; ++i) {
-    uint8_t* out = dst + size_t(i) * kQ4kX16BlockBytes;
-    std::memset(out, 0, kQ4kX16BlockBytes);
+    uint8_t* out = dst + size_t(i) * block_bytes;
+    std::memset(out, 0, block_bytes);
     for (int r = 0; r < kX16Rows; ++r) {
-      const BlockQ4_K& b = rows[r][i];
+      BlockQ4_K b;
+      if (rows_q5) {
+        const BlockQ5_K& q5 = rows_q5[r][i];
+        b.d = q5.d;
+        b.dmin = q5.dmin;
+        std::memcpy(b.scales, q5.scales, sizeof b.scales);
+        std::memcpy(b.qs, q5.qs, sizeof b.qs);
+        for (int v = 0; v < 32; ++v)  // vector v = 4 s + c
+          for (int k = 0; k < 4; ++k) {
+            const int s = v / 4, c = v % 4;
+            const int lo = q5k_quant(q5, 32 * s + 4 * c + k), hi = q5k_quant(q5, 32 * s + 16 + 4 * c + k);
+            const int bit = 4 * r + k;
+            out[kQ4kX16BlockBytes + 16 * v + bit / 8] |= uint8_t(((lo >> 4) & 1) << (bit % 8));
+            out[kQ4kX16BlockBytes + 16 * v + 8 + bit / 8] |= uint8_t(((hi >> 4) & 1) << (bit % 8));
+          }
+      } else {
+        b = rows[r][i];
+      }
       std::memcpy(out + 2 * r, &b.d, 2);
       std::memcpy(out + 32 + 2 * r, &b.dmin, 2);
       for (int s = 0; s < 8; ++s) {
@@ -81,14 +112,105 @@ void repack_group_q6k(const BlockQ6_K* const* rows, int64_t n_blocks, uint8_t* d
   }
 }
 
+// The F16 super-scale of an IQ / TQ block as stored (IQ1_M spreads it over the top nibbles
+// of its four scale words).
+uint16_t iq_d_bits(DType t, const uint8_t* block) {
+  uint16_t v[4];
+  switch (t) {
+    case DType::TQ1_0: std::memcpy(v, block + offsetof(BlockTQ1_0, d), 2); return v[0];
+    case DType::TQ2_0: std::memcpy(v, block + offsetof(BlockTQ2_0, d), 2); return v[0];
+    case DType::IQ1_M:
+      std::memcpy(v, block + offsetof(BlockIQ1_M, scales), 8);
+      return uint16_t((v[0] >> 12) | ((v[1] >> 8) & 0x00f0u) | ((v[2] >> 4) & 0x0f00u) | (v[3] & 0xf000u));
+    default: std::memcpy(v, block, 2); return v[0];
+  }
+}
+
+// One 16-row group of an IQ / TQ type in the code layout (repack.h): each block decoded to
+// its integer form (iq::decode), each value replaced by its code in the type's table.
+// IQ4_XS's codes are its own nibbles in the same places, so its bytes are only moved.
+void repack_group_iq(DType t, const uint8_t* const* rows, int64_t n_blocks, uint8_t* dst) {
+  const int8_t* values = iq_x16_values(t);
+  // The code of each int8 value (at value + 128), -1 for none. The zero entries of a table
+  // are unused codes, except in the TQ types' (code 1 stands for 0).
+  const bool zero_is_value = t == DType::TQ1_0 || t == DType::TQ2_0;
+  int code_of[256];
+  for (int& c : code_of) c = -1;
+  for (int c = 0; c < 16; ++c)
+    if (values[c] != 0 || (zero_is_value && c == 1)) code_of[values[c] + 128] = c;
+  const int groups = iq_x16_groups(t);
+  const size_t block_bytes = iq_x16_block_bytes(t);
+  const size_t src_bytes = dtype_info(t).block_bytes;
+  uint8_t* d_part = dst + size_t(n_blocks) * block_bytes;
+  std::memset(d_part, 0, x16_group_bytes(t, n_blocks * 256) - size_t(n_blocks) * block_bytes);  // padding
+  iq::BlockInts b;
+  uint8_t code[256];
+  for (int64_t i = 0; i < n_blocks; ++i) {
+    uint8_t* out = dst + size_t(i) * block_bytes;
+    uint8_t* codes = out + 16 * groups;
+    for (int r = 0; r < kX16Rows; ++r) {
+      const uint8_t* src = rows[r] + size_t(i) * src_bytes;
+      const uint16_t d = iq_d_bits(t, src);
+      std::memcpy(d_part + 32 * i + 2 * r, &d, 2);
+      if (t == DType::IQ4_XS) {
+        const auto& blk = *reinterpret_cast<const BlockIQ4_XS*>(src);
+        for (int g = 0; g < 8; ++g) {
+          const int ls = ((blk.scales_l[g / 2] >> (4 * (g % 2))) & 15) | (((blk.scales_h >> (2 * g)) & 3) << 4);
+          out[16 * g + r] = uint8_t(int8_t(ls - 32));
+          // Weights 32 g + 4 c + bb (low nibbles) and 32 g + 16 + 4 c + bb (high) are byte
+          // 16 g + 4 c + bb of qs: four bytes per vector.
+          for (int c = 0; c < 4; ++c) std::memcpy(codes + 64 * (4 * g + c) + 4 * r, blk.qs + 16 * g + 4 * c, 4);
+        }
+        continue;
+      }
+      iq::decode(t, src, &b);
+      for (int g = 0; g < groups; ++g) out[16 * g + r] = uint8_t(int8_t(b.scale[g * 256 / groups / b.group]));
+      for (int k = 0; k < 256; ++k) {
+        const int v = b.has_delta ? 8 * b.q[k] + b.delta[k / 8] : b.q[k];
+        const int c = code_of[v + 128];
+        if (c < 0)
+          throw std::logic_error(std::string("repack_x16: ") + dtype_name(t) + " value " + std::to_string(v) +
+                                 " outside the code table");
+        code[k] = uint8_t(c);
+      }
+      // Weights 32 kc + 4 c + bb (low nibble) and 32 kc + 16 + 4 c + bb (high): vector
+      // 4 kc + c, byte 4 r + bb.
+      for (int kc = 0; kc < 8; ++kc)
+        for (int c = 0; c < 4; ++c)
+          for (int bb = 0; bb < 4; ++bb)
+            codes[64 * (4 * kc + c) + 4 * r + bb] =
+                uint8_t(code[32 * kc + 4 * c + bb] | code[32 * kc + 16 + 4 * c + bb] << 4);
+    }
+  }
+}
+
 }  // namespace
+
+const int8_t* iq_x16_values(DType t) {
+  switch (t) {
+    case DType::IQ4_XS: return kIq4X16Values;
+    case DType::IQ3_S: return kIq3sX16Values;
+    case DType::IQ3_XXS: return kIq3xxsX16Values;
+    case DType::IQ2_XXS:
+    case DType::IQ2_XS:
+    case DType::IQ2_S: return kIq2X16Values;
+    case DType::IQ1_S:
+    case DType::IQ1_M: return kIq1X16Values;
+    case DType::TQ1_0:
+    case DType::TQ2_0: return kTqX16Values;
+    default: return nullptr;
+  }
+}
 
 size_t x16_group_bytes(DType t, int64_t n_in) {
   const size_t nb = size_t(n_in / 256);
   switch (t) {
     case DType::Q4_K: return nb * kQ4kX16BlockBytes;
+    case DType::Q5_K: return nb * kQ5kX16BlockBytes;
     case DType::Q6_K: return nb * kQ6kX16BlockBytes + (nb * 32 + 63) / 64 * 64;
-    default: return 0;
+    default:
+      if (!iq_x16_values(t)) return 0;
+      return nb * iq_x16_block_bytes(t) + (nb * 32 + 63) / 64 * 64;
   }
 }
 
@@ -102,8 +224,9 @@ size_t repacked_bytes(const WeightMatrix& w) {
 }
 
 void repack_x16(const WeightMatrix& w, uint8_t* dst) {
-  if ((w.type != DType::Q4_K && w.type != DType::Q6_K) || w.n_in % 256 != 0 || w.n_out % kX16Rows != 0)
-    throw std::invalid_argument("repack_x16: needs Q4_K or Q6_K rows, a multiple of 16 of them");
+  if (x16_group_bytes(w.type, 256) == 0 || w.n_in % 256 != 0 || w.n_out % kX16Rows != 0)
+    throw std::invalid_argument(std::string("repack_x16: needs Q4_K, Q5_K, Q6_K or IQ / TQ rows (not ") + dtype_name(w.type) +
+                                "), a multiple of 16 of them");
   const int64_t nb = w.n_in / 256;
   const size_t group_bytes = x16_group_bytes(w.type, w.n_in);
   for (int64_t m = 0; m < w.n_mat; ++m)
@@ -113,8 +236,12 @@ void repack_x16(const WeightMatrix& w, uint8_t* dst) {
       uint8_t* out = dst + (size_t(m) * size_t(w.n_out / kX16Rows) + size_t(g)) * group_bytes;
       if (w.type == DType::Q6_K)
         repack_group_q6k(reinterpret_cast<const BlockQ6_K* const*>(rows), nb, out);
-      else
+      else if (w.type == DType::Q4_K)
         repack_group(reinterpret_cast<const BlockQ4_K* const*>(rows), nb, out);
+      else if (w.type == DType::Q5_K)
+        repack_group(nullptr, nb, out, reinterpret_cast<const BlockQ5_K* const*>(rows));
+      else
+        repack_group_iq(w.type, rows, nb, out);
     }
 }
 
