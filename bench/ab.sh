@@ -8,7 +8,9 @@
 # usage: bench/ab.sh MODEL.gguf
 # env:   A, B (binaries; default build/bin/step35 for both), A_ENV, B_ENV (extra environment
 #        for each side, e.g. B_ENV="STEP35_REPACK=0"), PAIRS (default 12), THREADS (default 2),
-#        PP (default 0), TG (default 128), ARGS (extra bench args)
+#        PP (default 0), TG (default 128), PARALLEL (N: measure batched decoding of N
+#        sequences through the serving engine, `bench --parallel N`, total t/s; default off),
+#        ARGS (extra bench args)
 set -euo pipefail
 here="$(cd "$(dirname "$0")/.." && pwd)"
 A="${A:-$here/build/bin/step35}"
@@ -17,21 +19,28 @@ PAIRS="${PAIRS:-12}"
 THREADS="${THREADS:-2}"
 PP="${PP:-0}"
 TG="${TG:-128}"
-[ $# -eq 1 ] || { sed -n '2,11p' "$0"; exit 2; }
+PARALLEL="${PARALLEL:-}"
+[ $# -eq 1 ] || { sed -n '2,13p' "$0"; exit 2; }
 model="$1"
 tmp="$(mktemp -d)"
 trap 'rm -rf "$tmp"' EXIT
 
-# One measurement: prints the pp or tg rate of one bench run (tg when TG > 0).
+# One measurement: prints the pp or tg rate of one bench run (tg when TG > 0), or with
+# PARALLEL the total rate of N sequences generating 128 tokens each together.
 run_one() {
   local bin="$1" envs="$2"
-  env $envs "$bin" bench -m "$model" -p "$PP" -n "$TG" -t "$THREADS" -r 2 --json ${ARGS:-} > "$tmp/out.json" \
+  local what=(-p "$PP" -n "$TG")
+  [ -n "$PARALLEL" ] && what=(-p 0 -n 0 --parallel "$PARALLEL")  # (-n 0: 128 tokens each, no single tg)
+  env $envs "$bin" bench -m "$model" "${what[@]}" -t "$THREADS" -r 2 --json ${ARGS:-} > "$tmp/out.json" \
     2> "$tmp/err" || { cat "$tmp/err" >&2; exit 1; }
-  python3 - "$tmp/out.json" "$TG" <<'PY'
+  python3 - "$tmp/out.json" "$TG" "$PARALLEL" <<'PY'
 import json, sys
 r = json.load(open(sys.argv[1]))
-key = "tg" if int(sys.argv[2]) > 0 else "pp"
-print(r[key]["tok_per_s"])
+if sys.argv[3]:
+    print(r["parallel"][0]["total_tok_per_s"])
+else:
+    key = "tg" if int(sys.argv[2]) > 0 else "pp"
+    print(r[key]["tok_per_s"])
 PY
 }
 

@@ -12,6 +12,7 @@
 
 #include "tensor/dtype.h"
 #include "tensor/kernels.h"
+#include "tensor/kv_kernels.h"
 #include "tensor/repack.h"
 #include "tensor/quants.h"
 
@@ -139,20 +140,37 @@ void bm_convert(benchmark::State& st, ActType t, Isa isa) {
   }
 }
 
-void bm_attention_block(benchmark::State& st, Isa isa) {
+// One KV cache block (32 positions, head 128) against R query rows: scores, exp, weighted
+// values, as the streaming attention runs it per block. R = 8 is one decoded token of the
+// benchmark model's full layers (16 query heads on 2 KV heads); R = 64 an 8-token prefill tile.
+void bm_attention_block(benchmark::State& st, DType t, Isa isa) {
   kernels::force_isa(isa);
-  const int64_t D = 128, R = 8, n = st.range(0), k_stride = 2 * D;
-  std::vector<float> q(size_t(R * D), 0.01f), k(size_t(n * k_stride), 0.02f), v(size_t(n * k_stride), 0.03f);
-  std::vector<float> s(size_t(R * n)), acc(size_t(R * D));
+  const int64_t D = 128, R = st.range(0);
+  const int32_t bs = 32;
+  std::mt19937 rng(3);
+  std::normal_distribution<float> nd(0.0f, 1.0f);
+  std::vector<float> row(static_cast<size_t>(D));
+  std::vector<uint8_t> kb(size_t(bs) * *row_bytes(t, D)), vb(kb.size());
+  for (int32_t j = 0; j < bs; ++j) {
+    for (float& f : row) f = nd(rng);
+    kernels::kv_store_key(t, row.data(), D, kb.data(), bs, j);
+    kernels::kv_store_value(t, row.data(), D, vb.data(), bs, j);
+  }
+  const size_t qb = kernels::attn_query_bytes(t, D);
+  std::vector<uint8_t> q(qb * size_t(R));
+  for (int64_t r = 0; r < R; ++r) {
+    for (float& f : row) f = nd(rng);
+    kernels::attn_convert_query(t, row.data(), D, q.data() + qb * size_t(r));
+  }
+  std::vector<float> s(size_t(R * bs)), acc(size_t(R * D));
   for (auto _ : st) {
-    kernels::attn_scores(q.data(), D, R, k.data(), k_stride, n, D, 0.088f, s.data(), n);
-    for (int64_t r = 0; r < R; ++r) {
-      kernels::exp_shift_sum(s.data() + r * n, n, 1.0f);
-      kernels::accumulate_rows(s.data() + r * n, v.data(), k_stride, n, D, acc.data() + r * D);
-    }
+    kernels::attn_scores(t, q.data(), qb, R, kb.data(), bs, bs, D, 0.088f, s.data(), bs);
+    for (int64_t r = 0; r < R; ++r) kernels::attn_exp_sum(s.data() + r * bs, bs, 3.0f);
+    kernels::attn_accumulate(t, s.data(), bs, R, vb.data(), bs, D, acc.data(), D);
     benchmark::DoNotOptimize(acc.data());
   }
-  st.counters["keys/s"] = benchmark::Counter(double(st.iterations()) * double(n * R), benchmark::Counter::kIsRate);
+  st.counters["query_key_pairs/s"] =
+      benchmark::Counter(double(st.iterations()) * double(bs * R), benchmark::Counter::kIsRate);
 }
 
 void register_all() {
@@ -198,7 +216,10 @@ void register_all() {
     for (ActType a : {ActType::Q8_K, ActType::Q8_0, ActType::Q8_1, ActType::F16, ActType::BF16})
       benchmark::RegisterBenchmark(("convert/" + std::string(kernels::act_type_name(a)) + "/" + in).c_str(), bm_convert,
                                    a, isa);
-    benchmark::RegisterBenchmark(("attention_block/" + in).c_str(), bm_attention_block, isa)->Arg(64)->Arg(512);
+    for (DType t : {DType::F32, DType::F16, DType::BF16, DType::Q8_0, DType::Q4_0})
+      benchmark::RegisterBenchmark(("attention_block/" + std::string(dtype_name(t)) + "/" + in).c_str(),
+                                   bm_attention_block, t, isa)
+          ->Arg(8)->Arg(64);
   }
 }
 

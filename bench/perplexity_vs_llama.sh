@@ -10,7 +10,8 @@
 # env:   LLAMA_BIN (default /tmp/peer/llama.cpp/build/bin), STEP35 (default build/bin/step35),
 #        TEXT (default /usr/share/common-licenses/GPL-3), THREADS (default 1),
 #        LLAMA_ARGS (default "-ctk f32 -ctv f32 -fa off": llama.cpp's F32 KV cache without flash
-#        attention, what step35 computes; set it empty for llama.cpp's defaults)
+#        attention; set it empty for llama.cpp's defaults), STEP35_ARGS (default "-ctk f32 -ctv f32":
+#        the same cache in step35; set it empty for its default F16 cache, llama.cpp's default too)
 set -euo pipefail
 here="$(cd "$(dirname "$0")/.." && pwd)"
 LLAMA_BIN="${LLAMA_BIN:-/tmp/peer/llama.cpp/build/bin}"
@@ -18,7 +19,8 @@ STEP35="${STEP35:-$here/build/bin/step35}"
 TEXT="${TEXT:-/usr/share/common-licenses/GPL-3}"
 THREADS="${THREADS:-1}"
 LLAMA_ARGS="${LLAMA_ARGS--ctk f32 -ctv f32 -fa off}"
-usage() { sed -n '2,14p' "$0"; exit 2; }
+STEP35_ARGS="${STEP35_ARGS--ctk f32 -ctv f32}"
+usage() { sed -n '2,15p' "$0"; exit 2; }
 [ $# -ge 2 ] || usage
 mode="$1"
 shift
@@ -33,7 +35,7 @@ if [ "$mode" = ppl ]; then
   # shellcheck disable=SC2086
   "$LLAMA_BIN/llama-perplexity" -m "$model" -f "$TEXT" "$@" -t "$THREADS" $LLAMA_ARGS > "$tmp/llama.out" 2>&1 ||
     { tail -5 "$tmp/llama.out" >&2; exit 1; }
-  "$STEP35" perplexity -m "$model" -f "$TEXT" "$@" -t "$THREADS" > "$tmp/step35.out" 2> "$tmp/step35.err" ||
+  "$STEP35" perplexity -m "$model" -f "$TEXT" "$@" -t "$THREADS" $STEP35_ARGS > "$tmp/step35.out" 2> "$tmp/step35.err" ||
     { cat "$tmp/step35.err" >&2; exit 1; }
   python3 - "$(basename "$model")" "$*" "$(final "$tmp/llama.out")" "$(final "$tmp/step35.out")" <<'PY'
 import sys
@@ -49,7 +51,7 @@ elif [ "$mode" = kld ]; then
   # shellcheck disable=SC2086
   "$LLAMA_BIN/llama-perplexity" -m "$base_model" -f "$TEXT" "$@" -t "$THREADS" $LLAMA_ARGS \
     --kl-divergence-base "$tmp/llama.kld" > "$tmp/base_llama.out" 2>&1 || { tail -5 "$tmp/base_llama.out" >&2; exit 1; }
-  "$STEP35" perplexity -m "$base_model" -f "$TEXT" "$@" -t "$THREADS" --kl-divergence-base "$tmp/step35.kld" \
+  "$STEP35" perplexity -m "$base_model" -f "$TEXT" "$@" -t "$THREADS" $STEP35_ARGS --kl-divergence-base "$tmp/step35.kld" \
     > /dev/null 2> "$tmp/base_step35.err" || { cat "$tmp/base_step35.err" >&2; exit 1; }
   for base in llama step35; do
     # llama.cpp's logger thread sometimes loses the last lines of stdout at exit: run again then.
@@ -59,7 +61,7 @@ elif [ "$mode" = kld ]; then
         --kl-divergence > "$tmp/kl_llama_on_$base.out" 2>/dev/null || { echo "llama-perplexity failed" >&2; exit 1; }
       grep -q '^Same top p' "$tmp/kl_llama_on_$base.out" && break
     done
-    "$STEP35" perplexity -m "$model" -t "$THREADS" --kl-divergence-base "$tmp/$base.kld" --kl-divergence \
+    "$STEP35" perplexity -m "$model" -t "$THREADS" $STEP35_ARGS --kl-divergence-base "$tmp/$base.kld" --kl-divergence \
       > "$tmp/kl_step35_on_$base.out" 2> "$tmp/err" || { cat "$tmp/err" >&2; exit 1; }
   done
   python3 - "$tmp" "$(basename "$base_model")" "$(basename "$model")" "$*" <<'PY'

@@ -6,9 +6,15 @@
 //
 //   serve_load --url http://127.0.0.1:8080 --clients 1,4,8,16 --requests 4 --prompt-words 64
 //              --max-tokens 64 [--api-key KEY] [--probe-low-latency] [--json]
+//   serve_load ... --prompt-tokens 4096 --shared-prefix-tokens 3072
 //
 // Each request has a different prompt (random words), so prefix caching does not flatter
 // the numbers, and asks for exactly max_tokens tokens (ignore_eos; temperature 0).
+// With --prompt-tokens N the prompts are N token ids sent to /v1/completions (both servers
+// take a list of ids), the same count for every engine whatever its tokenizer: the first
+// --shared-prefix-tokens of them are one fixed random sequence for the whole run (as agents
+// resend a long system prompt and tool schemas), the rest differ per request. The ids are
+// byte tokens (3..258 in the step35 vocabularies), never control tokens.
 #include <httplib.h>
 
 #include <algorithm>
@@ -38,6 +44,8 @@ struct Options {
   std::vector<int> clients = {1, 4, 8, 16};
   int requests = 4;  // per client
   int prompt_words = 64;
+  int prompt_tokens = 0;         // > 0: token-id prompts of this length (/v1/completions)
+  int shared_prefix_tokens = 0;  // ... of which this many are the same in every request
   int max_tokens = 64;
   std::string api_key;
   std::string model = "step35";
@@ -136,6 +144,26 @@ RequestResult stream_one(const Options& o, const std::string& path, const nlohma
   return r;
 }
 
+nlohmann::json completion_body(const Options& o, const std::vector<int>& prompt, int max_tokens) {
+  return {{"model", o.model},
+          {"prompt", prompt},
+          {"max_tokens", max_tokens},
+          {"temperature", 0},
+          {"ignore_eos", true},
+          {"stream", true},
+          {"stream_options", {{"include_usage", true}}}};
+}
+
+// A token-id prompt: the run's shared prefix, then ids of this request's own.
+std::vector<int> token_prompt(const Options& o, std::mt19937& rng) {
+  std::vector<int> ids;
+  std::mt19937 prefix_rng(12345);  // one prefix for the whole run
+  std::uniform_int_distribution<int> byte_token(3, 258);
+  for (int i = 0; i < o.shared_prefix_tokens; ++i) ids.push_back(byte_token(prefix_rng));
+  while (int(ids.size()) < o.prompt_tokens) ids.push_back(byte_token(rng));
+  return ids;
+}
+
 nlohmann::json chat_body(const Options& o, const std::string& prompt, int max_tokens) {
   return {{"model", o.model},
           {"messages", {{{"role", "user"}, {"content", prompt}}}},
@@ -199,8 +227,10 @@ LevelResult run_level(const Options& o, int n_clients, uint32_t seed) {
     threads.emplace_back([&, c] {
       std::mt19937 rng(seed * 7919u + uint32_t(c));
       for (int i = 0; i < o.requests; ++i) {
-        const RequestResult r = stream_one(o, "/v1/chat/completions",
-                                           chat_body(o, random_prompt(rng, o.prompt_words), o.max_tokens));
+        const RequestResult r =
+            o.prompt_tokens > 0
+                ? stream_one(o, "/v1/completions", completion_body(o, token_prompt(o, rng), o.max_tokens))
+                : stream_one(o, "/v1/chat/completions", chat_body(o, random_prompt(rng, o.prompt_words), o.max_tokens));
         std::lock_guard<std::mutex> lock(mu);
         if (r.ok) {
           ++lr.ok;
@@ -276,6 +306,10 @@ int main(int argc, char** argv) {
         o.requests = std::stoi(next());
       } else if (a == "--prompt-words") {
         o.prompt_words = std::stoi(next());
+      } else if (a == "--prompt-tokens") {
+        o.prompt_tokens = std::stoi(next());
+      } else if (a == "--shared-prefix-tokens") {
+        o.shared_prefix_tokens = std::stoi(next());
       } else if (a == "--max-tokens") {
         o.max_tokens = std::stoi(next());
       } else if (a == "--api-key") {
@@ -289,8 +323,8 @@ int main(int argc, char** argv) {
       } else if (a == "--help" || a == "-h") {
         std::printf(
             "usage: serve_load [--url http://127.0.0.1:8080] [--clients 1,4,8,16] [--requests R]\n"
-            "                  [--prompt-words W] [--max-tokens M] [--api-key KEY] [--model NAME]\n"
-            "                  [--probe-low-latency] [--json]\n");
+            "                  [--prompt-words W | --prompt-tokens N [--shared-prefix-tokens P]]\n"
+            "                  [--max-tokens M] [--api-key KEY] [--model NAME] [--probe-low-latency] [--json]\n");
         return 0;
       } else {
         std::fprintf(stderr, "serve_load: unknown option %s\n", a.c_str());
@@ -302,6 +336,11 @@ int main(int argc, char** argv) {
     }
   }
 
+  if (o.shared_prefix_tokens > o.prompt_tokens) {
+    std::fprintf(stderr, "serve_load: --shared-prefix-tokens %d is longer than --prompt-tokens %d\n",
+                 o.shared_prefix_tokens, o.prompt_tokens);
+    return 2;
+  }
   nlohmann::json report = nlohmann::json::array();
   if (!o.json) {
     std::printf("| clients | requests ok/failed | tokens/s (aggregate) | TTFT p50 / p99 (ms) | TPOT p50 / p99 (ms) | "

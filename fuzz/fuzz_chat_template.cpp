@@ -3,12 +3,14 @@
 //
 // Input: a JSON value. An array is the messages; an object may carry "messages", "tools",
 // "template" (a string: the GGUF chat template source, which picks the format) and "bos".
-// Contract checked: bad messages or tools are rejected with std::invalid_argument (the
-// server turns that into a 400), never another exception, a crash or UB; a rendering
-// ends with the generation prompt when one was asked for.
+// Contract checked: a template source that does not parse is refused with
+// std::runtime_error when loaded; bad messages or tools, and template errors, are rejected
+// with std::invalid_argument (the server turns that into a 400), never another exception,
+// a crash or UB; the parsed messages (ChatMessage) render the same text as the JSON.
 #include <cstdint>
 #include <cstdio>
 #include <cstdlib>
+#include <memory>
 #include <stdexcept>
 #include <string>
 
@@ -40,14 +42,19 @@ extern "C" int LLVMFuzzerTestOneInput(const uint8_t* data, size_t size) {
     if (in.contains("bos") && in["bos"].is_string()) bos = in["bos"].get<std::string>();
   }
   const bool gen_prompt = size % 2 == 0;
+  std::unique_ptr<ChatTemplate> tmpl;
   try {
-    const ChatTemplate tmpl(source, bos);
+    tmpl = std::make_unique<ChatTemplate>(source, bos);
+  } catch (const std::runtime_error&) {
+    return 0;  // a template that does not parse is refused when it is loaded
+  }
+  try {
+    ChatRenderOptions options;
+    options.add_generation_prompt = gen_prompt;
+    const std::string out = tmpl->render(nlohmann::ordered_json(messages), tools, options);
+    // The parsed messages render the same text.
     const std::vector<ChatMessage> msgs = ChatTemplate::messages_from_json(messages);
-    std::string out = tmpl.render(msgs, tools, gen_prompt);
-    // The nlohmann::json overload (sorted keys) must accept exactly the same tools.
-    (void)tmpl.render(msgs, nlohmann::json::parse(tools.dump(-1, ' ', false, nlohmann::json::error_handler_t::replace)),
-                      gen_prompt);
-    if (tmpl.renders_bos() && out.compare(0, bos.size(), bos) != 0) fail("rendering lost the BOS text", out.substr(0, 64));
+    if (tmpl->render(msgs, tools, gen_prompt) != out) fail("parsed messages render differently", out.substr(0, 64));
   } catch (const std::invalid_argument&) {
   } catch (const std::exception& e) {
     fail("non-invalid_argument exception", e.what());

@@ -1,5 +1,5 @@
-// libFuzzer entry point: arbitrary bytes as a JSON Schema for make_json_constraint and
-// json_schema_validate. Built by CMake with -DSTEP35_FUZZ=ON (see fuzz/run.sh):
+// libFuzzer entry point: arbitrary bytes as a JSON Schema for make_json_constraint and the
+// validator (tests/json_schema_check.h). Built by CMake with -DSTEP35_FUZZ=ON (see fuzz/run.sh):
 //   fuzz/run.sh 60            # every target, 60 s each
 //   build-fuzz/bin/fuzz_json_schema -max_len=4096 fuzz/corpus/json_schema
 //
@@ -20,6 +20,7 @@
 #include "structured/grammar_constraint.h"
 #include "structured/json_constraint.h"
 #include "tokenizer/tokenizer.h"
+#include "../tests/json_schema_check.h"
 
 using nlohmann::json;
 
@@ -86,8 +87,8 @@ extern "C" int LLVMFuzzerTestOneInput(const uint8_t* data, size_t size) {
   if (schema.is_discarded()) return 0;
   for (const char* v : {"null", "true", "0", "-1.5", "\"\"", "\"2024-01-31\"", "[]", "[1,\"a\",null]", "{}",
                         "{\"a\":1,\"b\":[true]}"})
-    (void)step35::json_schema_validate(schema, json::parse(v));
-  (void)step35::json_schema_validate(schema, schema);
+    (void)step35::testing::schema_violation(schema, json::parse(v));
+  (void)step35::testing::schema_violation(schema, schema);
 
   const step35::Tokenizer& tok = vocab();
   std::unique_ptr<step35::TokenConstraint> c;
@@ -141,7 +142,7 @@ extern "C" int LLVMFuzzerTestOneInput(const uint8_t* data, size_t size) {
   if (out.is_discarded()) std::abort();  // constrained output must parse
   // oneOf is compiled as anyOf (overlapping branches may both match): skip that case.
   if (std::string(reinterpret_cast<const char*>(data), size).find("oneOf") == std::string::npos) {
-    const std::string why = step35::json_schema_validate(schema, out);
+    const std::string why = step35::testing::schema_violation(schema, out);
     if (!why.empty()) {
       std::fprintf(stderr, "output %s does not validate: %s\n", text.c_str(), why.c_str());
       std::abort();

@@ -3,8 +3,8 @@
 // serve`, through the same validation and planning code the HTTP handlers run
 // (src/server/chat_plan.h), against a real fixture model's tokenizer and chat template.
 //
-// Input: byte 0 picks the endpoint (mod 6: chat, completions, messages, execute, tokenize,
-// detokenize), the rest is the body. A bad body must be refused with ApiError (a 4xx
+// Input: byte 0 picks the endpoint (mod 8: chat, completions, messages, execute, tokenize,
+// detokenize, responses, messages/count_tokens), the rest is the body. A bad body must be refused with ApiError (a 4xx
 // naming the problem) and nothing else; an accepted one must yield a plan inside the
 // server's limits (token ids in the vocabulary, max_tokens within the context, n within
 // --max-n, a non-empty chat prompt). Any other exception escapes to the caller.
@@ -67,7 +67,7 @@ inline std::string check_server_request(server::ServerContext& ctx, const uint8_
   using nlohmann::json;
   using namespace step35::server;
   if (size < 1) return "";
-  const int endpoint = data[0] % 6;
+  const int endpoint = data[0] % 8;
   const std::string text(reinterpret_cast<const char*>(data + 1), size - 1);
   try {
     json body = parse_body(text);
@@ -93,6 +93,16 @@ inline std::string check_server_request(server::ServerContext& ctx, const uint8_
       case 4: {
         const json out = tokenize_response(ctx, body);
         return out.at("tokens").size() == out.at("count").get<size_t>() ? "" : "count differs from the tokens";
+      }
+      case 6: {
+        const ChatPlan p = plan_chat(ctx, responses_to_openai(ctx, body).chat);
+        return check_request_plan(ctx, p.request, p.n, true);
+      }
+      case 7: {
+        json chat = anthropic_to_openai(body, true);
+        chat["max_tokens"] = 1;
+        const ChatPlan p = plan_chat(ctx, chat);
+        return check_request_plan(ctx, p.request, p.n, true);
       }
       default: {
         const json out = detokenize_response(ctx, body);

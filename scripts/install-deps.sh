@@ -15,10 +15,10 @@ if [ ${#missing[@]} -ne 0 ]; then
   $SUDO apt-get update -qq
   DEBIAN_FRONTEND=noninteractive $SUDO apt-get install -y -qq --no-install-recommends "${missing[@]}"
 fi
-# The server's client test uses the official openai npm package (pinned in
-# tests/node/package-lock.json); without node/npm that test is skipped.
+# The server's client tests use the official openai and @anthropic-ai/sdk npm packages
+# (pinned in tests/node/package-lock.json); without node/npm those tests are skipped.
 if command -v npm >/dev/null 2>&1; then
   (cd "$(dirname "$0")/../tests/node" && npm ci --no-audit --no-fund --silent)
 else
-  echo "npm not found: tests/node (openai client test) will be skipped" >&2
+  echo "npm not found: tests/node (openai and anthropic client tests) will be skipped" >&2
 fi

@@ -2,12 +2,16 @@
 // Step 3.5's format (§6 of the spec) with exact expected strings, and message parsing.
 #include <gtest/gtest.h>
 
+#include <filesystem>
+#include <fstream>
+#include <sstream>
 #include <string>
 #include <vector>
 
 #include "gguf/gguf.h"
 #include "support.h"
 #include "chat/chat_template.h"
+#include "chat/step35_template.h"
 #include "tokenizer/tokenizer.h"
 
 using namespace step35;
@@ -37,13 +41,15 @@ std::string tools_block(const std::string& system, const std::vector<std::string
   return s + "\n</tools>\n\n" + instr + "<|im_end|>\n";
 }
 
-// The instruction paragraph an empty template gets (read back from a render).
-std::string default_instructions() {
-  ChatTemplate t("");
-  const std::string s = t.render({}, json::parse(R"([{"name":"f"}])"), false);
-  const std::string open = "</tools>\n\n";
-  const size_t a = s.find(open) + open.size();
-  return s.substr(a, s.rfind("<|im_end|>") - a);
+// The call-format paragraph of the published Step 3.5 template (what closes its tools
+// section).
+std::string published_instructions() {
+  return "If you choose to call a function ONLY reply in the following format with NO suffix:\n\n<tool_call>\n"
+         "<function=example_function_name>\n<parameter=example_parameter_1>\nvalue_1\n</parameter>\n"
+         "<parameter=example_parameter_2>\nThis is the value for the second parameter\nthat can span\nmultiple "
+         "lines\n</parameter>\n</function>\n</tool_call>\n\n<IMPORTANT>\nReminder:\n- Function calls MUST follow "
+         "the specified format: an inner <function=...>\n...\n</function> block must be nested within "
+         "<tool_call>\n...\n</tool_call> XML tags\n- Required parameters MUST be specified\n</IMPORTANT>";
 }
 
 // ---------------------------------------------------------------------------------------
@@ -58,9 +64,9 @@ TEST(ChatFormatDetection, Rules) {
   EXPECT_EQ(ChatTemplate("{{ messages }}").format(), ChatFormat::CHATML);  // unknown: ChatML
   // "<think>" alone (e.g. stripping old reasoning) does not make a template Step 3.5's.
   EXPECT_EQ(ChatTemplate("{{ '<|im_start|>' }}{% if '<think>' in c %}{% endif %}").format(), ChatFormat::CHATML);
-  EXPECT_TRUE(ChatTemplate("", "<s>").renders_bos());
-  EXPECT_FALSE(ChatTemplate("", "").renders_bos());
-  EXPECT_FALSE(ChatTemplate("{{ '<|im_start|>' }}", "<s>").renders_bos());
+  EXPECT_TRUE(ChatTemplate("", "<s>").starts_with_bos("<s><|im_start|>"));
+  EXPECT_FALSE(ChatTemplate("", "").starts_with_bos("<s><|im_start|>"));
+  EXPECT_FALSE(ChatTemplate("{{ '<|im_start|>' }}", "<s>").starts_with_bos("<|im_start|>"));
 }
 
 // ---------------------------------------------------------------------------------------
@@ -71,7 +77,7 @@ TEST(ChatML, FixtureTemplateRendersTheGoldenString) {
   auto tok = Tokenizer::from_gguf(*f);
   ChatTemplate t(f->get_str("tokenizer.chat_template"), tok->token_to_piece(tok->bos()));
   ASSERT_EQ(t.format(), ChatFormat::CHATML);
-  EXPECT_FALSE(t.renders_bos());
+
   const auto msgs = parse(R"([{"role":"system","content":"You are a test."},
                                {"role":"user","content":"Hello, who are you?"}])");
   const auto g = read_json(golden_path("tiny-a.tokenizer.json"));
@@ -81,16 +87,18 @@ TEST(ChatML, FixtureTemplateRendersTheGoldenString) {
   EXPECT_EQ(rendered,
             "<|im_start|>system\nYou are a test.<|im_end|>\n<|im_start|>user\nHello, who are you?<|im_end|>\n"
             "<|im_start|>assistant\n");
-  // The caller adds BOS (renders_bos() is false) and parses special tokens.
-  EXPECT_EQ(tok->encode(rendered, !t.renders_bos(), true), last["ids_parse_special"].get<std::vector<TokenId>>());
+  // The caller adds BOS (the template writes none) and parses special tokens.
+  EXPECT_FALSE(t.starts_with_bos(rendered));
+  EXPECT_EQ(tok->encode(rendered, !t.starts_with_bos(rendered), true), last["ids_parse_special"].get<std::vector<TokenId>>());
 }
 
-TEST(ChatML, RolesContentOnly) {
-  ChatTemplate t("{{ '<|im_start|>' }}");
-  std::vector<ChatMessage> m = {msg("user", " a "), msg("assistant", "b", "hidden"), msg("tool", "r")};
-  m[1].tool_calls.push_back({"f", json::object()});
-  EXPECT_EQ(t.render(m, json::array(), false),
-            "<|im_start|>user\n a <|im_end|>\n<|im_start|>assistant\nb<|im_end|>\n<|im_start|>tool\nr<|im_end|>\n");
+TEST(ChatML, AnyTemplateRendersItsOwnText) {
+  // Not Step 3.5's: the template alone decides what a conversation becomes.
+  ChatTemplate t("{% for m in messages %}[{{ m.role }}:{{ m.content }}]{% endfor %}{% if add_generation_prompt %}>{% endif %}");
+  EXPECT_EQ(t.format(), ChatFormat::CHATML);
+  EXPECT_EQ(t.render({msg("user", " a "), msg("assistant", "b", "hidden")}, json::array(), false), "[user: a ][assistant:b]");
+  EXPECT_EQ(t.render({msg("user", "a")}), "[user:a]>");
+  EXPECT_FALSE(t.opens_reasoning("[user:a]><think>\n"));  // only Step 3.5's format reasons
   EXPECT_THROW(t.render({msg("robot", "x")}), std::invalid_argument);
 }
 
@@ -103,14 +111,16 @@ TEST(Step35, SystemAndUser) {
             "<BOS><|im_start|>system\nS<|im_end|>\n<|im_start|>user\nU<|im_end|>\n" + kGen);
   EXPECT_EQ(t.render({msg("user", "U")}), "<BOS><|im_start|>user\nU<|im_end|>\n" + kGen);
   EXPECT_EQ(t.render({msg("user", "U")}, json::array(), false), "<BOS><|im_start|>user\nU<|im_end|>\n");
-  EXPECT_EQ(t.render({}), "<BOS>" + kGen);
+  // Like jinja2, the template cannot look at messages[0].role of an empty conversation.
+  EXPECT_THROW(t.render({}), std::invalid_argument);
   EXPECT_EQ(ChatTemplate("").render({msg("user", "U")}), "<|im_start|>user\nU<|im_end|>\n" + kGen);
 }
 
-TEST(Step35, ContentIsTrimmed) {
+TEST(Step35, ContentIsKeptAsSent) {
+  // The template does not trim messages (llama.cpp does; Hugging Face and step35 do not).
   ChatTemplate t("");
   EXPECT_EQ(t.render({msg("system", "\n S \t"), msg("user", "  hi there \n\n")}),
-            "<|im_start|>system\nS<|im_end|>\n<|im_start|>user\nhi there<|im_end|>\n" + kGen);
+            "<|im_start|>system\n\n S \t<|im_end|>\n<|im_start|>user\n  hi there \n\n<|im_end|>\n" + kGen);
 }
 
 TEST(Step35, LaterSystemTurnsAndObservation) {
@@ -212,7 +222,7 @@ TEST(Step35, ToolResponsesAreGrouped) {
                                       msg("tool", "20C"), msg("assistant", "b"), msg("tool", "x")};
   EXPECT_EQ(t.render(m),
             "<|im_start|>user\nq<|im_end|>\n<|im_start|>assistant\n<think>\n\n</think>\na<|im_end|>\n"
-            "<|im_start|>tool_response\n<tool_response>sunny</tool_response><tool_response>20C</tool_response>"
+            "<|im_start|>tool_response\n<tool_response> sunny </tool_response><tool_response>20C</tool_response>"
             "<|im_end|>\n<|im_start|>assistant\n<think>\n\n</think>\nb<|im_end|>\n"
             "<|im_start|>tool_response\n<tool_response>x</tool_response><|im_end|>\n" +
                 kGen);
@@ -222,71 +232,97 @@ TEST(Step35, ToolResponsesAreGrouped) {
 
 TEST(Step35, ToolsSection) {
   ChatTemplate t("", "<BOS>");
-  const std::string instr = default_instructions();
-  EXPECT_NE(instr.find("<tool_call>\n<function="), std::string::npos) << instr;
-  EXPECT_NE(instr.find("<parameter="), std::string::npos) << instr;
-  EXPECT_NE(instr.find("<IMPORTANT>"), std::string::npos) << instr;
-  EXPECT_EQ(instr.substr(instr.size() - 12), "</IMPORTANT>") << instr;
-
   const std::string tools_text =
       R"([{"type":"function","function":{"name":"get_weather","description":"Météo du jour",
           "parameters":{"type":"object","properties":{"city":{"type":"string"}},"required":["city"]}}}])";
-  // nlohmann::json sorts keys; Python json.dumps separators; non-ASCII kept.
-  const std::string sorted =
-      R"({"function": {"description": "Météo du jour", "name": "get_weather", "parameters": {"properties": )"
-      R"({"city": {"type": "string"}}, "required": ["city"], "type": "object"}}, "type": "function"})";
-  // nlohmann::ordered_json keeps the client's order.
+  // The client's key order, Python json.dumps separators, non-ASCII kept.
   const std::string ordered =
       R"({"type": "function", "function": {"name": "get_weather", "description": "Météo du jour", "parameters": )"
       R"({"type": "object", "properties": {"city": {"type": "string"}}, "required": ["city"]}}})";
-  const std::vector<ChatMessage> m = {msg("system", " Be brief. "), msg("user", "Weather?")};
-  EXPECT_EQ(t.render(m, json::parse(tools_text)),
-            "<BOS>" + tools_block("Be brief.", {sorted}, instr) + "<|im_start|>user\nWeather?<|im_end|>\n" + kGen);
+  const std::vector<ChatMessage> m = {msg("system", "Be brief."), msg("user", "Weather?")};
   EXPECT_EQ(t.render(m, nlohmann::ordered_json::parse(tools_text)),
-            "<BOS>" + tools_block("Be brief.", {ordered}, instr) + "<|im_start|>user\nWeather?<|im_end|>\n" + kGen);
-  // Without a system message; two tools (a bare function object is accepted as written).
-  const json two = json::parse(R"([{"name":"a"},{"type":"function","function":{"name":"b"}}])");
+            "<BOS>" + tools_block("Be brief.", {ordered}, published_instructions()) +
+                "<|im_start|>user\nWeather?<|im_end|>\n" + kGen);
+  // Without a system message; two tools, written as given.
+  const auto two = nlohmann::ordered_json::parse(R"([{"name":"a"},{"type":"function","function":{"name":"b"}}])");
   EXPECT_EQ(t.render({msg("user", "U")}, two, false),
-            "<BOS>" + tools_block("", {R"({"name": "a"})", R"({"function": {"name": "b"}, "type": "function"})"}, instr) +
+            "<BOS>" + tools_block("", {R"({"name": "a"})", R"({"type": "function", "function": {"name": "b"}})"},
+                                  published_instructions()) +
                 "<|im_start|>user\nU<|im_end|>\n");
   // Null or empty tools: no tools section.
-  EXPECT_EQ(t.render({msg("user", "U")}, json(), false), "<BOS><|im_start|>user\nU<|im_end|>\n");
-  EXPECT_EQ(t.render({msg("user", "U")}, json::array(), false), "<BOS><|im_start|>user\nU<|im_end|>\n");
+  EXPECT_EQ(t.render({msg("user", "U")}, nlohmann::ordered_json(), false), "<BOS><|im_start|>user\nU<|im_end|>\n");
+  EXPECT_EQ(t.render({msg("user", "U")}, nlohmann::ordered_json::array(), false), "<BOS><|im_start|>user\nU<|im_end|>\n");
 }
 
-TEST(Step35, InstructionsComeFromTheTemplateWhenItHasThem) {
-  // A template that writes its own paragraph as one string literal after </tools>.
-  const std::string src =
-      "{{- \"\\n</tools>\\n\\nCall like this:\\n<tool_call>...</tool_call>\\n\\t\\\"quoted\\\"<|im_end|>\\n\" }}"
-      "{{- '<|im_start|>assistant\\n<think>\\n' }}";
-  ChatTemplate t(src);
-  ASSERT_EQ(t.format(), ChatFormat::STEP35);
-  EXPECT_EQ(t.render({}, json::parse(R"([{"name":"f"}])"), false),
-            tools_block("", {R"({"name": "f"})"}, "Call like this:\n<tool_call>...</tool_call>\n\t\"quoted\""));
-  // A paragraph that is not one plain literal is not used.
-  const std::string split_literal = "\"\\n</tools>\\n\\nA\" + x + \"B<|im_end|>\" You have access to the following "
-                                    "functions in JSONSchema format";
-  EXPECT_EQ(ChatTemplate(split_literal).render({}, json::parse(R"([{"name":"f"}])"), false),
-            tools_block("", {R"({"name": "f"})"}, default_instructions()));
+// chat_template_kwargs.enable_thinking: false closes an empty think block in the
+// generation prompt (the shape of an assistant turn without reasoning), and the prompt
+// then opens no reasoning.
+TEST(Step35, EnableThinkingFalseClosesTheThinkBlock) {
+  ChatTemplate t("");
+  const std::vector<ChatMessage> m = {msg("user", "U")};
+  ChatRenderOptions o;
+  std::string s = t.render(m, json::array(), o);
+  EXPECT_EQ(s, "<|im_start|>user\nU<|im_end|>\n" + kGen);
+  EXPECT_TRUE(t.opens_reasoning(s));
+  o.kwargs = {{"enable_thinking", false}, {"anything_else", 3}};
+  s = t.render(m, json::array(), o);
+  EXPECT_EQ(s, "<|im_start|>user\nU<|im_end|>\n<|im_start|>assistant\n<think>\n\n</think>\n");
+  EXPECT_FALSE(t.opens_reasoning(s));
+  o.kwargs = {{"enable_thinking", true}};
+  EXPECT_EQ(t.render(m, json::array(), o), "<|im_start|>user\nU<|im_end|>\n" + kGen);
+  // ChatML has no think block to switch.
+  auto f = gguf::File::open(fixture_model("tiny-a-f32.gguf"));
+  ChatTemplate chatml(f->get_str("tokenizer.chat_template"));
+  o.kwargs = {{"enable_thinking", false}};
+  s = chatml.render(m, json::array(), o);
+  EXPECT_EQ(s, "<|im_start|>user\nU<|im_end|>\n<|im_start|>assistant\n");
+  EXPECT_FALSE(chatml.opens_reasoning(s));
+  EXPECT_FALSE(chatml.supports_thinking_switch());
+}
+
+// continue_final_message: the rendering is cut after the last (assistant) message's text,
+// as apply_chat_template cuts it; with reasoning and no text, inside the reasoning.
+TEST(Step35, ContinueFinalMessageLeavesTheAssistantTurnOpen) {
+  ChatTemplate t("");
+  ChatRenderOptions o;
+  o.add_generation_prompt = false;
+  o.continue_final_message = true;
+  const std::vector<ChatMessage> answer = {msg("user", "U"), msg("assistant", "The answer is ")};
+  std::string s = t.render(answer, json::array(), o);
+  EXPECT_EQ(s, "<|im_start|>user\nU<|im_end|>\n<|im_start|>assistant\n<think>\n\n</think>\nThe answer is ");
+  EXPECT_FALSE(t.opens_reasoning(s));
+  const std::vector<ChatMessage> thought = {msg("user", "U"), msg("assistant", "", "Let me see")};
+  s = t.render(thought, json::array(), o);
+  EXPECT_EQ(s, "<|im_start|>user\nU<|im_end|>\n<|im_start|>assistant\n<think>\nLet me see");
+  EXPECT_TRUE(t.opens_reasoning(s));
+  const std::vector<ChatMessage> both = {msg("user", "U"), msg("assistant", "So", "Thought")};
+  EXPECT_EQ(t.render(both, json::array(), o),
+            "<|im_start|>user\nU<|im_end|>\n<|im_start|>assistant\n<think>\nThought\n</think>\nSo");
+  // ChatML: the last turn without its end.
+  auto f = gguf::File::open(fixture_model("tiny-a-f32.gguf"));
+  ChatTemplate chatml(f->get_str("tokenizer.chat_template"));
+  EXPECT_EQ(chatml.render(answer, json::array(), o), "<|im_start|>user\nU<|im_end|>\n<|im_start|>assistant\nThe answer is ");
+  // Misuse.
+  EXPECT_THROW(t.render({msg("user", "U")}, json::array(), o), std::invalid_argument);
+  o.add_generation_prompt = true;
+  EXPECT_THROW(t.render(answer, json::array(), o), std::invalid_argument);
 }
 
 TEST(Step35, RejectsBadInput) {
   ChatTemplate t("");
   EXPECT_THROW(t.render({msg("wizard", "x")}), std::invalid_argument);
   EXPECT_THROW(t.render({msg("user", "x")}, json::object()), std::invalid_argument);
-  EXPECT_THROW(t.render({msg("user", "x")}, json::parse("[1]")), std::invalid_argument);
-  EXPECT_THROW(t.render({msg("user", "x")}, json::parse(R"([{"type":"function"}])")), std::invalid_argument);
-  EXPECT_THROW(t.render({msg("user", "x")}, json::parse(R"([{"function":{"name":""}}])")), std::invalid_argument);
-  EXPECT_THROW(t.render({msg("user", "x")}, json::parse(R"([{"function":"f"}])")), std::invalid_argument);
+  // The tools' shape is the server's to check (a template writes what it is given).
+  EXPECT_NO_THROW(t.render({msg("user", "x")}, json::parse("[1]")));
 }
 
 TEST(Step35, TokenizesWithOneBos) {
   auto f = gguf::File::open(fixture_model("tiny-a-f32.gguf"));
   auto tok = Tokenizer::from_gguf(*f);
   ChatTemplate t("", tok->token_to_piece(tok->bos()));
-  ASSERT_TRUE(t.renders_bos());
   const std::string s = t.render({msg("user", "Hello")});
-  const auto ids = tok->encode(s, !t.renders_bos(), true);
+  ASSERT_TRUE(t.starts_with_bos(s));
+  const auto ids = tok->encode(s, !t.starts_with_bos(s), true);
   ASSERT_GE(ids.size(), 3u);
   EXPECT_EQ(ids[0], tok->bos());
   EXPECT_NE(ids[1], tok->bos());
@@ -322,12 +358,12 @@ TEST(MessagesFromJson, Shapes) {
   EXPECT_EQ(m[3].reasoning_content, "R");
   ASSERT_EQ(m[3].tool_calls.size(), 4u);
   EXPECT_EQ(m[3].tool_calls[0].name, "f");
-  EXPECT_EQ(m[3].tool_calls[0].arguments, json::parse(R"({"x":1,"y":[true]})"));
+  EXPECT_EQ(m[3].tool_calls[0].arguments, nlohmann::ordered_json::parse(R"({"x":1,"y":[true]})"));
   EXPECT_EQ(m[3].tool_calls[1].name, "g");
-  EXPECT_EQ(m[3].tool_calls[1].arguments, json::parse(R"({"k":"v"})"));
+  EXPECT_EQ(m[3].tool_calls[1].arguments, nlohmann::ordered_json::parse(R"({"k":"v"})"));
   EXPECT_EQ(m[3].tool_calls[2].name, "h");
-  EXPECT_EQ(m[3].tool_calls[2].arguments, json::object());
-  EXPECT_EQ(m[3].tool_calls[3].arguments, json::object());
+  EXPECT_EQ(m[3].tool_calls[2].arguments, nlohmann::ordered_json::object());
+  EXPECT_EQ(m[3].tool_calls[3].arguments, nlohmann::ordered_json::object());
   EXPECT_EQ(m[4].role, "tool");
   EXPECT_EQ(m[4].name, "f");
   EXPECT_EQ(m[5].content, "");
@@ -387,6 +423,210 @@ TEST(MessagesFromJson, RenderedEndToEnd) {
             "</function>\n</tool_call><|im_end|>\n<|im_start|>tool_response\n<tool_response>sunny</tool_response>"
             "<tool_response>20C</tool_response><|im_end|>\n" +
                 kGen);
+}
+
+// ---------------------------------------------------------------------------------------
+// The model's template as Hugging Face runs it
+
+using ordered_json = nlohmann::ordered_json;
+
+std::string read_text(const std::string& path) {
+  std::ifstream in(path, std::ios::binary);
+  std::ostringstream text;
+  text << in.rdbuf();
+  return text.str();
+}
+
+TEST(ModelTemplate, BuiltInFallbackIsThePublishedStep35Template) {
+  EXPECT_EQ(std::string(kStep35FlashChatTemplate),
+            read_text(std::string(PROJECT_SOURCE_DIR) + "/tests/data/chat_templates/templates/stepfun-3.5-flash.jinja"));
+  EXPECT_EQ(ChatTemplate("").format(), ChatFormat::STEP35);
+}
+
+TEST(ModelTemplate, ToolCallArgumentsKeepTheClientsKeyOrder) {
+  ChatTemplate t("");
+  // OpenAI sends arguments as a JSON string; the template iterates the object it encodes.
+  const auto messages = ordered_json::parse(R"([{"role":"user","content":"q"},
+    {"role":"assistant","content":"","tool_calls":[{"id":"c","type":"function","function":{"name":"f",
+     "arguments":"{\"zeta\":1,\"alpha\":{\"y\":true,\"b\":null},\"mid\":[2,\"x\"]}"}}]}])");
+  EXPECT_EQ(t.render(messages, ordered_json(), ChatRenderOptions{false, false, ordered_json::object()}),
+            "<|im_start|>user\nq<|im_end|>\n<|im_start|>assistant\n<think>\n\n</think>\n<tool_call>\n<function=f>\n"
+            "<parameter=zeta>\n1\n</parameter>\n<parameter=alpha>\n{\"y\": true, \"b\": null}\n</parameter>\n"
+            "<parameter=mid>\n[2, \"x\"]\n</parameter>\n</function>\n</tool_call><|im_end|>\n");
+  // The same as an object, and through the parsed messages.
+  const auto normalized = ChatTemplate::normalized_messages(messages);
+  EXPECT_EQ(normalized[1]["tool_calls"][0]["function"]["arguments"].dump(), R"({"zeta":1,"alpha":{"y":true,"b":null},"mid":[2,"x"]})");
+  EXPECT_EQ(t.render(ChatTemplate::messages_from_json(messages), ordered_json(), false),
+            t.render(messages, ordered_json(), ChatRenderOptions{false, false, ordered_json::object()}));
+}
+
+TEST(ModelTemplate, TextPartsAreJoinedForTemplatesThatTakeStrings) {
+  const auto m = ordered_json::parse(R"([{"role":"user","content":[{"type":"text","text":"a"},{"type":"text","text":"b"}]}])");
+  // The fixtures' ChatML template concatenates message['content'] to strings.
+  auto f = gguf::File::open(fixture_model("tiny-a-f32.gguf"));
+  ChatTemplate chatml(f->get_str("tokenizer.chat_template"));
+  EXPECT_EQ(chatml.render(m, ordered_json(), ChatRenderOptions()), "<|im_start|>user\nab<|im_end|>\n<|im_start|>assistant\n");
+  // Step 3.5's iterates the parts itself.
+  ChatTemplate looping("{% for m in messages %}{% for p in m.content %}({{ p.text }}){% endfor %}{% endfor %}");
+  EXPECT_EQ(looping.render(m, ordered_json(), ChatRenderOptions()), "(a)(b)");
+  EXPECT_EQ(ChatTemplate("").render(m, ordered_json(), ChatRenderOptions()), "<|im_start|>user\nab<|im_end|>\n" + kGen);
+}
+
+TEST(ModelTemplate, DeveloperRoleIsSystem) {
+  ChatTemplate t("");
+  const auto m = ordered_json::parse(R"([{"role":"developer","content":"D"},{"role":"user","content":"U"}])");
+  EXPECT_EQ(t.render(m, ordered_json(), ChatRenderOptions()),
+            "<|im_start|>system\nD<|im_end|>\n<|im_start|>user\nU<|im_end|>\n" + kGen);
+}
+
+TEST(ModelTemplate, ContinueFinalMessageCutsAfterItsText) {
+  ChatTemplate t("");
+  ChatRenderOptions o;
+  o.add_generation_prompt = false;
+  o.continue_final_message = true;
+  // The template keeps the trailing space: so does the cut (apply_chat_template's rule).
+  EXPECT_EQ(t.render({msg("user", "q"), msg("assistant", "Sure, ")}, ordered_json(), o),
+            "<|im_start|>user\nq<|im_end|>\n<|im_start|>assistant\n<think>\n\n</think>\nSure, ");
+  // A template that strips the message: cut after the stripped text.
+  ChatTemplate stripping("{% for m in messages %}<{{ m.role }}>{{ m.content | trim }}</{{ m.role }}>{% endfor %}");
+  EXPECT_EQ(stripping.render({msg("user", "q"), msg("assistant", " Sure, ")}, ordered_json(), o),
+            "<user>q</user><assistant>Sure,");
+  // Reasoning and no text yet: continued inside the reasoning (apply_chat_template would
+  // keep the closed turn, having nothing to cut after).
+  const std::string thought = t.render({msg("user", "q"), msg("assistant", "", "Let me see")}, ordered_json(), o);
+  EXPECT_EQ(thought, "<|im_start|>user\nq<|im_end|>\n<|im_start|>assistant\n<think>\nLet me see");
+  EXPECT_TRUE(t.opens_reasoning(thought));
+  // Content parts: the last text part is the one continued.
+  const auto parts = ordered_json::parse(R"([{"role":"user","content":"q"},
+    {"role":"assistant","content":[{"type":"text","text":"one "},{"type":"text","text":"two"}]}])");
+  EXPECT_EQ(t.render(parts, ordered_json(), o),
+            "<|im_start|>user\nq<|im_end|>\n<|im_start|>assistant\n<think>\n\n</think>\none two");
+  // Not with the generation prompt, and only after an assistant message.
+  o.add_generation_prompt = true;
+  EXPECT_THROW(t.render({msg("user", "q"), msg("assistant", "a")}, ordered_json(), o), std::invalid_argument);
+  o.add_generation_prompt = false;
+  EXPECT_THROW(t.render({msg("user", "q")}, ordered_json(), o), std::invalid_argument);
+}
+
+TEST(ModelTemplate, KwargsReachTheTemplate) {
+  // A template with its own switch (Qwen3's) gets enable_thinking as it is.
+  ChatTemplate qwen3(read_text(std::string(PROJECT_SOURCE_DIR) + "/tests/data/chat_templates/templates/qwen3.jinja"));
+  EXPECT_TRUE(qwen3.supports_thinking_switch());
+  ChatRenderOptions o;
+  o.kwargs = {{"enable_thinking", false}};
+  EXPECT_EQ(qwen3.render({msg("user", "q")}, ordered_json(), o),
+            "<|im_start|>user\nq<|im_end|>\n<|im_start|>assistant\n<think>\n\n</think>\n\n");
+  o.kwargs = {{"enable_thinking", true}};
+  EXPECT_EQ(qwen3.render({msg("user", "q")}, ordered_json(), o), "<|im_start|>user\nq<|im_end|>\n<|im_start|>assistant\n");
+  // Any other variable too; the request's own fields cannot be overridden.
+  ChatTemplate greet("{{ greeting }} {{ bos_token }}{{ eos_token }}");
+  o.kwargs = {{"greeting", "hi"}, {"bos_token", "B"}};
+  EXPECT_EQ(greet.render({msg("user", "q")}, ordered_json(), o), "hi B");
+  o.kwargs = {{"messages", ordered_json::array()}};
+  EXPECT_THROW(greet.render({msg("user", "q")}, ordered_json(), o), std::invalid_argument);
+}
+
+TEST(ModelTemplate, Step35ThinkingSwitchClosesAnEmptyThinkBlock) {
+  // The published Step 3.5 template has no enable_thinking: step35 closes the block.
+  ChatTemplate t("");
+  EXPECT_TRUE(t.supports_thinking_switch());
+  ChatRenderOptions o;
+  o.kwargs = {{"enable_thinking", false}};
+  const std::string off = t.render({msg("user", "q")}, ordered_json(), o);
+  EXPECT_EQ(off, "<|im_start|>user\nq<|im_end|>\n<|im_start|>assistant\n<think>\n\n</think>\n");
+  EXPECT_FALSE(t.opens_reasoning(off));
+  const std::string on = t.render({msg("user", "q")}, ordered_json(), ChatRenderOptions());
+  EXPECT_TRUE(t.opens_reasoning(on));
+  EXPECT_FALSE(ChatTemplate("{{ 'x' }}").supports_thinking_switch());
+}
+
+TEST(ModelTemplate, ToolUseVariantServesRequestsWithTools) {
+  ChatTemplateSource src;
+  src.text = "default";
+  src.named["tool_use"] = "tools:{{ tools | length }}";
+  ChatTemplate t(src);
+  EXPECT_EQ(t.render({msg("user", "q")}, ordered_json(), ChatRenderOptions()), "default");
+  EXPECT_EQ(t.render({msg("user", "q")}, ordered_json::parse(R"([{"name":"f"}])"), ChatRenderOptions()), "tools:1");
+}
+
+TEST(ModelTemplate, TemplateErrorsAreClear) {
+  try {
+    ChatTemplate("{% if x %}\n  {{ y }");
+    ADD_FAILURE() << "a template that does not parse was accepted";
+  } catch (const std::runtime_error& e) {
+    EXPECT_EQ(std::string(e.what()), "chat template: 2:8: syntax error: unexpected '}'");
+  }
+  ChatTemplate raising("{% if messages[0].role != 'user' %}{{ raise_exception('Conversations must start with a user') }}{% endif %}ok");
+  EXPECT_EQ(raising.render({msg("user", "q")}), "ok");
+  try {
+    raising.render({msg("assistant", "a")});
+    ADD_FAILURE() << "raise_exception did not stop the render";
+  } catch (const std::invalid_argument& e) {
+    EXPECT_NE(std::string(e.what()).find("Conversations must start with a user"), std::string::npos) << e.what();
+  }
+}
+
+TEST(ModelTemplate, FromModelFileAndOverride) {
+  auto f = gguf::File::open(fixture_model("tiny-a-f32.gguf"));
+  auto tok = Tokenizer::from_gguf(*f);
+  ChatTemplateSource src = ChatTemplateSource::from_model(*f, *tok);
+  EXPECT_EQ(src.text, f->get_str("tokenizer.chat_template"));
+  EXPECT_EQ(src.bos_text, tok->token_to_piece(tok->bos()));
+  EXPECT_NE(src.origin.find("tokenizer.chat_template"), std::string::npos);
+  EXPECT_EQ(ChatTemplate(src).source_text(), src.text);
+  EXPECT_EQ(ChatTemplate("").source_text(), std::string(kStep35FlashChatTemplate));
+  const std::string path = ::testing::TempDir() + "/override.jinja";
+  {
+    std::ofstream out(path);
+    out << "{{ bos_token }}override:{{ messages | length }}";
+  }
+  src = ChatTemplateSource::from_model(*f, *tok, path);
+  EXPECT_EQ(ChatTemplate(src).render({msg("user", "q")}), tok->token_to_piece(tok->bos()) + "override:1");
+  EXPECT_THROW(ChatTemplateSource::from_model(*f, *tok, path + ".missing"), std::runtime_error);
+}
+
+// The conformance suite's conversations through the chat layer with the Step 3.5 template
+// (the built-in one, as a file without a template gets it): jinja2's bytes, except where
+// step35 adds to apply_chat_template on purpose (docs/chat-templates.md): tool-call
+// arguments sent as a JSON string are parsed (jinja2 fails on them), unknown roles are
+// refused, and enable_thinking: false closes the think block.
+TEST(ModelTemplate, ConformanceConversationsRenderAsJinja2) {
+  namespace fs = std::filesystem;
+  const std::string data = std::string(PROJECT_SOURCE_DIR) + "/tests/data/chat_templates";
+  const ordered_json manifest = ordered_json::parse(read_text(data + "/manifest.json"));
+  ChatTemplateSource src;
+  for (const ordered_json& t : manifest["templates"])
+    if (t["name"] == "stepfun-3.5-flash") {
+      src.bos_text = t["variables"]["bos_token"].get<std::string>();
+      src.eos_text = t["variables"]["eos_token"].get<std::string>();
+    }
+  ASSERT_FALSE(src.bos_text.empty());
+  const ChatTemplate t(src);
+  size_t compared = 0;
+  for (const auto& entry : fs::directory_iterator(data + "/conversations")) {
+    const std::string name = entry.path().stem().string();
+    SCOPED_TRACE(name);
+    const ordered_json conv = ordered_json::parse(read_text(entry.path().string()));
+    ChatRenderOptions o;
+    o.add_generation_prompt = conv.value("add_generation_prompt", false);
+    if (conv.contains("extra")) o.kwargs = conv["extra"];
+    const ordered_json tools = conv.contains("tools") ? conv["tools"] : ordered_json();
+    const std::string base = data + "/expected/stepfun-3.5-flash/" + name;
+    if (name == "unknown-role") {
+      EXPECT_THROW(t.render(conv["messages"], tools, o), std::invalid_argument);
+      continue;
+    }
+    if (!fs::exists(base + ".txt")) {
+      EXPECT_EQ(name, "tool-call-string-arguments");  // the one jinja2 fails on
+      EXPECT_NO_THROW(t.render(conv["messages"], tools, o));
+      continue;
+    }
+    std::string expected = read_text(base + ".txt");
+    if (o.kwargs.value("enable_thinking", true) == false && o.add_generation_prompt) expected += "\n</think>\n";
+    EXPECT_EQ(t.render(conv["messages"], tools, o), expected);
+    ++compared;
+  }
+  EXPECT_GE(compared, 23u);
 }
 
 }  // namespace

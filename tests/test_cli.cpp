@@ -32,8 +32,9 @@ TEST(Cli, EvalMatchesGoldenThroughTheCommandLine) {
   for (const char* threads : {"1", "2"}) {
     const auto g = read_json(golden_path("tiny-a-f32.long200.json"));
     std::string out, err;
+    // The F32-cache golden needs the F32 cache (the default is F16, as llama.cpp's).
     const int rc = run_command(bin() + " eval -m '" + fixture_model("tiny-a-f32.gguf") + "' -t " + threads +
-                                   " --greedy 32 --tokens " + ids_csv(g["prompt_tokens"]),
+                                   " -ctk f32 -ctv f32 --greedy 32 --tokens " + ids_csv(g["prompt_tokens"]),
                                &out, &err);
     ASSERT_EQ(rc, 0) << err;
     const auto j = nlohmann::json::parse(out);
@@ -188,6 +189,56 @@ TEST(Cli, TokenizeMatchesGolden) {
   }
 }
 
+// Each KV cache type through eval, against llama.cpp's golden for that type (tiny-a, ids64;
+// criteria as tests/test_golden.cpp): every position's argmax, the greedy continuation and the
+// last row's logits. BF16 has no golden: it must agree with the F32 one on every argmax.
+TEST(Cli, EvalWithEachCacheType) {
+  struct KvCase {
+    const char* golden;
+    const char* ctk;
+    const char* ctv;
+    double max_abs;
+  };
+  const KvCase cases[] = {{"tiny-a-f32.ids64", "f32", "f32", 1e-3},
+                          {"tiny-a-f32.kvf16fa.ids64", "f16", "f16", 1e-3},
+                          {"tiny-a-f32.kvq8_0.ids64", "q8_0", "q8_0", 1e-2},
+                          {"tiny-a-f32.kvq4_0.ids64", "q4_0", "q4_0", 0.3},
+                          {"tiny-a-f32.ids64", "bf16", "bf16", -1}};
+  for (const KvCase& c : cases) {
+    const auto g = read_json(golden_path(std::string(c.golden) + ".json"));
+    std::string out, err;
+    ASSERT_EQ(run_command(bin() + " eval -m '" + fixture_model("tiny-a-f32.gguf") + "' -t 2 -ctk " + c.ctk + " -ctv " +
+                              c.ctv + " --greedy 32 --tokens " + ids_csv(g["prompt_tokens"]),
+                          &out, &err),
+              0)
+        << err;
+    EXPECT_NE(err.find(std::string("K ") + c.ctk + ", V " + c.ctv), std::string::npos) << err;
+    const auto j = nlohmann::json::parse(out);
+    EXPECT_EQ(j["argmax"], g["argmax"]) << c.golden << " " << c.ctk;
+    if (c.max_abs < 0) continue;
+    EXPECT_EQ(j["greedy"], g["greedy"]) << c.golden;
+    double max_abs = 0;
+    for (size_t i = 0; i < g["last_logits"].size(); ++i)
+      max_abs = std::max(max_abs, std::fabs(j["logits"][0][i].get<double>() - g["last_logits"][i].get<double>()));
+    EXPECT_LE(max_abs, c.max_abs) << c.golden;
+  }
+}
+
+// inspect plans a context in the chosen types: tiny-a's 2 full-attention layers of 2 KV
+// heads x 32 take 2 x 2 x (34 + 18) bytes per position with q8_0 keys and q4_0 values.
+TEST(Cli, InspectPlansTheCacheInItsTypes) {
+  std::string out, err;
+  ASSERT_EQ(run_command(bin() + " inspect '" + fixture_model("tiny-a-f32.gguf") + "' -c 1000 -ctk q8_0 -ctv q4_0", &out,
+                        &err),
+            0)
+      << err;
+  EXPECT_NE(out.find("(K q8_0, V q4_0) at context 1000"), std::string::npos) << out;
+  EXPECT_NE(out.find("208 bytes per position"), std::string::npos) << out;
+  ASSERT_EQ(run_command(bin() + " inspect '" + fixture_model("tiny-a-f32.gguf") + "' -c 1000", &out, &err), 0) << err;
+  EXPECT_NE(out.find("(K f16, V f16)"), std::string::npos) << out;
+  EXPECT_NE(out.find("512 bytes per position"), std::string::npos) << out;
+}
+
 TEST(Cli, InspectDescribesTheModel) {
   std::string out, err;
   ASSERT_EQ(run_command(bin() + " inspect '" + fixture_model("tiny-a-q4_k_m.gguf") + "'", &out, &err), 0) << err;
@@ -227,6 +278,12 @@ TEST(Cli, BadInputGivesClearErrors) {
       {"run -m '" + fixture_model("tiny-k-q4_k_m.gguf") + "' -p hi --mtp 2", 2, "no MTP"},
       {"bench " + m + " -p 0 -n 4 --mtp-synthetic-accept 0.5", 2, "--mtp"},
       {"bench " + m + " -p 0 -n 4 --expert-policy loose", 2, "--expert-policy"},
+      {"eval " + m + " --tokens 1 -ctk q5_1", 2, "--cache-type-k expects f32, f16, bf16, q8_0 or q4_0"},
+      {"serve " + m + " -ctv q4_K", 2, "--cache-type-v expects"},
+      {"eval -m '" + fixture_model("tiny-b-f32.gguf") + "' --tokens 1 -ctk q8_0", 1, "multiple of 32"},
+      {"inspect '" + fixture_model("tiny-b-f32.gguf") + "' -ctv q4_0", 1, "value heads that are a multiple of 32"},
+      {"bench " + m + " -p 8 -n 0 -d 5000", 2, "depth 5000"},
+      {"bench " + m + " -p 0 -n 4 -d 16 --mtp 1", 2, "-d"},
   };
   for (const auto& c : cases) {
     std::string out, err;
@@ -292,12 +349,37 @@ TEST(Cli, CorruptIqModelsGiveOneLineErrors) {
   }
 }
 
-// The README's CLI reference lists every flag each subcommand's --help prints.
-TEST(Cli, ReadmeListsEveryFlag) {
-  std::string readme_path = std::string(PROJECT_SOURCE_DIR) + "/README.md";
-  auto readme_bytes = read_bytes(readme_path);
+// The option rows of a command's --help, as README tables write them: `names VALUE` | help
+// (with its default), '|' escaped (scripts/cli_reference.sh prints the same).
+std::vector<std::string> help_rows(const std::string& help) {
+  auto escape = [](std::string t) {
+    for (size_t at = t.find('|'); at != std::string::npos; at = t.find('|', at + 2)) t.insert(at, 1, '\\');
+    return t;
+  };
+  std::vector<std::string> rows;
+  std::istringstream in(help);
+  std::string line, names;
+  bool options = false;
+  while (std::getline(in, line)) {
+    if (line == "options:") {
+      options = true;
+    } else if (options && line.rfind("  -", 0) == 0) {
+      names = line.substr(2);
+    } else if (options && line.rfind("      ", 0) == 0 && names != "-h, --help") {
+      rows.push_back("| `" + escape(names) + "` | " + escape(line.substr(6)) + " |");
+    }
+  }
+  return rows;
+}
+
+// The README's command-line reference is the --help texts, flag for flag and word for word:
+// for every subcommand `step35 --help` lists, the README section's table holds exactly the
+// rows of its --help (scripts/cli_reference.sh prints them), so the reference cannot drift
+// from the help, and the help (defaults taken from the options structs) not from the code.
+TEST(Cli, ReadmeMatchesHelp) {
+  const std::string readme_path = std::string(PROJECT_SOURCE_DIR) + "/README.md";
+  const auto readme_bytes = read_bytes(readme_path);
   const std::string readme(readme_bytes.begin(), readme_bytes.end());
-  // Every command `step35 --help` lists.
   std::string usage;
   ASSERT_EQ(run_command(bin() + " --help", nullptr, &usage), 0);
   std::vector<std::string> commands;
@@ -306,23 +388,19 @@ TEST(Cli, ReadmeListsEveryFlag) {
     commands.push_back((*it)[1]);
   ASSERT_GE(commands.size(), 6u) << usage;
   for (const std::string& cmd : commands) {
-    EXPECT_NE(readme.find("### `step35 " + cmd), std::string::npos) << cmd << " has no README section";
-    std::string out;
-    ASSERT_EQ(run_command(bin() + " " + cmd + " --help", &out, nullptr), 0) << cmd;
-    std::regex flag_re("(^|\\s)(--[a-z][a-z0-9-]*)");
-    size_t n_flags = 0;
-    for (auto it = std::sregex_iterator(out.begin(), out.end(), flag_re); it != std::sregex_iterator(); ++it) {
-      const std::string flag = (*it)[2];
-      if (flag == "--help") continue;
-      ++n_flags;
-      bool found = false;  // the flag as a whole word (not a prefix of a longer one)
-      for (size_t at = readme.find(flag); at != std::string::npos && !found; at = readme.find(flag, at + 1)) {
-        const char next = at + flag.size() < readme.size() ? readme[at + flag.size()] : ' ';
-        found = !(isalnum(static_cast<unsigned char>(next)) || next == '-');
-      }
-      EXPECT_TRUE(found) << cmd << " " << flag << " missing from README";
-    }
-    EXPECT_GT(n_flags, 0u) << cmd;
+    const size_t start = readme.find("### `step35 " + cmd);
+    ASSERT_NE(start, std::string::npos) << cmd << " has no README section";
+    const size_t end = readme.find("\n#", start + 1);
+    std::vector<std::string> documented;
+    std::istringstream section(readme.substr(start, end == std::string::npos ? std::string::npos : end - start));
+    for (std::string line; std::getline(section, line);)
+      if (line.rfind("| `", 0) == 0) documented.push_back(line);
+    std::string help;
+    ASSERT_EQ(run_command(bin() + " " + cmd + " --help", &help, nullptr), 0) << cmd;
+    const std::vector<std::string> expected = help_rows(help);
+    EXPECT_FALSE(expected.empty()) << cmd;
+    EXPECT_EQ(documented, expected) << "README's table for step35 " << cmd
+                                    << " differs from its --help (scripts/cli_reference.sh prints the rows)";
   }
 }
 
@@ -415,6 +493,34 @@ TEST(Cli, BenchReportsSpeedAndRoofline) {
   EXPECT_GT(j["verify_cost"][3]["distinct_experts"].get<double>(), j["verify_cost"][0]["distinct_experts"].get<double>());
   EXPECT_EQ(run_command(bin() + " bench -t 0", &out, &err), 2);
   EXPECT_NE(err.find("-t"), std::string::npos);
+}
+
+// bench -d: pp and tg after DEPTH tokens in the cache (past tiny-a's 16-token window, so the
+// cache goes back to the depth after every repetition with its window blocks still held).
+TEST(Cli, BenchAtDepth) {
+  std::string out, err;
+  ASSERT_EQ(run_command(bin() + " bench -m '" + fixture_model("tiny-a-q8_0.gguf") +
+                            "' -p 8 -n 2 -d 0,40 -r 2 -t 2 -ctk q8_0 -ctv q8_0 --json",
+                        &out, &err),
+            0)
+      << err;
+  const auto j = nlohmann::json::parse(out);
+  EXPECT_EQ(j["cache_type_k"], "q8_0");
+  EXPECT_EQ(j["cache_type_v"], "q8_0");
+  EXPECT_GT(j["kv_cache_bytes"].get<double>(), 0);
+  for (const char* key : {"pp8", "tg2"}) {
+    EXPECT_GT(j["tests"][key]["tok_per_s"].get<double>(), 0) << key;
+    EXPECT_EQ(j["tests"][std::string(key) + " @ d40"]["samples"].size(), 2u) << key;
+  }
+  EXPECT_EQ(j["tests"].size(), 4u);
+  EXPECT_EQ(j["pp"], j["tests"]["pp8"]);  // the first depth also at the top level
+  ASSERT_EQ(run_command(bin() + " bench -m '" + fixture_model("tiny-a-q8_0.gguf") + "' -p 8 -n 2 -d 40 -r 1 -t 1 -ctk q8_0",
+                        &out, &err),
+            0)
+      << err;
+  EXPECT_NE(out.find("| pp8 @ d40 |"), std::string::npos) << out;
+  EXPECT_NE(out.find("| tg2 @ d40 |"), std::string::npos) << out;
+  EXPECT_NE(out.find("KV q8_0/f16"), std::string::npos) << out;
 }
 
 }  // namespace

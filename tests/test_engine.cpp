@@ -60,7 +60,8 @@ struct Collector {
   std::vector<int32_t> tokens;
   bool done = false;
   GenerateEvent final_event;
-  int stop_after = -1;  // return false from the sink after this many tokens
+  int stop_after = -1;  // answer Cancel (or `stop_reply`) after this many tokens
+  SinkReply stop_reply = SinkReply::Cancel;
 
   EventSink sink() {
     return [this](const GenerateEvent& ev) {
@@ -69,16 +70,18 @@ struct Collector {
         done = true;
         final_event = ev;
         cv.notify_all();
-        return true;
+        return SinkReply::Continue;
       }
       tokens.push_back(ev.token);
       if (stop_after >= 0 && int(tokens.size()) >= stop_after) {
-        done = true;
-        final_event.reason = FinishReason::Cancelled;
-        cv.notify_all();
-        return false;
+        if (stop_reply == SinkReply::Cancel) {  // no final event follows a Cancel
+          done = true;
+          final_event.reason = FinishReason::Cancelled;
+          cv.notify_all();
+        }
+        return stop_reply;
       }
-      return true;
+      return SinkReply::Continue;
     };
   }
   bool wait(double seconds = 60) {
@@ -205,6 +208,49 @@ TEST(Engine, CancelTimeoutAndClosedSinkReleaseEverything) {
   EXPECT_EQ(s.requests_finished[int(FinishReason::Timeout)], 1u);
 }
 
+// A sink answering Stop ends the request at that token: nothing more is generated or
+// counted, the final event still comes, and the engine counts it as a stop (a stop string).
+TEST(Engine, SinkStopEndsAtOnceAsStop) {
+  auto engine = make_engine(model(), options(2));
+  Collector stopped;
+  stopped.stop_after = 5;
+  stopped.stop_reply = SinkReply::Stop;
+  GenerateRequest r = greedy_request(prompt(20, 3), 200);
+  r.ignore_eos = true;
+  engine->submit(r, stopped.sink());
+  ASSERT_TRUE(stopped.wait());
+  EXPECT_EQ(stopped.final_event.reason, FinishReason::Stop);
+  EXPECT_EQ(stopped.final_event.n_generated, 5);
+  EXPECT_EQ(stopped.tokens.size(), 5u);
+  wait_idle(*engine);
+  const EngineStats s = engine->stats();
+  EXPECT_EQ(s.generated_tokens, 5u);
+  EXPECT_EQ(s.requests_finished[int(FinishReason::Stop)], 1u);
+  EXPECT_EQ(s.requests_finished[int(FinishReason::Cancelled)], 0u);
+  EXPECT_EQ(s.kv_blocks_used, 0);
+}
+
+// min_tokens: no end-of-generation token before that many tokens. A bias pushing the EOG
+// token to the top makes the request end at once without it, and exactly after min_tokens
+// with it.
+TEST(Engine, MinTokensHoldsBackEndOfGeneration) {
+  auto engine = make_engine(model(), options(2));
+  const int32_t eog = model().tokenizer().eog_ids().at(0);
+  GenerateRequest r = greedy_request(prompt(12, 4), 50);
+  r.sampling.logit_bias = {{eog, 1000.0f}};
+  Collector free_run, held;
+  engine->submit(r, free_run.sink());
+  ASSERT_TRUE(free_run.wait());
+  EXPECT_EQ(free_run.final_event.reason, FinishReason::Stop);
+  EXPECT_EQ(free_run.tokens.size(), 0u);
+  r.min_tokens = 6;
+  engine->submit(r, held.sink());
+  ASSERT_TRUE(held.wait());
+  EXPECT_EQ(held.final_event.reason, FinishReason::Stop);
+  EXPECT_EQ(held.tokens.size(), 6u);
+  for (int32_t t : held.tokens) EXPECT_FALSE(model().tokenizer().is_eog(t));
+}
+
 TEST(Engine, LimitsAreEnforcedAtSubmit) {
   EngineOptions o = options(1);
   o.max_queue = 1;
@@ -215,6 +261,13 @@ TEST(Engine, LimitsAreEnforcedAtSubmit) {
   GenerateRequest small_ctx = greedy_request(prompt(40, 1), 4);
   small_ctx.n_ctx = 32;
   EXPECT_THROW(engine->submit(small_ctx, nullptr), RequestError);
+  // Prompt + max_tokens beyond the context: refused up front, naming both numbers.
+  try {
+    engine->submit(greedy_request(prompt(10, 1), 247), nullptr);
+    ADD_FAILURE() << "10 + 247 tokens accepted with a context of 256";
+  } catch (const RequestError& e) {
+    EXPECT_NE(std::string(e.what()).find("is 257 tokens, more than the context of 256"), std::string::npos) << e.what();
+  }
   // One running + one queued fill it; the next is refused.
   std::vector<std::unique_ptr<Collector>> cs;
   int accepted = 0, refused = 0;
@@ -306,7 +359,7 @@ TEST(Engine, ShutdownEndsEveryRequest) {
   std::vector<std::unique_ptr<Collector>> cs;
   for (int i = 0; i < 4; ++i) {
     cs.push_back(std::make_unique<Collector>());
-    GenerateRequest r = greedy_request(prompt(10, i), 1000);
+    GenerateRequest r = greedy_request(prompt(10, i), 240);  // all the context there is
     r.ignore_eos = true;
     engine->submit(r, cs.back()->sink());
   }

@@ -113,7 +113,8 @@ TEST(Finetune, AfterFiguresAreThoseOfThePatchedModel) {
                                                        true, false);
   const std::vector<float> ours = patched.logits(toks);
   model->set_replacements(pt->replacements(pt));
-  Session s(*model, int32_t(toks.size()), 64, Precision::Exact);
+  // The training forward keeps F32 activations throughout: compare with an F32 KV cache.
+  Session s(*model, int32_t(toks.size()), 64, Precision::Exact, false, 0, KvTypes::f32());
   std::vector<float> engine;
   s.forward(toks.data(), int32_t(toks.size()), true, engine, pool);
   ASSERT_EQ(ours.size(), engine.size());

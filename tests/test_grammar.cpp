@@ -19,10 +19,12 @@
 #include <set>
 #include <ctime>
 
+#include "structured/gbnf.h"
 #include "structured/grammar.h"
 #include "structured/grammar_constraint.h"
 #include "structured/json_schema.h"
 #include "structured/regex_grammar.h"
+#include "chat/tool_calls.h"
 
 using namespace step35::grammar;
 
@@ -429,7 +431,7 @@ TEST(TokenTrie, SpecialTokensOnlyWhereTheGrammarHasTheirText) {
   auto has_special = [&](const std::string& text) { return id_of(text) >= 0; };
   const json tools = json::parse(R"([{"type":"function","function":{"name":"f","parameters":{"type":"object",
       "properties":{"x":{"type":"integer"}},"required":["x"]}}}])");
-  GrammarConstraint c(compile_tool_calls(tools, "", has_special), trie);
+  GrammarConstraint c(step35::compile_tool_calls(tools, "", has_special), trie);
   std::vector<uint8_t> allowed;
   c.allowed_tokens(allowed);
   EXPECT_TRUE(allowed[size_t(open)]);
@@ -507,4 +509,71 @@ TEST(TokenTrie, MaskCostOnA128kVocabulary) {
                 s.name, first, repeated, n_allowed, compile_ms);
     EXPECT_GT(n_allowed, 0u);
   }
+}
+
+// ---------------------------------------------------------------------------------------
+// GBNF (llama.cpp's grammar notation)
+
+namespace {
+
+bool gbnf_matches(const std::string& grammar, const std::string& text) {
+  return grammar_matches(compile_gbnf(grammar), text);
+}
+
+// The message of the std::invalid_argument `grammar` throws ("" when it compiles).
+std::string gbnf_error(const std::string& grammar) {
+  try {
+    compile_gbnf(grammar);
+  } catch (const std::invalid_argument& e) {
+    return e.what();
+  }
+  return "";
+}
+
+}  // namespace
+
+TEST(Gbnf, MatchesTheLanguageOfLlamaCppStyleGrammars) {
+  // Arithmetic, written the way llama.cpp's grammars/arithmetic.gbnf is.
+  const std::string arith = R"gbnf(root  ::= (expr "=" ws term "\n")+
+expr  ::= term ([-+*/] term)*
+term  ::= ident | num | "(" ws expr ")" ws
+ident ::= [a-z] [a-z0-9_]* ws
+num   ::= [0-9]+ ws
+ws    ::= [ \t\n]*
+)gbnf";
+  EXPECT_TRUE(gbnf_matches(arith, "1+2=3\n"));
+  EXPECT_TRUE(gbnf_matches(arith, "(a_1 *2)=b\nx=y\n"));
+  EXPECT_FALSE(gbnf_matches(arith, "1+2=3"));
+  EXPECT_FALSE(gbnf_matches(arith, "A=1\n"));
+  // Alternatives over lines, comments, escapes, negated classes, any character, counts.
+  const std::string g = "# a comment\n"
+                        "root ::= greeting \" \" name tail? # trailing comment\n"
+                        "greeting ::= \"hi\" |\n  \"hello\" | \"\\u00e9t\\xE9\"\n"
+                        "name ::= [^ \\n0-9]{2,4}\n"
+                        "tail ::= (\n  \"!\" | \".\"\n)\n";
+  EXPECT_TRUE(gbnf_matches(g, "hi bob"));
+  EXPECT_TRUE(gbnf_matches(g, "hello Ézra!"));
+  EXPECT_TRUE(gbnf_matches(g, "\xC3\xA9t\xC3\xA9 \xE2\x82\xAC\xE2\x82\xAC."));  // code points, not bytes
+  EXPECT_FALSE(gbnf_matches(g, "hi b"));        // {2,4}: too short
+  EXPECT_FALSE(gbnf_matches(g, "hi bobby"));    // too long
+  EXPECT_FALSE(gbnf_matches(g, "hi b0b"));      // a digit is excluded
+  EXPECT_FALSE(gbnf_matches(g, "hi bob!?"));  // "bob!" then no tail; "bob!?" too long
+  EXPECT_TRUE(gbnf_matches("root ::= . . \"x\"{0} [a]{1,}", "\xF0\x9F\x98\x80" "za"));
+  EXPECT_TRUE(gbnf_matches("root ::= \"\"", ""));
+}
+
+TEST(Gbnf, ErrorsNameWhereAndWhat) {
+  EXPECT_NE(gbnf_error("root = \"a\"").find("expected '::='"), std::string::npos);
+  EXPECT_NE(gbnf_error("root ::= \"a\"\nx ::= \"b").find("line 2"), std::string::npos);
+  EXPECT_NE(gbnf_error("a ::= \"x\"").find("no 'root' rule"), std::string::npos);
+  EXPECT_NE(gbnf_error("root ::= missing").find("undefined rule 'missing'"), std::string::npos);
+  EXPECT_NE(gbnf_error("root ::= \"\\q\"").find("unknown escape"), std::string::npos);
+  EXPECT_NE(gbnf_error("root ::= [z-a]").find("out of order"), std::string::npos);
+  EXPECT_NE(gbnf_error("root ::= \"a\"{3000}").find("repetitions"), std::string::npos);
+  EXPECT_NE(gbnf_error("root ::= * \"a\"").find("nothing to repeat"), std::string::npos);
+  EXPECT_NE(gbnf_error("root ::= <think>").find("token references"), std::string::npos);
+  EXPECT_NE(gbnf_error("root ::= \"a\"\nroot ::= \"b\"").find("defined twice"), std::string::npos);
+  EXPECT_NE(gbnf_error("root ::= ( \"a\"").find("expected ')'"), std::string::npos);
+  EXPECT_FALSE(gbnf_error("root ::= root \"a\" | \"b\"").empty());  // left recursion
+  EXPECT_NE(gbnf_error("root ::= \"a\" \"b\"\n\"c\"").find("line 2"), std::string::npos);  // a rule ends at the newline
 }

@@ -179,6 +179,27 @@ TEST(HotSwap, StartupPatchesStayUnderSwapsAndReverts) {
   EXPECT_EQ(complete(s, 4).logprobs, reference("--patch " + p + " --patch " + q, 4).logprobs);
   post(s, "/v1/step35/hotswap/revert", {{"all", true}}, &status);
   EXPECT_EQ(complete(s, 4).logprobs, reference("--patch " + p, 4).logprobs);
+  // The server's log has the startup patch, the swap and the revert.
+  const std::vector<uint8_t> log_bytes = read_bytes(s.log_path());
+  const std::string log(log_bytes.begin(), log_bytes.end());
+  EXPECT_NE(log.find("patches applied: " + p), std::string::npos) << log;
+  EXPECT_NE(log.find("hot-swapped " + q), std::string::npos) << log;
+  EXPECT_NE(log.find("reverted 1 hot-swap (weights version 3, 0 active)"), std::string::npos) << log;
+}
+
+// A --patch file that does not fit the model ends the server's load: exit 1, the reason
+// naming the patch.
+TEST(HotSwap, ServeRefusesAStartupPatchThatDoesNotFit) {
+  const std::string text = tmp_dir() + "/hs_text.txt";
+  strong_patch("hs_patch");
+  const std::string other = tmp_dir() + "/hs_other.gguf";
+  ASSERT_EQ(run_command(bin() + " finetune -m " + fixture_model("tiny-a-f32.gguf") + " -f " + text +
+                        " --train experts=7:1 --out " + other + " --steps 1 -c 16 -b 1 -t 1"),
+            0);
+  std::string out, err;
+  EXPECT_EQ(run_command(bin() + " serve -m " + fixture_model(kModel) + " --patch " + other + " --port 0 -t 1", &out, &err),
+            1);
+  EXPECT_NE(err.find("--patch: " + other), std::string::npos) << err;
 }
 
 TEST(HotSwap, RefusesWhatDoesNotFitAndChangesNothing) {

@@ -18,6 +18,8 @@
 #include "structured/grammar_constraint.h"
 #include "structured/json_constraint.h"
 #include "structured/json_schema.h"
+#include "chat/tool_calls.h"
+#include "json_schema_check.h"
 #include "engine/sampler.h"
 #include "exec/thread_pool.h"
 #include "support.h"
@@ -40,7 +42,7 @@ bool accepts(const json& schema, const std::string& text) {
 void expect_accepts(const json& schema, const std::string& text) {
   EXPECT_TRUE(accepts(schema, text)) << schema.dump() << "  should accept  " << text;
   const json v = json::parse(text);
-  EXPECT_EQ(json_schema_validate(schema, v), "") << schema.dump() << "  " << text;
+  EXPECT_EQ(step35::testing::schema_violation(schema, v), "") << schema.dump() << "  " << text;
 }
 void expect_rejects(const json& schema, const std::string& text) {
   EXPECT_FALSE(accepts(schema, text)) << schema.dump() << "  should reject  " << text;
@@ -359,8 +361,8 @@ TEST(JsonSchemaGrammar, HugeOrDeepSchemasFailCleanly) {
   const json doc = json::parse(deep_text);
   const json nested_enum = json::parse("{\"enum\":[" + deep_text + "]}");
   EXPECT_NE(compile_error(nested_enum).find("nests deeper"), std::string::npos);
-  EXPECT_NE(json_schema_validate(nested_enum, 1).find("nests deeper"), std::string::npos);
-  EXPECT_NE(json_schema_validate(json::object(), doc).find("nests deeper"), std::string::npos);
+  EXPECT_NE(step35::testing::schema_violation(nested_enum, 1).find("nests deeper"), std::string::npos);
+  EXPECT_NE(step35::testing::schema_violation(json::object(), doc).find("nests deeper"), std::string::npos);
   json refs = {{"$defs", json::object()}};  // a chain of 200 references
   for (int i = 0; i < 200; ++i)
     refs["$defs"][name("d", i)] = i == 199 ? J(R"({"type":"null"})") : json{{"$ref", name("#/$defs/d", i + 1)}};
@@ -384,31 +386,31 @@ TEST(JsonSchemaValidate, KeywordsAndReasons) {
   const json person = J(R"({"type":"object","properties":{"name":{"type":"string","minLength":1},
       "age":{"type":"integer","minimum":0},"tags":{"type":"array","items":{"enum":["a","b"]},"maxItems":2}},
       "required":["name"],"additionalProperties":false})");
-  EXPECT_EQ(json_schema_validate(person, J(R"({"name":"x","age":3,"tags":["a"]})")), "");
-  EXPECT_EQ(json_schema_validate(person, J(R"({"name":"x","age":3.0})")), "");  // integral float is an integer
-  EXPECT_NE(json_schema_validate(person, J(R"({"age":3})")).find("missing required"), std::string::npos);
-  EXPECT_NE(json_schema_validate(person, J(R"({"name":"x","age":-1})")).find("/age"), std::string::npos);
-  EXPECT_NE(json_schema_validate(person, J(R"({"name":"x","age":1.5})")).find("integer"), std::string::npos);
-  EXPECT_NE(json_schema_validate(person, J(R"({"name":"x","tags":["c"]})")).find("/tags/0"), std::string::npos);
-  EXPECT_NE(json_schema_validate(person, J(R"({"name":"x","tags":["a","a","b"]})")).find("maxItems"), std::string::npos);
-  EXPECT_NE(json_schema_validate(person, J(R"({"name":"x","zz":1})")).find("zz"), std::string::npos);
-  EXPECT_NE(json_schema_validate(person, J(R"({"name":""})")).find("minLength"), std::string::npos);
+  EXPECT_EQ(step35::testing::schema_violation(person, J(R"({"name":"x","age":3,"tags":["a"]})")), "");
+  EXPECT_EQ(step35::testing::schema_violation(person, J(R"({"name":"x","age":3.0})")), "");  // integral float is an integer
+  EXPECT_NE(step35::testing::schema_violation(person, J(R"({"age":3})")).find("missing required"), std::string::npos);
+  EXPECT_NE(step35::testing::schema_violation(person, J(R"({"name":"x","age":-1})")).find("/age"), std::string::npos);
+  EXPECT_NE(step35::testing::schema_violation(person, J(R"({"name":"x","age":1.5})")).find("integer"), std::string::npos);
+  EXPECT_NE(step35::testing::schema_violation(person, J(R"({"name":"x","tags":["c"]})")).find("/tags/0"), std::string::npos);
+  EXPECT_NE(step35::testing::schema_violation(person, J(R"({"name":"x","tags":["a","a","b"]})")).find("maxItems"), std::string::npos);
+  EXPECT_NE(step35::testing::schema_violation(person, J(R"({"name":"x","zz":1})")).find("zz"), std::string::npos);
+  EXPECT_NE(step35::testing::schema_violation(person, J(R"({"name":""})")).find("minLength"), std::string::npos);
   const json one = J(R"({"oneOf":[{"type":"integer"},{"type":"number"}]})");
-  EXPECT_NE(json_schema_validate(one, 5).find("exactly one"), std::string::npos);
-  EXPECT_EQ(json_schema_validate(one, 5.5), "");
-  EXPECT_EQ(json_schema_validate(J(R"({"type":"string","pattern":"b+"})"), "abbc"), "");
-  EXPECT_NE(json_schema_validate(J(R"({"type":"string","pattern":"^b+$"})"), "abbc"), "");
-  EXPECT_NE(json_schema_validate(J(R"({"type":"string","format":"date"})"), "2023-02-30"), "");
-  EXPECT_EQ(json_schema_validate(J(R"({"type":"string","maxLength":1})"), "\xF0\x9F\x98\x80"), "");  // one code point
-  EXPECT_NE(json_schema_validate(J(R"({"type":"number","exclusiveMaximum":1})"), 1), "");
-  EXPECT_NE(json_schema_validate(J(R"({"maximum":1,"exclusiveMaximum":true})"), 1), "");
-  EXPECT_EQ(json_schema_validate(J(R"({"type":"string","nullable":true})"), nullptr), "");
-  EXPECT_NE(json_schema_validate(J(R"({"prefixItems":[{"type":"string"}],"items":false})"), J(R"(["a",1])")), "");
-  EXPECT_NE(json_schema_validate(J(R"({"not":{}})"), 1).find("'not'"), std::string::npos);
-  EXPECT_NE(json_schema_validate(J(R"({"$ref":"#"})"), 1).find("too deeply"), std::string::npos);  // no stack overflow
+  EXPECT_NE(step35::testing::schema_violation(one, 5).find("exactly one"), std::string::npos);
+  EXPECT_EQ(step35::testing::schema_violation(one, 5.5), "");
+  EXPECT_EQ(step35::testing::schema_violation(J(R"({"type":"string","pattern":"b+"})"), "abbc"), "");
+  EXPECT_NE(step35::testing::schema_violation(J(R"({"type":"string","pattern":"^b+$"})"), "abbc"), "");
+  EXPECT_NE(step35::testing::schema_violation(J(R"({"type":"string","format":"date"})"), "2023-02-30"), "");
+  EXPECT_EQ(step35::testing::schema_violation(J(R"({"type":"string","maxLength":1})"), "\xF0\x9F\x98\x80"), "");  // one code point
+  EXPECT_NE(step35::testing::schema_violation(J(R"({"type":"number","exclusiveMaximum":1})"), 1), "");
+  EXPECT_NE(step35::testing::schema_violation(J(R"({"maximum":1,"exclusiveMaximum":true})"), 1), "");
+  EXPECT_EQ(step35::testing::schema_violation(J(R"({"type":"string","nullable":true})"), nullptr), "");
+  EXPECT_NE(step35::testing::schema_violation(J(R"({"prefixItems":[{"type":"string"}],"items":false})"), J(R"(["a",1])")), "");
+  EXPECT_NE(step35::testing::schema_violation(J(R"({"not":{}})"), 1).find("'not'"), std::string::npos);
+  EXPECT_NE(step35::testing::schema_violation(J(R"({"$ref":"#"})"), 1).find("too deeply"), std::string::npos);  // no stack overflow
   const json tree = J(R"({"type":"object","properties":{"kids":{"type":"array","items":{"$ref":"#"}}},"additionalProperties":false})");
-  EXPECT_EQ(json_schema_validate(tree, J(R"({"kids":[{"kids":[]},{}]})")), "");
-  EXPECT_NE(json_schema_validate(tree, J(R"({"kids":[{"kid":[]}]})")).find("/kids/0"), std::string::npos);
+  EXPECT_EQ(step35::testing::schema_violation(tree, J(R"({"kids":[{"kids":[]},{}]})")), "");
+  EXPECT_NE(step35::testing::schema_violation(tree, J(R"({"kids":[{"kid":[]}]})")).find("/kids/0"), std::string::npos);
 }
 
 // ---------------------------------------------------------------------------------------
@@ -548,7 +550,7 @@ TEST(JsonConstraintTokens, RandomGenerationAlwaysParsesAndValidates) {
       } catch (const json::exception& e) {
         FAIL() << "schema " << si << " seed " << seed << ": does not parse: " << e.what() << "\n" << g.text;
       }
-      ASSERT_EQ(json_schema_validate(schema, v), "") << "schema " << si << " seed " << seed << "\n" << g.text;
+      ASSERT_EQ(step35::testing::schema_violation(schema, v), "") << "schema " << si << " seed " << seed << "\n" << g.text;
       ++runs;
       total_bytes += g.text.size();
     }
@@ -716,7 +718,7 @@ std::string check_calls(const std::vector<ParsedCall>& calls, const json& tools,
           return c.name + "." + key + ": not JSON: " + raw;
         }
       }
-      const std::string err = json_schema_validate(props[key], v);
+      const std::string err = step35::testing::schema_violation(props[key], v);
       if (!err.empty()) return c.name + "." + key + ": " + err;
     }
     for (const json& r : params.value("required", json::array()))
@@ -752,7 +754,7 @@ TEST(ToolCallConstraint, RawTextValuesStopAtTheClosingTag) {
   const Tokenizer& tok = fixture_tokenizer();
   const json tools = J(R"([{"type":"function","function":{"name":"note","parameters":{"type":"object",
       "properties":{"text":{"type":"string"}},"required":["text"]}}}])");
-  auto g = grammar::compile_tool_calls(tools, "", nullptr);
+  auto g = compile_tool_calls(tools, "", nullptr);
   auto ok = [&](const std::string& s) {
     grammar::Matcher m(g);
     return m.feed(s) && m.complete();
@@ -770,7 +772,7 @@ TEST(ToolCallConstraint, RawTextValuesStopAtTheClosingTag) {
   // Enumerated raw values: exactly the strings (values of other types cannot be raw text).
   const json e = J(R"([{"type":"function","function":{"name":"pick","parameters":{"type":"object",
       "properties":{"c":{"type":"string","enum":["red",1,"dark blue"]},"n":{"type":"integer","maximum":9}}}}}])");
-  auto ge = grammar::compile_tool_calls(e, "", nullptr);
+  auto ge = compile_tool_calls(e, "", nullptr);
   auto ok_e = [&](const std::string& s) {
     grammar::Matcher m(ge);
     return m.feed(s) && m.complete();
@@ -905,7 +907,7 @@ TEST(JsonConstraintModel, TinyModelOutputValidates) {
                                  uint64_t(mode), 2000);
     ASSERT_TRUE(r.ended) << "mode " << mode << ": " << r.text;
     const json v = json::parse(r.text);
-    EXPECT_EQ(json_schema_validate(person, v), "") << r.text;
+    EXPECT_EQ(step35::testing::schema_violation(person, v), "") << r.text;
     std::printf("[model] %s: %d tokens, %zu bytes: %s\n", mode == 0 ? "greedy " : "sampled", r.tokens, r.text.size(),
                 v.dump(-1, ' ', true).c_str());
   }
@@ -917,7 +919,7 @@ TEST(JsonConstraintModel, TinyModelOutputValidates) {
   ASSERT_TRUE(r.ended) << r.text;
   const size_t cut = r.text.find("</think>");
   ASSERT_NE(cut, std::string::npos) << r.text;
-  EXPECT_EQ(json_schema_validate(person, json::parse(r.text.substr(cut + 8))), "") << r.text;
+  EXPECT_EQ(step35::testing::schema_violation(person, json::parse(r.text.substr(cut + 8))), "") << r.text;
   // A tool call, greedy.
   const json tools = J(R"([{"type":"function","function":{"name":"get_weather","parameters":{"type":"object",
       "properties":{"city":{"type":"string","maxLength":10},"days":{"type":"integer","minimum":1,"maximum":7}},

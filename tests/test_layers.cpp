@@ -37,7 +37,8 @@ void compare_layers(const std::string& model_file, const std::string& golden_pre
     d.tensors[layer >= 0 ? name + "-" + std::to_string(layer) : name].assign(data, data + n);
   };
   ThreadPool pool(2);
-  Session session(*model, int32_t(prompt.size()), 512, Precision::Exact);
+  // The dumps were made with an F32 cache (the goldens' default).
+  Session session(*model, int32_t(prompt.size()), 512, Precision::Exact, false, 0, KvTypes::f32());
   std::vector<float> logits;
   session.forward(prompt.data(), int32_t(prompt.size()), true, logits, pool, nullptr, dump);
 

@@ -45,7 +45,8 @@ TEST_P(MtpGolden, HeadLogitsMatchLlamaCpp) {
   std::vector<float> h_in(T * E, 0.0f);
   std::copy(hnextn.begin(), hnextn.end() - long(E), h_in.begin() + long(E));
   ThreadPool pool(2);
-  KvPool kv({model->mtp_kv_layer(c.head)}, model->hparams().swa_window, KvPool::kDefaultBlockSize, 4, 4);
+  KvPool kv({model->mtp_kv_layer(c.head)}, model->hparams().swa_window, KvPool::kDefaultBlockSize, 4, 4, 0,
+            KvTypes::f32());  // the goldens' cache
   KvSeq seq;
   Workspace ws;
   BatchOutput out;
@@ -93,7 +94,7 @@ TEST(MtpGolden, TrunkHiddenMatchesHNextn) {
     const auto tokens = g["prompt_tokens"].get<std::vector<int32_t>>();
     const auto hnextn = read_f32(golden_path(std::string(m) + ".ids64.hnextn.f32"));
     ThreadPool pool(2);
-    Session s(*model, 64, 64, Precision::Exact);
+    Session s(*model, 64, 64, Precision::Exact, false, 0, KvTypes::f32());
     std::vector<float> logits, hidden;
     s.forward(tokens.data(), int32_t(tokens.size()), false, logits, pool, &hidden);
     ASSERT_EQ(hidden.size(), hnextn.size());

@@ -372,21 +372,43 @@ TEST(OutputParser, TagsHeldBackUntilCertain) {
   expect_consistent(r);
 }
 
-TEST(OutputParser, ArgumentsStreamPerParameter) {
+// A string parameter streams as it is generated (OpenAI's incremental arguments deltas):
+// only what may still be the newline and </parameter> that end the value is held back.
+// Other parameters go out whole once their value is complete.
+TEST(OutputParser, ArgumentsStreamAsTheyAreGenerated) {
   OutputParser p(*vocab().tok, weather_tools());
-  std::vector<OutputDelta> d = p.push_text("</think>\n<tool_call>\n<function=get_weather>\n<parameter=city>\nOslo");
-  ASSERT_EQ(d.size(), 1u);
-  EXPECT_EQ(d[0].kind, OutputDelta::Kind::ToolCallStart);
-  d = p.push_text("\n</parameter>\n");
-  ASSERT_EQ(d.size(), 1u);
-  EXPECT_EQ(d[0].kind, OutputDelta::Kind::ToolCallArguments);
-  EXPECT_EQ(d[0].text, R"({"city":"Oslo")");
-  d = p.push_text("<parameter=days>\n2\n</parameter>\n</function>\n</tool_call>");
+  std::vector<OutputDelta> d = p.push_text("</think>\n<tool_call>\n<function=get_weather>\n<parameter=city>\nOs");
   ASSERT_EQ(d.size(), 2u);
-  EXPECT_EQ(d[0].text, R"(,"days":2)");
-  EXPECT_EQ(d[1].text, "}");
+  EXPECT_EQ(d[0].kind, OutputDelta::Kind::ToolCallStart);
+  EXPECT_EQ(d[1].kind, OutputDelta::Kind::ToolCallArguments);
+  EXPECT_EQ(d[1].text, R"({"city":"Os)");
+  d = p.push_text("lo \"2\"\n");  // the newline may end the value: held
+  ASSERT_EQ(d.size(), 1u);
+  EXPECT_EQ(d[0].text, R"(lo \"2\")");
+  d = p.push_text("x\n</param");  // it did not; the new one might, with the partial tag
+  ASSERT_EQ(d.size(), 1u);
+  EXPECT_EQ(d[0].text, R"(\nx)");
+  d = p.push_text("eter>\n");
+  ASSERT_EQ(d.size(), 1u);
+  EXPECT_EQ(d[0].text, "\"");
+  d = p.push_text("<parameter=days>\n2\n</parameter>\n</function>\n</tool_call>");
+  ASSERT_EQ(d.size(), 1u);
+  EXPECT_EQ(d[0].text, R"(,"days":2})");
+  EXPECT_EQ(p.result().tool_calls[0].arguments, R"({"city":"Oslo \"2\"\nx","days":2})");
   EXPECT_TRUE(p.finish().empty());
   EXPECT_TRUE(p.push_text("more").empty());
+}
+
+// A streamed string value cut by the end of generation is closed as far as it got.
+TEST(OutputParser, StreamedValueCutByTheEndIsClosed) {
+  OutputParser p(*vocab().tok, weather_tools());
+  ParseRun r;
+  collect(r, p.push_text("</think>\n<tool_call>\n<function=get_weather>\n<parameter=city>\nPar\n</para"));
+  collect(r, p.finish());
+  r.result = p.result();
+  expect_consistent(r);
+  EXPECT_TRUE(r.result.truncated);
+  EXPECT_EQ(r.result.tool_calls[0].arguments, R"({"city":"Par\n</para"})");
 }
 
 TEST(OutputParser, SpecialTokensAndSpelledTagsGiveTheSameResult) {

@@ -392,8 +392,12 @@ const char* kTextSha256 = "3972dc9744f6499f0f9b2dbf76696f2ae7ad8af9b23dde66d6af8
 
 std::string bin() { return std::string(1, '\'').append(step35_binary()).append(1, '\''); }
 
+// The F32 KV cache llama.cpp's recorded figures were made with (-ctk f32 -ctv f32 -fa off);
+// step35's default is F16, as llama.cpp's.
+const char* kF32Cache = " -ctk f32 -ctv f32";
+
 std::string perplexity_cmd(const std::string& model_file, const std::string& args) {
-  return bin() + " perplexity -m '" + fixture_model(model_file) + "' " + args;
+  return bin() + " perplexity -m '" + fixture_model(model_file) + "' " + args + kF32Cache;
 }
 
 // Skips the calling test when the text is missing or not the expected version.
@@ -486,7 +490,7 @@ TEST(PerplexityCli, BatchSizeAndOneTrailingNewline) {
   write_bytes(no_newline, text);
   std::string out_c;
   ASSERT_EQ(run_command(bin() + " perplexity -m '" + fixture_model("tiny-b-f32.gguf") + "' -f '" + no_newline +
-                            "' -c 96 --chunks 4 -t 1",
+                            "' -c 96 --chunks 4 -t 1" + kF32Cache,
                         &out_c, &err),
             0)
       << err;
@@ -649,7 +653,7 @@ struct PplCase {
 void check_ppl_case(const PplCase& c, const char* threads, bool* unsupported) {
   std::string out, err;
   const int rc = run_command(bin() + " perplexity -m '" + model_path(c.dir, c.model) + "' -f " + kText + " " +
-                                 c.args + " -t " + threads,
+                                 c.args + " -t " + threads + kF32Cache,
                              &out, &err);
   *unsupported = rc != 0 && err.find("unknown ggml type id") != std::string::npos;
   if (*unsupported) return;
@@ -708,6 +712,35 @@ TEST(PerplexityFidelity, FinalPplOfIqFilesMatchesLlamaPerplexity) {
   std::printf("[perplexity] not checked (tensor types the loader refuses):%s\n", refused.c_str());
 }
 
+// The default KV cache is F16, as llama-perplexity's: tiny-a-f32's figure then matches
+// llama.cpp's "defaults" column of docs/fidelity.md (llama-perplexity ... -t 1, F16 cache,
+// FA on: 4235.9772) to 4 significant digits, and differs from the F32-cache figure. Measured:
+// 4236.2225 (+5.8e-5 relative). A Q8_0 cache runs through perplexity too (-ctk / -ctv as in
+// llama-perplexity): measured 4247.2964, +0.26 % against F16 (bound 1 %; a cache written or
+// read wrongly moves it by far more).
+TEST(PerplexityFidelity, DefaultF16CacheMatchesLlamaPerplexityDefaults) {
+  REQUIRE_TEXT();
+  std::string out, err;
+  const std::string args = std::string("-f ") + kText + " -c 128 --chunks 40 -t 1";
+  ASSERT_EQ(run_command(bin() + " perplexity -m '" + fixture_model("tiny-a-f32.gguf") + "' " + args, &out, &err), 0)
+      << err;
+  double f16 = 0, error = 0;
+  ASSERT_TRUE(final_ppl(out, &f16, &error)) << out;
+  std::printf("[perplexity] tiny-a-f32 F16 cache: step35 %.4f, llama.cpp defaults 4235.9772\n", f16);
+  EXPECT_TRUE(same_significant_digits(f16, 4235.9772, 4)) << f16;
+  EXPECT_NE(f16, 4235.9049);  // the F32-cache figure: the cache type took effect
+  ASSERT_EQ(run_command(bin() + " perplexity -m '" + fixture_model("tiny-a-f32.gguf") + "' " + args +
+                            " -ctk q8_0 -ctv q8_0",
+                        &out, &err),
+            0)
+      << err;
+  double q8 = 0;
+  ASSERT_TRUE(final_ppl(out, &q8, &error)) << out;
+  std::printf("[perplexity] tiny-a-f32 Q8_0 cache: step35 %.4f\n", q8);
+  EXPECT_NEAR(q8, f16, 0.01 * f16);
+  EXPECT_NE(q8, f16);
+}
+
 TEST(PerplexityFidelity, KlDivergenceMatchesLlamaPerplexity) {
   REQUIRE_TEXT();
   // Base: tiny-a-f32 -c 128 --chunks 40 (step35's own base; llama.cpp's base of the same
@@ -746,7 +779,14 @@ TEST(PerplexityFidelity, KlDivergenceMatchesLlamaPerplexity) {
       const double ref = q8 ? f.q8_0 : f.q4_k_m;
       const double ours = figure(out, f.label);
       std::printf("[kl-divergence] %s %s step35 %g, llama.cpp %g\n", model, f.label, ours, ref);
-      EXPECT_TRUE(same_significant_digits(ours, ref, 2)) << model << " " << f.label << " " << ours << " vs " << ref;
+      // RMS Δp within 5 %, not 2 digits: llama.cpp's figure was made with -fa off, and
+      // step35's attention is the streaming (flash-style) one since issue 21, whose last bits
+      // differ; on q8_0 that moved step35's figure from 0.055 to 0.057 (q4_k_m: 0.214 ->
+      // 0.212), where llama.cpp's own F16 cache moves its figure to 0.081 (docs/fidelity.md).
+      if (std::string(f.label).rfind("RMS", 0) == 0)
+        EXPECT_NEAR(ours, ref, 0.05 * ref) << model << " " << f.label << " " << ours << " vs " << ref;
+      else
+        EXPECT_TRUE(same_significant_digits(ours, ref, 2)) << model << " " << f.label << " " << ours << " vs " << ref;
     }
     const double ppl_q = figure(out, "Mean PPL(Q)                   :");
     EXPECT_NEAR(ppl_q, q8 ? 4215.4976 : 4198.5398, 0.002 * ppl_q) << model;

@@ -3,11 +3,15 @@
 // through the same contracts the fuzz targets check, in the normal and sanitizer builds:
 //   gguf           parse + model load end in success or gguf::Error;
 //   tokenizer      encode/decode round trip on arbitrary bytes;
-//   chat_template  messages render or are refused with std::invalid_argument;
+//   chat_template  messages render or are refused with std::invalid_argument (a template
+//                  source that does not parse: std::runtime_error when it is loaded);
 //   server_requests  request bodies are planned within limits or refused with a 4xx
-//                    (fuzz/server_request_contract.h).
+//                    (fuzz/server_request_contract.h);
+//   jinja          template sources parse and render or fail with jinja::Error, within
+//                  the render limits (fuzz/jinja_contract.h).
 #include <algorithm>
 #include <filesystem>
+#include <memory>
 #include <stdexcept>
 #include <string>
 #include <vector>
@@ -16,6 +20,7 @@
 #include <nlohmann/json.hpp>
 
 #include "gguf/gguf.h"
+#include "jinja_contract.h"
 #include "model/step35.h"
 #include "server_request_contract.h"
 #include "support.h"
@@ -92,10 +97,17 @@ TEST(Regressions, ChatTemplateInputs) {
     nlohmann::json tools = in.is_object() ? in.value("tools", nlohmann::json::array()) : nlohmann::json::array();
     std::string source = in.is_object() && in.contains("template") && in["template"].is_string()
                              ? in["template"].get<std::string>() : "";
+    std::unique_ptr<ChatTemplate> tmpl;
     try {
-      ChatTemplate tmpl(source, "<s>");
-      const std::string out = tmpl.render(ChatTemplate::messages_from_json(messages), tools, true);
+      tmpl = std::make_unique<ChatTemplate>(source, "<s>");
+    } catch (const std::runtime_error&) {
+      continue;  // a template that does not parse is refused when it is loaded
+    }
+    try {
+      // As a client sends the conversation, and through the parsed messages.
+      const std::string out = tmpl->render(messages, tools, ChatRenderOptions());
       EXPECT_FALSE(out.empty());
+      EXPECT_EQ(tmpl->render(ChatTemplate::messages_from_json(messages), tools, true), out) << p;
       ++rendered;
     } catch (const std::invalid_argument&) {
     } catch (const std::exception& e) {
@@ -115,6 +127,19 @@ TEST(Regressions, ServerRequestInputs) {
       EXPECT_EQ(fuzzing::check_server_request(ctx, b.data(), b.size()), "") << p;
     } catch (const std::exception& e) {
       ADD_FAILURE() << p << ": an exception other than ApiError: " << e.what();
+    }
+  }
+}
+
+TEST(Regressions, JinjaInputs) {
+  const auto files = inputs("jinja");
+  ASSERT_GE(files.size(), 12u) << "the seed corpus is missing";
+  for (const fs::path& p : files) {
+    const std::vector<uint8_t> b = st::read_bytes(p.string());
+    try {
+      EXPECT_EQ(fuzzing::check_jinja_template(b.data(), b.size()), "") << p;
+    } catch (const std::exception& e) {
+      ADD_FAILURE() << p << ": an exception other than jinja::Error: " << e.what();
     }
   }
 }

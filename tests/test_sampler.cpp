@@ -292,6 +292,54 @@ TEST(Sampler, TopPIsMeasuredOverTheTopKSet) {
   EXPECT_EQ(support_of(p, l), (std::set<int32_t>{0}));
 }
 
+// logit_bias is added before anything else: it moves greedy picks, a -inf bias bans a
+// token, and sampling follows softmax(logits + bias).
+TEST(Sampler, LogitBiasShiftsGreedyAndTheDistribution) {
+  const std::vector<float> l = {1.0f, 2.0f, 0.5f, -1.0f};
+  SamplingParams p = plain(0.0f);
+  p.logit_bias = {{2, 1.6f}};
+  EXPECT_EQ(Sampler(p, l.size()).sample(l.data()), 2);
+  p.logit_bias = {{1, -kInf}};
+  EXPECT_EQ(Sampler(p, l.size()).sample(l.data()), 0);
+  p.logit_bias = {{7, 50.0f}, {-1, 50.0f}};  // outside the vocabulary: ignored
+  EXPECT_EQ(Sampler(p, l.size()).sample(l.data()), 1);
+
+  p = plain(1.0f, 91);
+  p.logit_bias = {{3, 2.0f}, {1, -kInf}};
+  const int N = 20000;
+  Sampler s(p, l.size());
+  const auto counts = histogram(s, l, N);
+  const std::vector<float> biased = {1.0f, -kInf, 0.5f, 1.0f};
+  EXPECT_LT(chi_square(counts, softmax(biased), N), chi2_crit_001(2));
+  std::vector<Sampler::TokenProb> dist;
+  s.distribution(l.data(), dist);
+  ASSERT_EQ(dist.size(), 3u);
+  for (const auto& tp : dist) EXPECT_NEAR(tp.p, softmax(biased)[size_t(tp.token)], 1e-9) << tp.token;
+}
+
+// Locally typical sampling keeps the tokens whose surprise is closest to the entropy. Here
+// one token has p = 0.4 and twelve have 0.05 each (entropy 2.16 nats): the twelve
+// (surprise 3.00) are more typical than the likely one (0.92), so typical_p 0.48 keeps ten
+// of them (ties by id) and never the most likely token.
+TEST(Sampler, TypicalPKeepsTheTokensClosestToTheEntropy) {
+  std::vector<float> l(13, std::log(0.05f));
+  l[0] = std::log(0.4f);
+  SamplingParams p = plain(1.0f, 5);
+  p.typical_p = 0.48f;
+  std::set<int32_t> expected;
+  for (int32_t t = 1; t <= 10; ++t) expected.insert(t);
+  EXPECT_EQ(support_of(p, l, 8000), expected);
+  // Draws among the kept ones are uniform (equal probabilities, renormalised).
+  const int N = 20000;
+  Sampler s(p, l.size());
+  const auto counts = histogram(s, l, N);
+  std::vector<double> uniform(13, 0.0);
+  for (int32_t t = 1; t <= 10; ++t) uniform[size_t(t)] = 0.1;
+  EXPECT_LT(chi_square(counts, uniform, N), chi2_crit_001(9));
+  p.typical_p = 1.0f;  // off
+  EXPECT_EQ(support_of(p, l, 8000).size(), 13u);
+}
+
 TEST(Sampler, RepeatPenaltyDividesPositiveAndMultipliesNegative) {
   {
     const std::vector<float> l = {2.0f, 1.9f, -1.0f};
@@ -469,9 +517,13 @@ TEST(Sampler, NoAllocationAfterTheFirstCall) {
   p.presence_penalty = 0.1f;
   p.frequency_penalty = 0.1f;
   p.repeat_last_n = 16;
-  for (int variant = 0; variant < 3; ++variant) {
+  for (int variant = 0; variant < 4; ++variant) {
     if (variant == 1) p.top_k = 0;      // top-p over the whole vocabulary (chunked sort)
     if (variant == 2) p.top_p = 1.0f;   // no top-p: the id-order path
+    if (variant == 3) {                 // typical-p over the whole vocabulary, and a bias
+      p.typical_p = 0.9f;
+      p.logit_bias = {{3, 2.0f}, {4, -kInf}};
+    }
     Sampler s(p, l.size());
     s.accept(1);
     s.sample(l.data());

@@ -17,7 +17,7 @@
 #include <httplib.h>
 #include <nlohmann/json.hpp>
 
-#include "structured/json_constraint.h"
+#include "json_schema_check.h"
 #include "serve_process.h"
 #include "support.h"
 
@@ -149,6 +149,58 @@ TEST(Server, GreedyChatEqualsRunAloneAndUnderLoad) {
   for (int i = 0; i < 8; ++i) EXPECT_EQ(others[size_t(i)].get()["usage"]["completion_tokens"].get<int>(), 2000 + 10 * i);
   ASSERT_EQ(status, 200);
   EXPECT_EQ(again["choices"][0]["message"]["content"].get<std::string>(), expected);
+}
+
+// Each KV cache type through the HTTP API: the greedy chat equals `run` with the same cache
+// type, the start-up line and /metrics count bytes of that type (Q8_0 keys and values take
+// 34/64 of F16's), and a request whose prompt plus max_tokens exceeds the context is a 400
+// naming both numbers, while a request already running is not disturbed.
+TEST(Server, CacheTypesAndContextLimit) {
+  double f16_bytes = 0;
+  for (const char* type : {"f16", "q8_0", "q4_0", "bf16", "f32"}) {
+    SCOPED_TRACE(type);
+    ServerProcess s({"-c", "160", "--parallel", "2", "-ctk", type, "-ctv", type});
+    std::string expected;
+    ASSERT_EQ(run_command(step35_binary() + " run -m '" + fixture_model(kModel) + "' --chat -p 'Hello there' --temp 0 " +
+                              "-n 24 -t 1 -ctk " + type + " -ctv " + type,
+                          &expected, nullptr),
+              0);
+    if (!expected.empty() && expected.back() == '\n') expected.pop_back();
+    int status = 0;
+    json r = post(s, "/v1/chat/completions", chat_body("Hello there", 24), &status);
+    ASSERT_EQ(status, 200) << r.dump();
+    EXPECT_EQ(r["choices"][0]["message"]["content"].get<std::string>(), as_json_text(expected));
+    const double bytes = metric(s, "step35_kv_bytes_total");
+    EXPECT_GT(bytes, 0);
+    // Nothing running once the scheduler has published the step that ended the request.
+    for (int i = 0; i < 200 && metric(s, "step35_kv_bytes_used") != 0; ++i)
+      std::this_thread::sleep_for(std::chrono::milliseconds(10));
+    EXPECT_EQ(metric(s, "step35_kv_bytes_used"), 0);
+    if (std::string(type) == "f16") f16_bytes = bytes;
+    if (std::string(type) == "q8_0") {
+      EXPECT_DOUBLE_EQ(bytes, f16_bytes * 34 / 64);
+    }
+    std::ifstream log(s.log_path());
+    const std::string text((std::istreambuf_iterator<char>(log)), std::istreambuf_iterator<char>());
+    EXPECT_NE(text.find(std::string("(K ") + type + ", V " + type + ")"), std::string::npos) << text;
+    if (std::string(type) != "q8_0") continue;
+
+    // A long request runs while an oversized one is refused.
+    json long_body = chat_body("keep going", 100);
+    long_body["ignore_eos"] = true;
+    auto running = std::async(std::launch::async, [&] { int st = 0; json j = post(s, "/v1/chat/completions", long_body, &st); return std::make_pair(st, j); });
+    for (int i = 0; i < 200 && metric(s, "step35_running_sequences") < 1; ++i)
+      std::this_thread::sleep_for(std::chrono::milliseconds(10));
+    EXPECT_GT(metric(s, "step35_kv_bytes_used"), 0);
+    json big = post(s, "/v1/chat/completions", chat_body("Hello there", 150), &status);
+    EXPECT_EQ(status, 400) << big.dump();
+    const std::string msg = big["error"]["message"].get<std::string>();
+    EXPECT_NE(msg.find("max_tokens (150)"), std::string::npos) << msg;
+    EXPECT_NE(msg.find("context of 160 tokens"), std::string::npos) << msg;
+    const auto [st, done] = running.get();
+    EXPECT_EQ(st, 200) << done.dump();
+    EXPECT_EQ(done["usage"]["completion_tokens"], 100);
+  }
 }
 
 TEST(Server, StreamingFramingDoneAndUsage) {
@@ -398,7 +450,7 @@ TEST(Server, ForcedToolCallsAndJsonSchema) {
   ASSERT_EQ(status, 200) << r.dump();
   EXPECT_EQ(r["choices"][0]["finish_reason"], "stop") << r.dump();
   const json value = json::parse(r["choices"][0]["message"]["content"].get<std::string>());
-  EXPECT_EQ(step35::json_schema_validate(schema, value), "");
+  EXPECT_EQ(schema_violation(schema, value), "");
   jb["response_format"] = {{"type", "json_schema"}, {"json_schema", {{"name", "a"}, {"schema", {{"not", {}}}}}}};
   post(s, "/v1/chat/completions", jb, &status);
   EXPECT_EQ(status, 400);

@@ -174,8 +174,8 @@ TEST(ServerHostile, HugeAndNegativeNumbers) {
     EXPECT_EQ(s.post("/v1/chat/completions", body.dump(), &out), 400) << c.field << "=" << c.value.dump() << ": "
                                                                        << out.substr(0, 200);
   }
-  // max_tokens beyond the context is refused up front, naming the limit; at the limit it
-  // runs and stops at the context.
+  // max_tokens beyond the context is refused up front, naming the limit; so is a prompt plus
+  // max_tokens beyond it (naming both numbers); exactly at the context it runs to the end.
   json big = chat("x", 4);
   big["max_tokens"] = 2147483647;
   std::string out;
@@ -183,9 +183,17 @@ TEST(ServerHostile, HugeAndNegativeNumbers) {
   EXPECT_EQ(json::parse(out)["error"]["param"], "max_tokens");
   big["max_tokens"] = 256;
   big["ignore_eos"] = true;
+  ASSERT_EQ(s.post("/v1/chat/completions", big.dump(), &out), 400) << out.substr(0, 300);
+  const std::string msg = json::parse(out)["error"]["message"].get<std::string>();
+  EXPECT_NE(msg.find("plus max_tokens (256)"), std::string::npos) << msg;
+  EXPECT_NE(msg.find("context of 256 tokens"), std::string::npos) << msg;
+  const size_t open = msg.find("prompt ("), close = msg.find(" tokens)");
+  ASSERT_NE(close, std::string::npos) << msg;
+  const int n_prompt = std::stoi(msg.substr(open + 8, close - open - 8));
+  big["max_tokens"] = 256 - n_prompt;
   ASSERT_EQ(s.post("/v1/chat/completions", big.dump(), &out), 200) << out.substr(0, 300);
   const json r = json::parse(out);
-  EXPECT_LE(r["usage"]["prompt_tokens"].get<int64_t>() + r["usage"]["completion_tokens"].get<int64_t>(), 256);
+  EXPECT_EQ(r["usage"]["prompt_tokens"].get<int64_t>() + r["usage"]["completion_tokens"].get<int64_t>(), 256);
   s.expect_serving("after absurd numbers");
 }
 

@@ -9,11 +9,16 @@
 #include <map>
 #include <random>
 
-#include "model/session.h"
-#include "model/step35.h"
+#include <condition_variable>
+#include <mutex>
+
+#include "engine/engine.h"
+#include "engine/generator.h"
 #include "engine/sampler.h"
 #include "engine/speculative.h"
 #include "exec/thread_pool.h"
+#include "model/session.h"
+#include "model/step35.h"
 #include "support.h"
 
 using namespace step35;
@@ -46,29 +51,32 @@ std::vector<int32_t> prompt(int n, int seed, int vocab) {
 std::vector<int32_t> decode(const Model& m, const std::vector<int32_t>& p, int n_gen, int k,
                             SpeculationStats* stats = nullptr, const std::vector<int32_t>* oracle = nullptr) {
   ThreadPool pool(2);
-  SpeculativeDecoder dec(m, 512, 64, Precision::Native, k, false);
+  GeneratorOptions go;
+  go.n_ctx = 512;
+  go.n_batch = 64;
+  go.mtp = k;
+  Generator gen(m, go);
   if (oracle) {
     const int32_t n_prompt = int32_t(p.size());
-    dec.drafter().draft_override = [&, n_prompt](int32_t n_pos, int32_t kk, int32_t d) {
+    gen.speculation()->drafter().draft_override = [&, n_prompt](int32_t n_pos, int32_t kk, int32_t d) {
       const int32_t pos = n_pos + kk + 1;  // the position this draft is for
       const size_t i = size_t(pos - n_prompt);
       if (i >= oracle->size() || (uint32_t(pos) * 2654435761u) % 7 < 2) return d == 5 ? 6 : 5;  // a wrong guess
       return (*oracle)[i];
     };
   }
-  SamplingParams sp;
-  sp.temperature = 0;
-  Sampler sampler(sp, size_t(m.hparams().n_vocab));
-  std::vector<float> logits;
-  dec.prefill(p.data(), int32_t(p.size()), logits, pool);
-  std::vector<int32_t> out = {Sampler::argmax(logits.data(), logits.size())};
-  while (int(out.size()) < n_gen) {
-    std::vector<int32_t> produced;
-    dec.step(out.back(), sampler, produced, pool);
-    out.insert(out.end(), produced.begin(), produced.end());
-  }
-  out.resize(size_t(n_gen));
-  if (stats) *stats = dec.stats();
+  SequenceParams params;
+  params.prompt = p;
+  params.sampling.temperature = 0;
+  params.stop_at_eog = false;
+  params.max_tokens = n_gen;
+  std::vector<int32_t> out;
+  gen.start(std::move(params), [&](const GenerateEvent& ev) {
+    out.push_back(ev.token);
+    return SinkReply::Continue;
+  });
+  EXPECT_EQ(gen.run(pool), FinishReason::Length);
+  if (stats) *stats = gen.sequence().speculation_stats();
   return out;
 }
 
@@ -209,25 +217,102 @@ TEST(SpeculativeSampling, ModelStepFollowsTheTrunkDistribution) {
   }
   const int n = 3000;
   std::map<int32_t, int> counts;
-  std::vector<float> logits;
   uint64_t drafted = 0;
+  GeneratorOptions go;
+  go.n_ctx = 64;
+  go.n_batch = 64;
+  go.mtp = 2;
+  Generator gen(*m, go);
   for (int i = 0; i < n; ++i) {
-    // A fresh decoder each draw: the prompt, then one speculative step.
-    SpeculativeDecoder dec(*m, 64, 64, Precision::Native, 2, false);
-    dec.prefill(p.data(), int32_t(p.size()), logits, pool);
-    sp.seed = uint64_t(1000 + i);
-    Sampler sampler(sp, V);
-    std::vector<int32_t> out;
-    dec.step(pending, sampler, out, pool);
-    ASSERT_GE(dec.n_pos(), int32_t(p.size()) + 1);
-    ++counts[out[0]];
-    drafted += dec.stats().drafted[1];
+    // A fresh sequence each draw: the prompt, then the pending token in one speculative step.
+    SequenceParams params;
+    params.prompt = p;
+    params.prompt.push_back(pending);
+    params.last_prompt_token_pending = true;
+    params.sampling = sp;
+    params.sampling.seed = uint64_t(1000 + i);
+    params.stop_at_eog = false;
+    int32_t first = -1;
+    gen.start(std::move(params), [&first](const GenerateEvent& ev) {
+      first = ev.token;
+      return SinkReply::Cancel;
+    });
+    ASSERT_EQ(gen.run(pool), FinishReason::Cancelled);
+    ASSERT_GE(gen.sequence().n_pos(), int32_t(p.size()) + 1);
+    ++counts[first];
+    drafted += gen.sequence().speculation_stats().drafted[1];
   }
   EXPECT_GT(drafted, 0u);
   const auto [stat, dof] = chi_square(counts, target, n);
   // Generous bound (99.99th percentile for the merged bin count seen here).
   EXPECT_LT(stat, 40.0 + 2.0 * dof) << "dof " << dof;
   std::printf("[spec] model: chi2 %.2f (dof %d)\n", stat, dof);
+}
+
+// The speculation protocol lives in Sequence alone: a sequence stepped by Generator (run,
+// bench, eval) and the same request through the serving engine beside another one give
+// the same tokens, with seeded sampling and K = 2 (draws for drafting and for rejection
+// sampling come from the same RNG stream in the same order) and greedily with K = 3.
+TEST(Speculation, GeneratorAndServingEngineAgree) {
+  auto m = load("tiny-b-f32");
+  ASSERT_TRUE(m);
+  const auto p = prompt(21, 4, m->hparams().n_vocab);
+  for (const auto& [k, temperature] : {std::pair{2, 0.9f}, std::pair{3, 0.0f}}) {
+    SamplingParams sp;
+    sp.temperature = temperature;
+    sp.seed = 99;
+    const int n = 30;
+    // Generator.
+    ThreadPool pool(2);
+    GeneratorOptions go;
+    go.n_ctx = 256;
+    go.n_batch = 64;
+    go.mtp = k;
+    Generator gen(*m, go);
+    SequenceParams params;
+    params.prompt = p;
+    params.sampling = sp;
+    params.max_tokens = n;
+    std::vector<int32_t> alone;
+    gen.start(std::move(params), [&](const GenerateEvent& ev) {
+      alone.push_back(ev.token);
+      return SinkReply::Continue;
+    });
+    gen.run(pool);
+    ASSERT_GT(gen.sequence().speculation_stats().steps, 0u);
+    // The engine, with a second request in the same passes.
+    EngineOptions eo;
+    eo.n_threads = 2;
+    eo.n_ctx = 256;
+    eo.n_batch = 64;
+    eo.mtp = k;
+    eo.mtp_adaptive = false;
+    auto engine = make_engine(*m, eo);
+    std::mutex mu;
+    std::condition_variable cv;
+    std::vector<int32_t> served;
+    int finished = 0;
+    for (int i = 0; i < 2; ++i) {
+      GenerateRequest r;
+      r.prompt = i == 0 ? p : prompt(9, 8, m->hparams().n_vocab);
+      r.sampling = sp;
+      r.max_tokens = n;
+      engine->submit(std::move(r), [&, i](const GenerateEvent& ev) {
+        std::lock_guard<std::mutex> lock(mu);
+        if (ev.done) {
+          ++finished;
+          cv.notify_all();
+        } else if (i == 0) {
+          served.push_back(ev.token);
+        }
+        return SinkReply::Continue;
+      });
+    }
+    std::unique_lock<std::mutex> lock(mu);
+    ASSERT_TRUE(cv.wait_for(lock, std::chrono::seconds(120), [&] { return finished == 2; }));
+    EXPECT_EQ(served, alone) << "K = " << k << ", temperature " << temperature;
+    EXPECT_GT(engine->stats().mtp_steps, 0u);
+  }
 }
 
 // Costs in units of one decode step: a (K+1)-token pass costs 1 + verify_slope K, each

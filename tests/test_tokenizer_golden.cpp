@@ -80,7 +80,6 @@ TEST(ChatTemplateGolden, ChatMLMatchesFixture) {
 TEST(ChatTemplate, Step35Format) {
   ChatTemplate t("", "<BOS>");
   EXPECT_EQ(t.format(), ChatFormat::STEP35);
-  EXPECT_TRUE(t.renders_bos());
   const auto msgs = ChatTemplate::messages_from_json(nlohmann::json::parse(R"([
     {"role":"system","content":"  Be brief. "},
     {"role":"user","content":"Weather in Paris?"},
@@ -90,8 +89,10 @@ TEST(ChatTemplate, Step35Format) {
   ])"));
   const auto tools = nlohmann::json::parse(R"([{"type":"function","function":{"name":"get_weather","parameters":{"type":"object"}}}])");
   const std::string s = t.render(msgs, tools);
-  // System block: trimmed system text, then the tools section with each tool's JSON.
-  EXPECT_EQ(s.rfind("<BOS><|im_start|>system\nBe brief.\n\n# Tools\n\nYou have access to the following functions in "
+  EXPECT_TRUE(t.starts_with_bos(s));
+  // System block: the system text as sent (the template does not trim it), then the tools
+  // section with each tool's JSON.
+  EXPECT_EQ(s.rfind("<BOS><|im_start|>system\n  Be brief. \n\n# Tools\n\nYou have access to the following functions in "
                     "JSONSchema format:\n\n<tools>\n", 0), 0u) << s;
   EXPECT_NE(s.find("\"name\": \"get_weather\""), std::string::npos) << s;
   EXPECT_NE(s.find("</tools>"), std::string::npos);

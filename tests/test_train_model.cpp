@@ -54,7 +54,8 @@ void check_forward_matches_engine(const std::string& file, double tol) {
   ThreadPool pool(2);
   TrainingModel tm(*m, nullptr, pool);
   const std::vector<float> ours = tm.logits(prompt);
-  Session session(*m, int32_t(prompt.size()), 512, Precision::Exact);
+  // The training forward keeps F32 activations throughout: compare with an F32 KV cache.
+  Session session(*m, int32_t(prompt.size()), 512, Precision::Exact, false, 0, KvTypes::f32());
   std::vector<float> ref;
   session.forward(prompt.data(), int32_t(prompt.size()), true, ref, pool);
   ASSERT_EQ(ours.size(), ref.size());

@@ -18,11 +18,10 @@
 #include "commands.h"
 #include "common.h"
 #include "ep_options.h"
-#include "model/session.h"
 #include "engine/engine.h"
-#include "engine/sampler.h"
-#include "engine/speculative.h"
+#include "engine/generator.h"
 #include "exec/thread_pool.h"
+#include "model/session.h"
 #include "tensor/kernels.h"
 
 namespace step35::cli {
@@ -160,13 +159,13 @@ ParallelResult bench_parallel_once(Engine& engine, int32_t n_seq, int32_t n_prom
     engine.submit(std::move(req), [&, my_times](const GenerateEvent& ev) {
       if (!ev.done) {
         my_times->push_back(now_seconds());
-        return true;
+        return SinkReply::Continue;
       }
       std::lock_guard<std::mutex> lock(mu);
       if (ev.reason == FinishReason::Error) error = ev.error;
       ++n_done;
       cv.notify_all();
-      return true;
+      return SinkReply::Continue;
     });
   }
   {
@@ -192,55 +191,83 @@ ParallelResult bench_parallel_once(Engine& engine, int32_t n_seq, int32_t n_prom
   return r;
 }
 
+// f(i) for each draft position i = 1 .. kMaxDrafts.
+template <typename F>
+nlohmann::json by_draft_position(F f) {
+  nlohmann::json a = nlohmann::json::array();
+  for (int32_t i = 1; i <= kMaxDrafts; ++i) a.push_back(f(i));
+  return a;
+}
+
+// bench's settings, with their defaults.
+struct BenchSettings {
+  std::string model, n_prompt = "512", n_gen = "128", n_depth = "0", threads = std::to_string(default_threads());
+  std::string mtp = "0", expert_policy = "strict", parallel;
+  int32_t repetitions = 5, n_batch = GeneratorOptions{}.n_batch, membw_mib = 1024, parallel_prompt = 16;
+  double synthetic_accept = -1;  // off
+  bool json = false, membw = false, exact = false, verify_cost = false;
+  RoutingPolicy routing{kDefaultAdaptiveMass, kDefaultAdaptiveMinK};  // for --expert-policy adaptive
+  KvTypes kv_types;
+};
+
 }  // namespace
 
 static int bench_main(const Args& args) {
   ArgParser p("bench",
-              "Measures prompt processing (ppN: N prompt tokens in one batch from an empty context) and\n"
-              "text generation (tgN: N tokens one at a time from an empty context) in tokens/s, mean +- stddev\n"
-              "over repetitions after one warm-up run, as llama-bench does; prints a markdown table, or JSON\n"
-              "with --json. With --membw it also measures the memory read bandwidth and reports the decode\n"
-              "roofline (active weight bytes per token / bandwidth) and tg as a share of it.");
-  p.flag("-m,--model", "FILE", "GGUF model", "the built-in tiny model");
-  p.flag("-p,--n-prompt", "N", "prompt tokens (comma list; 0 = skip pp)", "512");
-  p.flag("-n,--n-gen", "N", "generated tokens (comma list; 0 = skip tg)", "128");
-  p.flag("-t,--threads", "N", "worker threads (comma list)", "number of cores");
-  p.flag("-r,--repetitions", "N", "repetitions of each test", "5");
-  p.flag("-b,--batch-size", "N", "prompt tokens per forward pass", "512");
-  p.flag("--json", "", "print one JSON object per thread count instead of the table");
-  p.flag("--membw", "", "measure memory read bandwidth and report the decode roofline");
-  p.flag("--membw-mib", "N", "buffer size for --membw in MiB", "1024");
-  p.flag("--exact", "", "F32 activations on the exact stored weights (default: llama.cpp's activation rounding)");
-  p.flag("--mtp", "K", "tg with MTP speculative decoding: 0..3 drafts per step, or auto", "0");
-  p.flag("--mtp-synthetic-accept", "P", "benchmark only: accept each draft with probability P (output discarded), "
-                                        "to measure speed at a realistic acceptance with random-weight heads");
-  p.flag("--verify-cost", "", "measure one trunk pass over K+1 tokens (K = 0..3) at a decode position, relative "
-                               "to a single-token step, with the distinct experts the tokens touch");
-  p.flag("--expert-policy", "P", "strict (the model's top-k) or adaptive (lossy: fewer experts per token, see "
-         "--adaptive-mass); adaptive also reports the logit drift against strict", "strict");
-  p.flag("--parallel", "N", "batched decoding through the serving engine, as llama-batched-bench: N sequences "
-         "(comma list) each with a random prompt of --parallel-prompt tokens generate the first -n count (128 "
-         "when -n is 0, which skips the one-sequence tg test) together; reports aggregate t/s and the distinct "
-         "experts per step");
-  p.flag("--parallel-prompt", "N", "prompt tokens per sequence for --parallel", "16");
-  add_adaptive_policy_flags(p);
+              "Measures prompt processing (ppN: N prompt tokens in one batch) and text generation (tgN: N\n"
+              "tokens one at a time) in tokens/s, from an empty context or, with -d, after DEPTH tokens already\n"
+              "in the cache (\"pp512 @ d8192\"), mean +- stddev over repetitions after one warm-up run, as\n"
+              "llama-bench does; prints a markdown table, or JSON with --json. With --membw it also measures\n"
+              "the memory read bandwidth and reports the decode roofline (active weight bytes per token /\n"
+              "bandwidth) and tg as a share of it.");
+  BenchSettings bs;
+  p.option("-m,--model", "FILE", "GGUF model", bs.model, "the built-in tiny model");
+  p.option("-p,--n-prompt", "N", "prompt tokens, comma list, 0 = skip pp", bs.n_prompt);
+  p.option("-n,--n-gen", "N", "generated tokens, comma list, 0 = skip tg", bs.n_gen);
+  p.option("-t,--threads", "N", "worker threads, comma list", bs.threads, "number of cores");
+  p.option("-r,--repetitions", "N", "repetitions of each test", bs.repetitions, 1, 1000);
+  p.option("-b,--batch-size", "N", "prompt tokens per forward pass", bs.n_batch, 1, 1 << 16);
+  p.option("-d,--n-depth", "N", "tokens already in the cache before each pp / tg test, comma list (filled once per "
+           "depth, untimed), as llama-bench's -d", bs.n_depth);
+  add_kv_cache_flags(p, bs.kv_types);
+  p.option("--json", "one JSON object per thread count instead of the table", bs.json);
+  p.option("--membw", "measure memory read bandwidth and report the decode roofline", bs.membw);
+  p.option("--membw-mib", "N", "buffer size for --membw in MiB", bs.membw_mib, 64, 1 << 16);
+  p.option("--exact", "F32 activations on the exact stored weights (default: round activations as llama.cpp does)",
+           bs.exact);
+  p.option("--mtp", "K", "tg with MTP speculative decoding: 0.." + std::to_string(kMaxDrafts) + " drafts per step, or "
+           "auto; auto also prints its probes and the cost model it learned (verify cost per K, draft cost, "
+           "acceptance, predicted speed-up per K)", bs.mtp);
+  p.option("--mtp-synthetic-accept", "P", "benchmark only: accept each draft with probability P (output discarded), "
+           "to measure speed at a realistic acceptance with random-weight heads", bs.synthetic_accept, 0.0, 1.0, "off");
+  p.option("--verify-cost", "time one trunk pass over K+1 tokens (K = 0.." + std::to_string(kMaxDrafts) + ") against a "
+           "single-token step, with the distinct experts the tokens touch", bs.verify_cost);
+  p.option("--parallel", "N", "batched decoding through the serving engine, like llama-batched-bench: N sequences "
+           "(comma list, e.g. 1,4,8,16) with random prompts generate the first -n count (128 when -n is 0) together; "
+           "prints total and steady-decode aggregate t/s, the ratio to the first N, and the distinct experts per MoE "
+           "layer per step", bs.parallel);
+  p.option("--parallel-prompt", "N", "prompt tokens per sequence for --parallel", bs.parallel_prompt, 1, 1 << 16);
+  p.option("--expert-policy", "P", "strict (the model's top-k) or adaptive (lossy: per token the fewest top-ranked "
+           "experts whose normalised router weights reach --adaptive-mass); pp/tg then run with it, and the logit "
+           "drift against strict over 128 positions is printed", bs.expert_policy);
+  add_adaptive_policy_flags(p, bs.routing.adaptive_mass, bs.routing.adaptive_min_k);
   add_ep_flags(p);
   if (!p.parse(args)) return 0;
 
-  const auto n_prompt_list = parse_list(p.str("n-prompt", "512"), "-p", 0, 1 << 20);
-  const auto n_gen_list = parse_list(p.str("n-gen", "128"), "-n", 0, 1 << 20);
-  const auto threads_list = parse_list(p.str("threads", std::to_string(default_threads())), "-t", 1, 1024);
-  const int reps = int(p.i64("repetitions", 5, 1, 1000));
-  const int n_batch = int(p.i64("batch-size", 512, 1, 1 << 16));
-  const bool json = p.has("json");
-  const Precision prec = p.has("exact") ? Precision::Exact : Precision::Native;
-  const double synthetic = p.has("mtp-synthetic-accept") ? p.f64("mtp-synthetic-accept", 0.0, 0.0, 1.0) : -1.0;
+  const auto n_prompt_list = parse_list(bs.n_prompt, "-p", 0, 1 << 20);
+  const auto n_gen_list = parse_list(bs.n_gen, "-n", 0, 1 << 20);
+  const auto depth_list = parse_list(bs.n_depth, "-d", 0, 1 << 30);
+  const KvTypes kv_types = bs.kv_types;
+  const auto threads_list = parse_list(bs.threads, "-t", 1, 1024);
+  const int reps = bs.repetitions;
+  const int n_batch = bs.n_batch;
+  const bool json = bs.json;
+  const Precision prec = bs.exact ? Precision::Exact : Precision::Native;
+  const double synthetic = bs.synthetic_accept;
 
-  const ExpertPolicySetting policy = parse_expert_policy(p);
-  RoutingPolicy routing;  // strict unless adaptive
-  if (policy.adaptive) routing = RoutingPolicy{policy.mass, policy.min_k};
+  const RoutingPolicy routing = adaptive_expert_policy(bs.expert_policy) ? bs.routing : RoutingPolicy{};
 
-  std::string path = p.str("model");
+  std::string path = bs.model;
   if (path.empty()) path = builtin_tiny_model_path();
   EpSetup ep(p);
   if (ep.is_follower()) return ep.follow(path, int(threads_list.front()));
@@ -249,17 +276,26 @@ static int bench_main(const Args& args) {
   const HParams& hp = model->hparams();
   const int64_t max_prompt = *std::max_element(n_prompt_list.begin(), n_prompt_list.end());
   const int64_t max_gen = *std::max_element(n_gen_list.begin(), n_gen_list.end());
-  const int32_t n_ctx = int32_t(std::max<int64_t>({max_prompt, max_gen + 4, p.has("verify-cost") ? 68 : 1}));
-  if (n_ctx > hp.n_ctx_train)
-    throw UsageError("the test needs " + std::to_string(n_ctx) + " positions but the model's context is " +
-                     std::to_string(hp.n_ctx_train));
+  const int64_t max_depth = *std::max_element(depth_list.begin(), depth_list.end());
+  const int64_t need = std::max<int64_t>(
+      {max_depth + max_prompt, max_depth + max_gen + 4, bs.verify_cost ? 64 + kMaxDrafts + 1 : 1});
+  if (need > hp.n_ctx_train)
+    throw UsageError("the test needs " + std::to_string(need) + " positions" +
+                     (max_depth > 0 ? " (depth " + std::to_string(max_depth) + " + the test's tokens)" : "") +
+                     " but the model's context is " + std::to_string(hp.n_ctx_train));
+  const int32_t n_ctx = int32_t(need);
+  // After a test at depth D the cache is cut back to D for the next one: the sliding-window
+  // blocks just behind D must still be there, so the cache keeps that many positions.
+  const int32_t keep_back = max_depth > 0 ? int32_t(std::max(max_prompt, max_gen)) : 0;
 
   uint64_t n_params = 0;
   for (const auto& t : model->file().tensors()) n_params += uint64_t(t.n_elements());
   const std::string label = model->file().opt_str("general.name").value_or("step35") + " " + model_type_label(*model);
   const uint64_t active_bytes = model->active_weight_bytes_per_token();
-  const MtpSetting mtp = parse_mtp(p.str("mtp", "0"), *model);
+  const MtpSetting mtp = parse_mtp(bs.mtp, *model);
   if (synthetic >= 0 && mtp.max_k == 0) throw UsageError("--mtp-synthetic-accept needs --mtp K or auto");
+  if (mtp.max_k > 0 && max_depth > 0)
+    throw UsageError("--mtp cannot be combined with -d (speculative tg runs from an empty context)");
   std::mt19937 rng(1234);
   std::uniform_int_distribution<int32_t> tok_dist(0, hp.n_vocab - 1);
 
@@ -269,7 +305,7 @@ static int bench_main(const Args& args) {
   }
   for (int64_t threads : threads_list) {
     ThreadPool pool{int(threads)};
-    Session session(*model, n_ctx, std::min<int32_t>(n_batch, n_ctx), prec);
+    Session session(*model, n_ctx, std::min<int32_t>(n_batch, n_ctx), prec, false, keep_back, kv_types);
     session.set_routing(routing);
     std::vector<float> logits;
     nlohmann::json result;
@@ -279,12 +315,24 @@ static int bench_main(const Args& args) {
     result["isa"] = kernels::isa_name(kernels::active_isa());
     if (p.has("ep")) result["ep_ranks"] = ep.n_ranks();
     result["precision"] = prec == Precision::Native ? "native" : "exact";
-    auto report = [&](const std::string& test, int64_t n_tok, const std::vector<double>& tps, const char* key) {
+    result["cache_type_k"] = dtype_name(kv_types.k);
+    result["cache_type_v"] = dtype_name(kv_types.v);
+    result["kv_cache_bytes"] = session.cache().bytes();
+    int64_t depth = 0;  // the depth of the tests being run
+    nlohmann::json all_tests = nlohmann::json::object();
+    auto report = [&](std::string test, int64_t n_tok, const std::vector<double>& tps, const char* key) {
       const Stat s = stats_of(tps);
+      const nlohmann::json entry = {{"tokens", n_tok}, {"tok_per_s", s.mean}, {"stddev", s.stddev}, {"samples", tps}};
+      if (depth > 0) test += " @ d" + std::to_string(depth);
       if (json) {
-        result[key] = {{"tokens", n_tok}, {"tok_per_s", s.mean}, {"stddev", s.stddev}, {"samples", tps}};
+        // Every test under "tests" by its llama-bench name ("pp512", "tg64 @ d8192"); the
+        // last pp / tg of the first depth also as "pp" / "tg" (as before -d existed).
+        if (depth == depth_list.front()) result[key] = entry;
+        all_tests[test] = entry;
       } else {
-        const std::string ep_text = p.has("ep") ? ", EP x" + std::to_string(ep.n_ranks()) : "";
+        std::string ep_text = p.has("ep") ? ", EP x" + std::to_string(ep.n_ranks()) : "";
+        if (!(kv_types == KvTypes{}))  // as llama-bench, the cache types only when not the default
+          ep_text += std::string(", KV ") + dtype_name(kv_types.k) + "/" + dtype_name(kv_types.v);
         std::printf("| %s | %s | %.2f M | CPU (%s%s) | %lld | %s | %.2f ± %.2f |\n", label.c_str(),
                     human_bytes(double(model->weight_bytes())).c_str(), double(n_params) / 1e6,
                     kernels::isa_name(kernels::active_isa()), ep_text.c_str(), (long long)threads, test.c_str(), s.mean,
@@ -292,116 +340,143 @@ static int bench_main(const Args& args) {
         std::fflush(stdout);
       }
     };
-    for (int64_t n_prompt : n_prompt_list) {
-      if (n_prompt <= 0) continue;
-      std::vector<int32_t> tokens(static_cast<size_t>(n_prompt));
-      std::vector<double> tps;
-      for (int r = 0; r <= reps; ++r) {  // r == 0 is the warm-up
-        for (auto& t : tokens) t = tok_dist(rng);
+    double tg_mean = 0;
+    std::vector<int32_t> depth_tokens;
+    for (int64_t d : depth_list) {
+      depth = d;
+      // Fills the cache with `depth` random tokens once; each test then starts from there.
+      if (depth > 0) {
+        depth_tokens.resize(size_t(depth));
+        for (auto& t : depth_tokens) t = tok_dist(rng);
         session.cache().clear();
         const double t0 = now_seconds();
-        session.forward(tokens.data(), int32_t(n_prompt), false, logits, pool);
-        const double dt = now_seconds() - t0;
-        if (r > 0) tps.push_back(double(n_prompt) / dt);
+        session.forward(depth_tokens.data(), int32_t(depth), false, logits, pool);
+        if (!json) std::fprintf(stderr, "depth %lld: filled in %.1f s\n", (long long)depth, now_seconds() - t0);
       }
-      report("pp" + std::to_string(n_prompt), n_prompt, tps, "pp");
-    }
-    double tg_mean = 0;
-    for (int64_t n_gen : n_gen_list) {
-      if (n_gen <= 0) continue;
-      std::vector<double> tps;
-      SpeculationStats spec_total;
-      uint64_t plain_steps = 0, probes = 0, paying_probes = 0;
-      nlohmann::json cost_model;  // what the adaptive controller learned in the last repetition
-      std::unique_ptr<SpeculativeDecoder> spec_dec;
-      for (int r = 0; r <= reps; ++r) {
-        if (mtp.max_k == 0) {
-          session.cache().clear();
-          int32_t tok = tok_dist(rng);
-          const double t0 = now_seconds();
-          for (int64_t i = 0; i < n_gen; ++i) {
-            session.forward(&tok, 1, false, logits, pool);
-            tok = tok_dist(rng);  // as llama-bench: the decode cost does not depend on which token
-          }
-          const double dt = now_seconds() - t0;
-          if (r > 0) tps.push_back(double(n_gen) / dt);
-          continue;
-        }
-        // Speculative: greedy decoding from one random token, n_gen tokens produced. One
-        // decoder for all repetitions (as the plain test reuses its session), reset each time.
-        if (!spec_dec)
-          spec_dec = std::make_unique<SpeculativeDecoder>(*model, n_ctx + 4, std::min<int32_t>(n_batch, n_ctx), prec,
-                                                          mtp.max_k, mtp.adaptive);
-        SpeculativeDecoder& dec = *spec_dec;
-        dec.reset();
-        SamplingParams sp;
-        sp.temperature = 0;
-        sp.seed = uint64_t(r);
-        Sampler sampler(sp, size_t(hp.n_vocab));
-        const int32_t first = tok_dist(rng);
-        std::vector<int32_t> produced = {first};
-        int64_t n_done = 0;
-        const double t0 = now_seconds();
-        while (n_done < n_gen && dec.n_pos() + 4 < dec.n_ctx()) {
-          const int32_t pending = produced.back();
-          produced.clear();
-          dec.step(pending, sampler, produced, pool, synthetic);
-          n_done += int64_t(produced.size());
-        }
-        const double dt = now_seconds() - t0;
-        if (r > 0) {
-          tps.push_back(double(n_done) / dt);
-          spec_total.add(dec.stats());
-          plain_steps += dec.plain_steps();
-          const AdaptiveK& a = dec.adaptive();
-          probes += a.probes();
-          paying_probes += a.paying_probes();
-          const double c0 = a.verify_cost(0);
-          nlohmann::json verify = nlohmann::json::array(), rel = nlohmann::json::array(),
-                         measured = nlohmann::json::array(), expected = nlohmann::json::array(),
-                         speedup = nlohmann::json::array();
-          for (int32_t k = 0; k <= dec.max_k(); ++k) {
-            verify.push_back(a.verify_cost(k) * 1e3);
-            rel.push_back(c0 > 0 ? a.verify_cost(k) / c0 : 0.0);
-            measured.push_back(a.verify_measured(k));
-            expected.push_back(a.expected_tokens(k));
-            speedup.push_back(c0 > 0 ? a.rate(k) * c0 : 0.0);
-          }
-          cost_model = {{"verify_ms", verify},
-                        {"verify_relative", rel},
-                        {"verify_measured", measured},
-                        {"draft_ms", a.draft_cost() * 1e3},
-                        {"draft_relative", c0 > 0 ? a.draft_cost() / c0 : 0.0},
-                        {"acceptance", {a.acceptance(1), a.acceptance(2), a.acceptance(3)}},
-                        {"expected_tokens", expected},
-                        {"predicted_speedup", speedup},
-                        {"best_k", a.best_k()},
-                        {"probe_gap", a.probe_gap()}};
-        }
-      }
-      report("tg" + std::to_string(n_gen), n_gen, tps, "tg");
-      tg_mean = stats_of(tps).mean;
-      if (mtp.max_k > 0) {
-        nlohmann::json m = {{"k", mtp.adaptive ? std::string("auto") : std::to_string(mtp.max_k)},
-                            {"synthetic_accept", synthetic},
-                            {"speculative_steps", spec_total.steps},
-                            {"plain_steps", plain_steps},
-                            {"mean_tokens_per_step", spec_total.mean_tokens_per_step()},
-                            {"acceptance", {spec_total.acceptance(1), spec_total.acceptance(2), spec_total.acceptance(3)}}};
-        if (mtp.adaptive) {
-          m["probes"] = probes;
-          m["paying_probes"] = paying_probes;
-          m["cost_model"] = cost_model;
-        }
-        if (json)
-          result["mtp"] = m;
+      auto restart = [&] {
+        if (depth > 0)
+          session.cache().truncate(int32_t(depth));
         else
-          std::printf("\nmtp %s: %s\n\n", mtp.adaptive ? "auto" : std::to_string(mtp.max_k).c_str(), m.dump().c_str());
+          session.cache().clear();
+      };
+      for (int64_t n_prompt : n_prompt_list) {
+        if (n_prompt <= 0) continue;
+        std::vector<int32_t> tokens(static_cast<size_t>(n_prompt));
+        std::vector<double> tps;
+        for (int r = 0; r <= reps; ++r) {  // r == 0 is the warm-up
+          for (auto& t : tokens) t = tok_dist(rng);
+          restart();
+          const double t0 = now_seconds();
+          session.forward(tokens.data(), int32_t(n_prompt), false, logits, pool);
+          const double dt = now_seconds() - t0;
+          if (r > 0) tps.push_back(double(n_prompt) / dt);
+        }
+        report("pp" + std::to_string(n_prompt), n_prompt, tps, "pp");
       }
-    }
+      for (int64_t n_gen : n_gen_list) {
+        if (n_gen <= 0) continue;
+        std::vector<double> tps;
+        SpeculationStats spec_total;
+        uint64_t plain_steps = 0, probes = 0, paying_probes = 0;
+        nlohmann::json cost_model;  // what the adaptive controller learned in the last repetition
+        std::unique_ptr<Generator> spec_gen;
+        for (int r = 0; r <= reps; ++r) {
+          if (mtp.max_k == 0) {
+            restart();
+            int32_t tok = tok_dist(rng);
+            const double t0 = now_seconds();
+            for (int64_t i = 0; i < n_gen; ++i) {
+              session.forward(&tok, 1, false, logits, pool);
+              tok = tok_dist(rng);  // as llama-bench: the decode cost does not depend on which token
+            }
+            const double dt = now_seconds() - t0;
+            if (r > 0) tps.push_back(double(n_gen) / dt);
+            continue;
+          }
+          // Speculative: greedy decoding from one random token (run as the first decode step,
+          // with drafts), n_gen tokens produced. One generator for all repetitions (as the
+          // plain test reuses its session), restarted each time.
+          if (!spec_gen) {
+            GeneratorOptions go;
+            go.n_ctx = n_ctx + 4;
+            go.n_batch = std::min<int32_t>(n_batch, n_ctx);
+            go.precision = prec;
+            go.mtp = mtp.max_k;
+            go.mtp_adaptive = mtp.adaptive;
+            go.kv_types = kv_types;
+            spec_gen = std::make_unique<Generator>(*model, go);
+          }
+          Generator& gen = *spec_gen;
+          SequenceParams sq;
+          sq.prompt = {tok_dist(rng)};
+          sq.last_prompt_token_pending = true;
+          sq.sampling.temperature = 0;
+          sq.sampling.seed = uint64_t(r);
+          sq.stop_at_eog = false;
+          sq.max_tokens = int32_t(n_gen);
+          sq.synthetic_accept = synthetic;
+          int64_t n_done = 0;
+          gen.start(std::move(sq), [&n_done](const GenerateEvent&) { return ++n_done, SinkReply::Continue; });
+          const double t0 = now_seconds();
+          gen.run(pool);
+          const double dt = now_seconds() - t0;
+          if (r > 0) {
+            tps.push_back(double(n_done) / dt);
+            const SpeculationStats& st = gen.sequence().speculation_stats();
+            spec_total.add(st);
+            plain_steps += st.plain_steps;
+            const AdaptiveK& a = gen.speculation()->controller();
+            probes += a.probes();
+            paying_probes += a.paying_probes();
+            const double c0 = a.verify_cost(0);
+            nlohmann::json verify = nlohmann::json::array(), rel = nlohmann::json::array(),
+                           measured = nlohmann::json::array(), expected = nlohmann::json::array(),
+                           speedup = nlohmann::json::array();
+            for (int32_t k = 0; k <= gen.max_k(); ++k) {
+              verify.push_back(a.verify_cost(k) * 1e3);
+              rel.push_back(c0 > 0 ? a.verify_cost(k) / c0 : 0.0);
+              measured.push_back(a.verify_measured(k));
+              expected.push_back(a.expected_tokens(k));
+              speedup.push_back(c0 > 0 ? a.rate(k) * c0 : 0.0);
+            }
+            cost_model = {{"verify_ms", verify},
+                          {"verify_relative", rel},
+                          {"verify_measured", measured},
+                          {"draft_ms", a.draft_cost() * 1e3},
+                          {"draft_relative", c0 > 0 ? a.draft_cost() / c0 : 0.0},
+                          {"acceptance", by_draft_position([&](int32_t i) { return a.acceptance(i); })},
+                          {"expected_tokens", expected},
+                          {"predicted_speedup", speedup},
+                          {"best_k", a.best_k()},
+                          {"probe_gap", a.probe_gap()}};
+          }
+        }
+        report("tg" + std::to_string(n_gen), n_gen, tps, "tg");
+        tg_mean = stats_of(tps).mean;
+        if (mtp.max_k > 0) {
+          nlohmann::json m = {{"k", mtp.adaptive ? std::string("auto") : std::to_string(mtp.max_k)},
+                              {"synthetic_accept", synthetic},
+                              {"speculative_steps", spec_total.steps},
+                              {"plain_steps", plain_steps},
+                              {"mean_tokens_per_step", spec_total.mean_tokens_per_step()},
+                              {"acceptance", by_draft_position([&](int32_t i) { return spec_total.acceptance(i); })}};
+          if (mtp.adaptive) {
+            m["probes"] = probes;
+            m["paying_probes"] = paying_probes;
+            m["cost_model"] = cost_model;
+          }
+          if (json)
+            result["mtp"] = m;
+          else
+            std::printf("\nmtp %s: %s\n\n", mtp.adaptive ? "auto" : std::to_string(mtp.max_k).c_str(), m.dump().c_str());
+        }
+      }
+    }  // depths
+    depth = 0;
+    result["tests"] = all_tests;
     if (p.has("parallel")) {
-      const auto n_seq_list = parse_list(p.str("parallel"), "--parallel", 1, 256);
-      const int32_t n_pp = int32_t(p.i64("parallel-prompt", 16, 1, 1 << 16));
+      const auto n_seq_list = parse_list(bs.parallel, "--parallel", 1, 256);
+      const int32_t n_pp = bs.parallel_prompt;
       const int32_t n_tg = int32_t(n_gen_list.front() > 0 ? n_gen_list.front() : 128);
       if (n_pp + n_tg + 8 > hp.n_ctx_train)
         throw UsageError("--parallel needs " + std::to_string(n_pp + n_tg + 8) + " positions per sequence");
@@ -414,6 +489,7 @@ static int bench_main(const Args& args) {
         eo.n_parallel = int32_t(n_seq);
         eo.max_queue = int32_t(n_seq);
         eo.precision = prec;
+        eo.kv_types = kv_types;
         eo.prefix_cache = false;
         eo.warm_up = true;
         auto engine = make_engine(*model, eo);
@@ -447,12 +523,12 @@ static int bench_main(const Args& args) {
       }
       if (json) result["parallel"] = par;
     }
-    if (p.has("verify-cost")) {
+    if (bs.verify_cost) {
       // One trunk pass over K+1 tokens after a 64-token context, repeated; time and the
       // distinct experts per MoE layer the pass reads.
       nlohmann::json vc = nlohmann::json::array();
       double base = 0;
-      for (int32_t k = 0; k <= 3; ++k) {
+      for (int32_t k = 0; k <= kMaxDrafts; ++k) {
         std::vector<double> secs;
         double distinct = 0;
         for (int r = 0; r <= reps * 4; ++r) {
@@ -482,8 +558,8 @@ static int bench_main(const Args& args) {
                       v["k"].get<int>(), v["tokens"].get<int>(), v["ms"].get<double>(), v["relative"].get<double>(),
                       v["distinct_experts"].get<double>());
     }
-    if (p.has("membw")) {
-      const size_t mib = size_t(p.i64("membw-mib", 1024, 64, 1 << 16));
+    if (bs.membw) {
+      const size_t mib = size_t(bs.membw_mib);
       const double bw = measure_read_bandwidth(pool, mib << 20, 5);
       const double roofline = bw / double(active_bytes);
       if (json) {

@@ -8,6 +8,7 @@
 
 #include "args.h"
 #include "common.h"
+#include "engine/mtp_limits.h"
 #include "model/make_tiny.h"
 #include "patch/patch.h"
 
@@ -52,6 +53,18 @@ std::unique_ptr<Model> load_model(const std::string& path, bool quiet) {
 
 void print_kv_cache(const KvCache& cache) { std::fprintf(stderr, "kv cache: %s\n", cache.describe().c_str()); }
 
+void add_kv_cache_flags(ArgParser& p, KvTypes& types) {
+  auto bind = [&p](const char* names, const char* flag, const char* help, DType& target) {
+    p.option(names, "TYPE", help, [&target, flag](const std::string& v) {
+      const std::optional<DType> parsed = kv_type_from_name(v);
+      if (!parsed) throw UsageError(std::string(flag) + " expects f32, f16, bf16, q8_0 or q4_0, got '" + v + "'");
+      target = *parsed;
+    }, dtype_name(target));
+  };
+  bind("-ctk,--cache-type-k", "--cache-type-k", "KV cache type of keys: f32, f16, bf16, q8_0 or q4_0", types.k);
+  bind("-ctv,--cache-type-v", "--cache-type-v", "KV cache type of values: f32, f16, bf16, q8_0 or q4_0", types.v);
+}
+
 static std::string cache_dir() {
   if (const char* d = std::getenv("STEP35_CACHE_DIR"); d && *d) return d;
   if (const char* d = std::getenv("XDG_CACHE_HOME"); d && *d) return std::string(d) + "/step35";
@@ -87,14 +100,16 @@ std::string builtin_tiny_model_path() {
 MtpSetting parse_mtp_value(const std::string& value) {
   MtpSetting m;
   if (value == "auto") {
-    m.max_k = 3;
+    m.max_k = kMaxDrafts;
     m.adaptive = true;
-  } else if (value.size() == 1 && value[0] >= '0' && value[0] <= '3') {
-    m.max_k = value[0] - '0';
-  } else {
-    throw UsageError("--mtp expects 0, 1, 2, 3 or auto, got '" + value + "'");
+    return m;
   }
-  return m;
+  for (int32_t k = 0; k <= kMaxDrafts; ++k)
+    if (value == std::to_string(k)) {
+      m.max_k = k;
+      return m;
+    }
+  throw UsageError("--mtp expects 0.." + std::to_string(kMaxDrafts) + " or auto, got '" + value + "'");
 }
 
 MtpSetting parse_mtp(const std::string& value, const Model& model) {
@@ -107,20 +122,34 @@ MtpSetting parse_mtp(const std::string& value, const Model& model) {
   return m;
 }
 
-void add_adaptive_policy_flags(ArgParser& p) {
-  p.flag("--adaptive-mass", "X", "adaptive policy: keep top experts until their normalised weights reach X", "0.9");
-  p.flag("--adaptive-min-k", "N", "adaptive policy: never fewer experts than N", "4");
+void add_sampling_flags(ArgParser& p, SamplingParams& sp) {
+  p.option("--temp", "T", "temperature, 0 = greedy", sp.temperature, 0.0, 100.0);
+  p.option("--top-k", "K", "keep the K most likely tokens, 0 = off", sp.top_k, 0, 1 << 30);
+  p.option("--top-p", "P", "nucleus sampling threshold, 1 = off", sp.top_p, 0.0, 1.0);
+  p.option("--min-p", "P", "drop tokens below P x the top probability, 0 = off", sp.min_p, 0.0, 1.0);
+  p.option("--repeat-penalty", "X", "llama.cpp-style repetition penalty (divide positive logits, multiply negative "
+           "ones, of recently seen tokens), 1 = off", sp.repeat_penalty, 0.0, 100.0);
+  p.option("--repeat-last-n", "N", "how many recent tokens the penalties look at", sp.repeat_last_n, 0, 1 << 20);
+  p.option("--presence-penalty", "X", "OpenAI presence penalty: subtract X from every token already seen",
+           sp.presence_penalty, -100.0, 100.0);
+  p.option("--frequency-penalty", "X", "OpenAI frequency penalty: subtract X times the count of each seen token",
+           sp.frequency_penalty, -100.0, 100.0);
 }
 
-ExpertPolicySetting parse_expert_policy(const ArgParser& p) {
-  ExpertPolicySetting e;
-  const std::string policy = p.str("expert-policy", "strict");
-  if (policy != "strict" && policy != "adaptive")
-    throw UsageError("--expert-policy expects strict or adaptive, got '" + policy + "'");
-  e.adaptive = policy == "adaptive";
-  e.mass = float(p.f64("adaptive-mass", 0.9, 0.01, 1.0));
-  e.min_k = int32_t(p.i64("adaptive-min-k", 4, 1, 1024));
-  return e;
+void add_threads_flag(ArgParser& p, int32_t& threads) {
+  p.option("-t,--threads", "N", "worker threads", threads, 1, 1024, "number of cores");
+}
+
+void add_adaptive_policy_flags(ArgParser& p, float& mass, int32_t& min_k) {
+  p.option("--adaptive-mass", "X", "adaptive policy: keep the top-ranked experts until their normalised router "
+           "weights reach X", mass, 0.01, 1.0);
+  p.option("--adaptive-min-k", "N", "adaptive policy: never fewer experts than N", min_k, 1, 1024);
+}
+
+bool adaptive_expert_policy(const std::string& value) {
+  if (value != "strict" && value != "adaptive")
+    throw UsageError("--expert-policy expects strict or adaptive, got '" + value + "'");
+  return value == "adaptive";
 }
 
 std::vector<int32_t> parse_token_list(const std::string& s) {
@@ -143,12 +172,12 @@ std::vector<int32_t> parse_token_list(const std::string& s) {
   return ids;
 }
 
-void add_patch_flag(ArgParser& p) {
-  p.flag("--patch", "FILE", "apply a patch file from step35 finetune (repeatable; later files win where they overlap)");
+void add_patch_flag(ArgParser& p, std::vector<std::string>& paths) {
+  p.option("--patch", "FILE", "apply a patch file from step35 finetune (repeatable; later files win where they overlap)",
+           paths);
 }
 
-void apply_patch_flags(Model& model, const ArgParser& p) {
-  const std::vector<std::string> paths = p.all("patch");
+void apply_patches(Model& model, const std::vector<std::string>& paths) {
   if (paths.empty()) return;
   try {
     const auto patches = patch::load_and_apply(model, paths);

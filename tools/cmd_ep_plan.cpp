@@ -16,16 +16,17 @@ static int ep_plan_main(const Args& args) {
               "for --ep-placement that spreads the most-used experts over the ranks (each rank keeps an equal "
               "share of experts). Prints, per MoE block, the load imbalance (busiest rank's (token, expert) pairs "
               "over the mean) of the contiguous default and of the plan.");
-  p.flag("--counts", "FILE", "expert counts JSON from --record-experts");
-  p.flag("-n,--ranks", "R", "number of ranks (mpirun -np R)");
-  p.flag("-o,--output", "FILE", "placement JSON to write");
+  std::string counts_path, output;
+  int32_t R = 1;
+  p.option("--counts", "FILE", "expert counts JSON from --record-experts", counts_path);
+  p.option("-n,--ranks", "R", "number of ranks the placement is for (mpirun -np R)", R, 1, 1 << 16, "required");
+  p.option("-o,--output", "FILE", "placement JSON to write", output);
   if (!p.parse(args)) return 0;
   if (!p.has("counts")) throw UsageError("--counts FILE is required");
   if (!p.has("ranks")) throw UsageError("-n R is required");
   if (!p.has("output")) throw UsageError("-o FILE is required");
-  const int32_t R = int32_t(p.i64("ranks", 1, 1, 1 << 16));
-  const ExpertCounts counts = ExpertCounts::from_json(read_text_file(p.str("counts")));
-  if (counts.layers.empty()) throw UsageError(p.str("counts") + " records no MoE blocks");
+  const ExpertCounts counts = ExpertCounts::from_json(read_text_file(counts_path));
+  if (counts.layers.empty()) throw UsageError(counts_path + " records no MoE blocks");
   if (R > counts.n_expert)
     throw UsageError("more ranks (" + std::to_string(R) + ") than experts (" + std::to_string(counts.n_expert) + ")");
   const ExpertPlacement plan = plan_placement(counts, R);
@@ -47,8 +48,8 @@ static int ep_plan_main(const Args& args) {
               worst_after);
   std::printf("imbalance = busiest rank's load / mean rank load (1.000 = balanced), %d ranks, %zu MoE blocks\n", R,
               counts.layers.size());
-  write_text_file(p.str("output"), plan.to_json());
-  std::fprintf(stderr, "wrote %s\n", p.str("output").c_str());
+  write_text_file(output, plan.to_json());
+  std::fprintf(stderr, "wrote %s\n", output.c_str());
   return 0;
 }
 

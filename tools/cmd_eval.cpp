@@ -5,11 +5,11 @@
 #include <nlohmann/json.hpp>
 
 #include "args.h"
-#include "model/session.h"
 #include "commands.h"
 #include "common.h"
-#include "ep_options.h"
+#include "engine/generator.h"
 #include "engine/sampler.h"
+#include "ep_options.h"
 #include "exec/thread_pool.h"
 
 namespace step35::cli {
@@ -18,73 +18,84 @@ static int eval_main(const Args& args) {
   ArgParser p("eval", "Runs the given token ids through the model as one batch and prints JSON:\n"
                       "{\"n_vocab\":V,\"n_tokens\":N,\"argmax\":[one per position],\"logits\":[[last row]]"
                       " or every row with --all-logits,\"greedy\":[N tokens with --greedy N]}");
-  p.flag("-m,--model", "FILE", "GGUF model");
-  p.flag("--tokens", "IDS", "comma-separated token ids");
-  p.flag("--all-logits", "", "print the logits of every position, not only the last");
-  p.flag("--greedy", "N", "then generate N tokens greedily, one at a time through the KV cache "
-                          "(end-of-sequence not treated specially)", "0");
-  p.flag("-t,--threads", "N", "worker threads", "number of cores");
-  p.flag("-c,--ctx-size", "N", "context size", "prompt + greedy tokens");
-  p.flag("-b,--batch-size", "N", "largest batch run at once (longer prompts run in chunks)", "512");
-  p.flag("--hidden", "", "also print \"hidden\": the last trunk layer's output (MTP input) per position");
-  p.flag("--exact", "", "F32 activations on the exact stored weights (default: round activations as llama.cpp does)");
-  add_patch_flag(p);
+  std::string model_path, token_list;
+  std::vector<std::string> patches;
+  int32_t n_greedy = 0, n_ctx = 0, n_threads = default_threads();
+  bool all_logits = false, want_hidden = false, exact = false;
+  GeneratorOptions go;
+  p.option("-m,--model", "FILE", "GGUF model", model_path);
+  p.option("--tokens", "IDS", "comma-separated token ids", token_list);
+  p.option("--all-logits", "print the logits of every position, not only the last", all_logits);
+  p.option("--greedy", "N", "then generate N tokens greedily through the KV cache (end of generation not special)",
+           n_greedy, 0, 1 << 20);
+  add_threads_flag(p, n_threads);
+  p.option("-c,--ctx-size", "N", "context size", n_ctx, 1, 1 << 30, "prompt + greedy tokens");
+  p.option("-b,--batch-size", "N", "largest batch run at once (longer prompts run in chunks)", go.n_batch, 1, 1 << 16);
+  p.option("--hidden", "also print the last trunk layer's output per position (the MTP input)", want_hidden);
+  p.option("--exact", "F32 activations on the exact stored weights (default: round activations as llama.cpp does)",
+           exact);
+  add_kv_cache_flags(p, go.kv_types);
+  add_patch_flag(p, patches);
   add_ep_flags(p);
   if (!p.parse(args)) return 0;
   if (!p.has("model")) throw UsageError("-m MODEL is required");
   if (!p.has("tokens")) throw UsageError("--tokens is required");
-  const auto tokens = parse_token_list(p.str("tokens"));
-  const int n_greedy = int(p.i64("greedy", 0, 0, 1 << 20));
-  const int n_threads = int(p.i64("threads", default_threads(), 1, 1024));
-  const int n_batch = int(p.i64("batch-size", 512, 1, 1 << 16));
+  const auto tokens = parse_token_list(token_list);
   const int64_t need = int64_t(tokens.size()) + n_greedy;
-  const int n_ctx = int(p.i64("ctx-size", need, 1, 1 << 30));
+  if (!p.has("ctx-size")) n_ctx = int32_t(std::min<int64_t>(need, 1 << 30));
   if (need > n_ctx)
     throw UsageError(std::to_string(tokens.size()) + " tokens + " + std::to_string(n_greedy) +
                      " greedy tokens exceed the context size " + std::to_string(n_ctx));
 
   EpSetup ep(p);
-  if (ep.is_follower()) return ep.follow(p.str("model"), n_threads);
-  auto model = load_model(p.str("model"));
-  apply_patch_flags(*model, p);
+  if (ep.is_follower()) return ep.follow(model_path, n_threads);
+  auto model = load_model(model_path);
+  apply_patches(*model, patches);
   ep.attach(*model);
-  const int n_vocab = model->hparams().n_vocab;
-  Session session(*model, n_ctx, std::min<int>(n_batch, n_ctx), p.has("exact") ? Precision::Exact : Precision::Native);
-  print_kv_cache(session.cache());
+  const size_t V = size_t(model->hparams().n_vocab), E = size_t(model->hparams().n_embd), T = tokens.size();
+  go.n_ctx = n_ctx;
+  go.precision = exact ? Precision::Exact : Precision::Native;
+  Generator gen(*model, go);
+  std::fprintf(stderr, "kv cache: %s\n", gen.describe_kv().c_str());
   ThreadPool pool(n_threads);
 
-  std::vector<float> logits, hidden;
-  session.forward(tokens.data(), int32_t(tokens.size()), true, logits, pool, p.has("hidden") ? &hidden : nullptr);
+  // The prompt as one batch (in chunks of -b): every position's logits and hidden rows;
+  // then greedy decoding from its last row, one token per pass.
+  std::vector<float> logits(T * V), hidden(want_hidden ? T * E : 0);
+  SequenceParams params;
+  params.prompt = tokens;
+  params.sampling.temperature = 0;
+  params.stop_at_eog = false;  // end-of-sequence tokens are not special here
+  params.max_tokens = n_greedy;
+  params.on_prompt_rows = [&](int32_t first, int32_t n, const float* lg, const float* hd) {
+    std::copy(lg, lg + size_t(n) * V, logits.begin() + ptrdiff_t(size_t(first) * V));
+    if (!hidden.empty()) std::copy(hd, hd + size_t(n) * E, hidden.begin() + ptrdiff_t(size_t(first) * E));
+  };
+  std::vector<int32_t> greedy;
+  gen.start(std::move(params), [&](const GenerateEvent& ev) {
+    if (int(greedy.size()) >= n_greedy) return SinkReply::Cancel;
+    greedy.push_back(ev.token);
+    return int(greedy.size()) < n_greedy ? SinkReply::Continue : SinkReply::Cancel;
+  });
+  gen.run(pool);
+
   nlohmann::json out;
-  out["n_vocab"] = n_vocab;
-  out["n_tokens"] = tokens.size();
+  out["n_vocab"] = V;
+  out["n_tokens"] = T;
   nlohmann::json argmax = nlohmann::json::array(), rows = nlohmann::json::array();
-  for (size_t t = 0; t < tokens.size(); ++t) {
-    const float* row = logits.data() + t * size_t(n_vocab);
-    argmax.push_back(Sampler::argmax(row, size_t(n_vocab)));
-    if (p.has("all-logits") || t + 1 == tokens.size()) rows.push_back(std::vector<float>(row, row + n_vocab));
+  for (size_t t = 0; t < T; ++t) {
+    const float* row = logits.data() + t * V;
+    argmax.push_back(Sampler::argmax(row, V));
+    if (all_logits || t + 1 == T) rows.push_back(std::vector<float>(row, row + V));
   }
   out["argmax"] = argmax;
   out["logits"] = rows;
-  if (p.has("hidden")) {
-    const size_t E = size_t(model->hparams().n_embd);
+  if (want_hidden) {
     nlohmann::json h = nlohmann::json::array();
-    for (size_t t = 0; t < tokens.size(); ++t)
-      h.push_back(std::vector<float>(hidden.begin() + t * E, hidden.begin() + (t + 1) * E));
+    for (size_t t = 0; t < T; ++t) h.push_back(std::vector<float>(hidden.begin() + ptrdiff_t(t * E), hidden.begin() + ptrdiff_t((t + 1) * E)));
     out["hidden"] = h;
   }
-  if (n_greedy > 0) {
-    std::vector<int32_t> greedy;
-    int32_t next = Sampler::argmax(logits.data() + (tokens.size() - 1) * size_t(n_vocab), size_t(n_vocab));
-    for (int i = 0; i < n_greedy; ++i) {
-      greedy.push_back(next);
-      if (i + 1 == n_greedy) break;
-      std::vector<float> step;
-      session.forward(&next, 1, false, step, pool);
-      next = Sampler::argmax(step.data(), size_t(n_vocab));
-    }
-    out["greedy"] = greedy;
-  }
+  if (n_greedy > 0) out["greedy"] = greedy;
   std::string s = out.dump();
   std::fwrite(s.data(), 1, s.size(), stdout);
   std::fputc('\n', stdout);

@@ -77,68 +77,59 @@ int finetune_main(const Args& args) {
               "held-out loss before and after, and writes the trained slices as a patch file (step35 patch, --patch).\n"
               "GROUPS: experts=L:E,L:E (or L:topN, the N experts of layer L the text routes to most); router=L,L;\n"
               "shared=L; several joined with ';', e.g. \"experts=12:top2;router=12\".");
-  p.flag("-m,--model", "FILE", "GGUF model to adapt");
-  p.flag("-f,--file", "FILE", "training text");
-  p.flag("--eval-file", "FILE", "held-out text evaluated before and after (not trained on)");
-  p.flag("--train", "GROUPS", "what to train (see above)");
-  p.flag("--out", "FILE", "patch file to write");
-  p.flag("--steps", "N", "optimizer steps", "100");
-  p.flag("--lr", "X", "AdamW learning rate", "1e-3");
-  p.flag("--warmup", "N", "steps over which the learning rate rises linearly to --lr", "10");
-  p.flag("--clip", "X", "clip the gradient's global norm to X (0: no clipping)", "1");
-  p.flag("--weight-decay", "X", "AdamW decoupled weight decay", "0");
-  p.flag("-b,--batch-size", "N", "windows of the text per step", "4");
-  p.flag("-c,--ctx-size", "N", "tokens per window", "128");
-  p.flag("--seed", "S", "seed of the window order (a run is reproducible with it)", "1");
-  p.flag("--balance-weight", "X", "weight of the expert-group balance loss G * sum_g f_g * p_g at trained routers", "0");
-  p.flag("--balance-groups", "G", "expert groups of the balance loss (must divide the expert count)",
-         "one group per expert");
-  p.flag("--eval-windows", "N", "windows each evaluation covers at most", "all");
-  p.flag("--patch-type", "T", "how the patch stores slices: base (the model tensor's type, re-quantized), f16 or f32",
-         "base");
-  p.flag("-t,--threads", "N", "worker threads", "number of cores");
-  p.flag("--json", "", "print one JSON object with the results to stdout");
+  train::FinetuneSettings s;
+  s.adamw.warmup_steps = 10;
+  std::string model_path, train_path, eval_path, groups, out_path, storage_name = "base";
+  int32_t ctx = 128, n_threads = default_threads();
+  bool json = false;
+  p.option("-m,--model", "FILE", "GGUF model to adapt", model_path);
+  p.option("-f,--file", "FILE", "training text", train_path);
+  p.option("--eval-file", "FILE", "held-out text evaluated before and after (not trained on)", eval_path);
+  p.option("--train", "GROUPS", "what to train (see above)", groups);
+  p.option("--out", "FILE", "patch file to write", out_path);
+  p.option("--steps", "N", "optimizer steps", s.steps, 0, int64_t(1) << 32);
+  p.option("--lr", "X", "AdamW learning rate", s.adamw.lr, 0, 10);
+  p.option("--warmup", "N", "steps over which the learning rate rises linearly to --lr", s.adamw.warmup_steps, 0,
+           int64_t(1) << 32);
+  p.option("--clip", "X", "clip the gradient's global norm to X (0: no clipping)", s.adamw.clip_norm, 0, 1e9);
+  p.option("--weight-decay", "X", "AdamW decoupled weight decay", s.adamw.weight_decay, 0, 10);
+  p.option("-b,--batch-size", "N", "windows of the text per step", s.batch, 1, 1 << 16);
+  p.option("-c,--ctx-size", "N", "tokens per window", ctx, 1, 1 << 20);
+  p.option("--seed", "S", "seed of the window order (a run is reproducible with it)", s.seed);
+  p.option("--balance-weight", "X", "weight of the expert-group balance loss G * sum_g f_g * p_g at trained routers",
+           s.balance_weight, 0, 1e6);
+  p.option("--balance-groups", "G", "expert groups of the balance loss (must divide the expert count)",
+           s.balance_groups, 1, 1 << 20, "one group per expert");
+  p.option("--eval-windows", "N", "windows each evaluation covers at most", s.eval_windows, 1, INT64_MAX, "all");
+  p.option("--patch-type", "T", "how the patch stores slices: base (the model tensor's type, re-quantized), f16 or f32",
+           storage_name);
+  add_threads_flag(p, n_threads);
+  p.option("--json", "print one JSON object with the results to stdout", json);
   if (!p.parse(args)) return 0;
   for (const char* required : {"model", "file", "train", "out"})
     if (!p.has(required)) throw UsageError(std::string("--") + required + " is required");
-
-  train::FinetuneSettings s;
   try {
-    s.groups = train::TrainGroups::parse(p.str("train"));
+    s.groups = train::TrainGroups::parse(groups);
   } catch (const std::invalid_argument& e) {
     throw UsageError(e.what());
   }
-  s.steps = p.i64("steps", 100, 0, int64_t(1) << 32);
-  s.adamw.lr = float(p.f64("lr", 1e-3, 0, 10));
-  s.adamw.warmup_steps = p.i64("warmup", 10, 0, int64_t(1) << 32);
-  s.adamw.clip_norm = float(p.f64("clip", 1.0, 0, 1e9));
-  s.adamw.weight_decay = float(p.f64("weight-decay", 0, 0, 10));
-  s.batch = int32_t(p.i64("batch-size", 4, 1, 1 << 16));
-  const int32_t ctx = int32_t(p.i64("ctx-size", 128, 1, 1 << 20));
-  s.seed = uint64_t(p.i64("seed", 1, 0, INT64_MAX));
-  s.balance_weight = float(p.f64("balance-weight", 0, 0, 1e6));
-  s.balance_groups = int32_t(p.i64("balance-groups", 0, 1, 1 << 20));
-  s.eval_windows = p.i64("eval-windows", 0, 1, INT64_MAX);
-  const std::string storage_name = p.str("patch-type", "base");
   if (storage_name != "base" && storage_name != "f16" && storage_name != "f32")
     throw UsageError("--patch-type expects base, f16 or f32, got '" + storage_name + "'");
   const patch::Storage storage = storage_name == "f16"   ? patch::Storage::F16
                                  : storage_name == "f32" ? patch::Storage::F32
                                                          : patch::Storage::BaseType;
-  const int n_threads = int(p.i64("threads", default_threads(), 1, 1024));
-  const bool json = p.has("json");
 
-  const std::string train_text = read_text(p.str("file"), "--file");
-  const std::string eval_text = p.has("eval-file") ? read_text(p.str("eval-file"), "--eval-file") : "";
+  const std::string train_text = read_text(train_path, "--file");
+  const std::string eval_text = eval_path.empty() ? "" : read_text(eval_path, "--eval-file");
   Model::LoadOptions lo;
   lo.verbose = false;
   lo.repack = false;  // training reads the file's rows, never the repacked copies
-  std::unique_ptr<Model> model = Model::load(p.str("model"), lo);
+  std::unique_ptr<Model> model = Model::load(model_path, lo);
   const Tokenizer& tok = model->tokenizer();
   std::unique_ptr<train::TokenWindows> train_data, eval_data;
   try {
     train_data = std::make_unique<train::TokenWindows>(tok.encode(train_text, true, false), ctx);
-    if (p.has("eval-file")) eval_data = std::make_unique<train::TokenWindows>(tok.encode(eval_text, true, false), ctx);
+    if (!eval_path.empty()) eval_data = std::make_unique<train::TokenWindows>(tok.encode(eval_text, true, false), ctx);
   } catch (const std::invalid_argument& e) {
     throw UsageError(e.what());
   }
@@ -153,7 +144,7 @@ int finetune_main(const Args& args) {
   ft->prepare(*train_data);
   train::TrainedParams& params = ft->params();
   std::fprintf(stderr, "finetune: %s | train %s (%lld values, %.1f MiB in F32) | %lld training windows of %d tokens%s\n",
-               p.str("model").c_str(), ft->groups().to_string().c_str(), static_cast<long long>(params.n_values()),
+               model_path.c_str(), ft->groups().to_string().c_str(), static_cast<long long>(params.n_values()),
                double(params.n_values()) * 4 / (1 << 20), static_cast<long long>(train_data->size()), ctx,
                eval_data ? (", " + std::to_string(eval_data->size()) + " held-out").c_str() : "");
   // Refuse an impossible storage type before spending time on training.
@@ -183,8 +174,8 @@ int finetune_main(const Args& args) {
   if (eval_data) eval_after = ft->evaluate(*eval_data);
 
   out.train_text = {{"groups", ft->groups().to_string()},
-                    {"train_file", base_name(p.str("file"))},
-                    {"eval_file", p.has("eval-file") ? base_name(p.str("eval-file")) : ""},
+                    {"train_file", base_name(train_path)},
+                    {"eval_file", eval_path.empty() ? "" : base_name(eval_path)},
                     {"storage", storage_name}};
   out.train_numbers = {{"steps", double(s.steps)},
                        {"lr", s.adamw.lr},
@@ -206,7 +197,7 @@ int finetune_main(const Args& args) {
     out.train_numbers["eval_loss_before"] = eval_before.stats.loss();
     out.train_numbers["eval_loss_after"] = eval_after.stats.loss();
   }
-  out.write(p.str("out"));
+  out.write(out_path);
 
   std::fprintf(stderr, "after:  train loss %.4f (routed %.4f)%s\n", train_after.stats.loss(),
                train_after.stats.routed_loss(),
@@ -215,7 +206,7 @@ int finetune_main(const Args& args) {
     std::fprintf(stderr, "layer %d expert activation skew (max/mean): %.3f -> %.3f\n", layer, x,
                  train_after.skew.count(layer) ? train_after.skew.at(layer) : 0.0);
   std::fprintf(stderr, "wrote %s: %zu slices, %.2f MiB | %.0f training tokens/s | peak RSS %.1f MiB\n",
-               p.str("out").c_str(), out.slices.size(), double(out.data_bytes()) / (1 << 20), sum.tokens_per_s,
+               out_path.c_str(), out.slices.size(), double(out.data_bytes()) / (1 << 20), sum.tokens_per_s,
                peak_rss_mib());
   if (json) {
     nlohmann::json j;
@@ -236,7 +227,7 @@ int finetune_main(const Args& args) {
     j["skew_before"] = skew_json(train_before.skew);
     j["skew_after"] = skew_json(train_after.skew);
     j["losses"] = sum.losses;
-    j["patch"] = p.str("out");
+    j["patch"] = out_path;
     j["patch_bytes"] = out.data_bytes();
     j["peak_rss_mib"] = peak_rss_mib();
     j["activation_mib"] = double(ft->activation_bytes()) / (1 << 20);

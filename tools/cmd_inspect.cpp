@@ -6,6 +6,7 @@
 #include "args.h"
 #include "commands.h"
 #include "common.h"
+#include "engine/generator.h"
 #include "tensor/dtype.h"
 
 namespace step35::cli {
@@ -14,13 +15,18 @@ static int inspect_main(const Args& args) {
   ArgParser p("inspect", "Describes a step35 GGUF model.");
   p.positional("MODEL", "GGUF file (first part of a split model)");
   p.flag("-m,--model", "FILE", "same as MODEL");
-  p.flag("-c,--ctx-size", "N", "context size for the KV cache estimate", "the model's training context");
+  int32_t n_ctx = 0;
+  p.option("-c,--ctx-size", "N", "context size for the KV cache estimate", n_ctx, 1, 1 << 30,
+           "the model's training context");
+  KvTypes kv_types;
+  add_kv_cache_flags(p, kv_types);
   p.flag("--metadata", "", "also list every metadata key");
   p.flag("--tensors", "", "also list every tensor");
   if (!p.parse(args)) return 0;
   std::string path = p.positionals().empty() ? p.str("model") : p.positionals()[0];
   if (path.empty()) throw UsageError("MODEL is required");
   auto model = load_model(path, true);
+  KvPool::block_bytes(model->kv_layers(), KvPool::kDefaultBlockSize, kv_types);  // types the heads cannot take: error now
   const gguf::File& f = model->file();
   const HParams& hp = model->hparams();
   const Tokenizer& tok = model->tokenizer();
@@ -75,18 +81,23 @@ static int inspect_main(const Args& args) {
               tok.n_vocab(), tok.n_merges(), tok.pre_type().c_str(), tok.bos(), tok.eos(),
               tok.add_bos() ? "yes" : "no", tok.eog_ids().size());
   std::printf("chat template: %s\n", f.has("tokenizer.chat_template") ? "embedded" : "none (Step 3.5 format)");
-  const int n_ctx = int(p.i64("ctx-size", hp.n_ctx_train, 1, 1 << 30));
-  // Same layout as the cache `run` would allocate (default batch 512), without allocating it.
-  const int32_t batch = 512;
+  if (!p.has("ctx-size")) n_ctx = hp.n_ctx_train;
+  // Same layout as the cache `run` would allocate (its default batch), without allocating it.
+  const int32_t batch = GeneratorOptions{}.n_batch;
   const auto shapes = model->kv_layers();
   const auto [n_full_blocks, n_swa_blocks] = KvPool::blocks_for_sequence(shapes, n_ctx, hp.swa_window, batch);
-  const auto [full_block_bytes, swa_block_bytes] = KvPool::block_bytes(shapes, KvPool::kDefaultBlockSize);
-  size_t full = 0, swa = 0;
-  for (const auto& s : shapes) (s.is_swa ? swa : full)++;
+  const auto [full_block_bytes, swa_block_bytes] = KvPool::block_bytes(shapes, KvPool::kDefaultBlockSize, kv_types);
+  size_t full = 0, swa = 0, full_position = 0;
+  for (const auto& s : shapes) {
+    (s.is_swa ? swa : full)++;
+    if (!s.is_swa) full_position += KvPool::position_bytes(s, kv_types);
+  }
   const double bytes = double(n_full_blocks) * double(full_block_bytes) + double(n_swa_blocks) * double(swa_block_bytes);
-  std::printf("kv cache:      %.1f MiB (F32) at context %d: %zu full layers x %d + %zu SWA layers x %lld positions\n",
-              bytes / (1 << 20), n_ctx, full, n_ctx, swa,
-              (long long)std::min<int64_t>(n_ctx, n_swa_blocks * KvPool::kDefaultBlockSize));
+  std::printf("kv cache:      %.1f MiB (K %s, V %s) at context %d: %zu full layers x %d + %zu SWA layers x %lld "
+              "positions; %zu bytes per position of the full layers (%.1f MiB per 1K positions)\n",
+              bytes / (1 << 20), dtype_name(kv_types.k), dtype_name(kv_types.v), n_ctx, full, n_ctx, swa,
+              (long long)std::min<int64_t>(n_ctx, n_swa_blocks * KvPool::kDefaultBlockSize), full_position,
+              double(full_position) * 1024.0 / (1 << 20));
   if (p.has("metadata")) {
     std::printf("\nmetadata:\n");
     for (const auto& [k, v] : f.metadata()) std::printf("  %s = %s\n", k.c_str(), v.to_string().c_str());

@@ -1,8 +1,6 @@
 // step35 make-tiny: writes a random-weight step35 GGUF (src/model/make_tiny.h) and prints
 // one JSON line describing it.
-#include <cerrno>
 #include <cstdio>
-#include <cstdlib>
 
 #include <nlohmann/json.hpp>
 
@@ -14,46 +12,31 @@
 
 namespace step35::cli {
 
-// A full-range unsigned 64-bit seed (ArgParser::i64 stops at 2^63 - 1).
-static uint64_t parse_seed(const std::string& v) {
-  char* end = nullptr;
-  errno = 0;
-  const unsigned long long x = std::strtoull(v.c_str(), &end, 10);
-  if (v.empty() || v[0] == '-' || v[0] == '+' || *end != '\0' || errno == ERANGE)
-    throw UsageError("--seed expects an integer in [0, 18446744073709551615], got '" + v + "'");
-  return uint64_t(x);
-}
-
 static int make_tiny_main(const Args& args) {
   ArgParser p("make-tiny",
               "Writes a random-weight step35 GGUF with the real model's proportions (deterministic: the\n"
               "same options give a byte-identical file) and prints a JSON summary line.\n"
               "Presets: tiny (8 layers + 1 MTP block, ~14 M parameters) and bench (the benchmark shape of\n"
               "../shared/docs/peer.md: 12 layers + 1 MTP block, 713 M parameters).");
-  p.flag("--out", "FILE", "output .gguf path (required)");
-  p.flag("--preset", "NAME", "tiny | bench", "tiny");
-  p.flag("--seed", "S", "weight seed (unsigned 64-bit)", "1");
-  p.flag("--type", "TYPE", "storage type of the weight matrices: f32 | f16 | bf16 | q8_0 (norms, router, "
-                           "biases and rope_freqs stay f32)", "f32");
-  p.flag("--name", "NAME", "general.name", "the output file name without .gguf");
+  TinyModelOptions opts;
+  std::string out, type = dtype_name(opts.weight_type);
+  p.option("--out", "FILE", "output .gguf path (required)", out);
+  p.option("--preset", "NAME", "tiny (14M parameters, ~57 MB in F32) or bench (the benchmark shape of "
+           "../shared/docs/peer.md)", opts.preset);
+  p.option("--seed", "S", "weight seed (unsigned 64-bit)", opts.seed);
+  p.option("--type", "TYPE", "storage type of the weight matrices: f32, f16, bf16 or q8_0 (norms, router, biases and "
+           "rope_freqs stay f32)", type);
+  p.option("--name", "NAME", "general.name", opts.name, "the output file name without .gguf");
   if (!p.parse(args)) return 0;
 
-  TinyModelOptions opts;
-  const std::string out = p.str("out");
   if (out.empty()) throw UsageError("--out FILE is required (see --help)");
-  opts.preset = p.str("preset", "tiny");
   if (opts.preset != "tiny" && opts.preset != "bench")
     throw UsageError("--preset expects tiny or bench, got '" + opts.preset + "'");
-  if (p.has("seed")) opts.seed = parse_seed(p.str("seed"));
-  const std::string type = p.str("type", "f32");
   const auto t = dtype_from_name(type);
   if (!t || (*t != DType::F32 && *t != DType::F16 && *t != DType::BF16 && *t != DType::Q8_0))
     throw UsageError("--type expects f32, f16, bf16 or q8_0, got '" + type + "'");
   opts.weight_type = *t;
-  if (p.has("name")) {
-    opts.name = p.str("name");
-    if (opts.name.empty()) throw UsageError("--name must not be empty");
-  }
+  if (p.has("name") && opts.name.empty()) throw UsageError("--name must not be empty");
 
   const double t0 = now_seconds();
   TinyModelSummary s;

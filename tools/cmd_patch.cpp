@@ -13,7 +13,13 @@ namespace step35::cli {
 
 namespace {
 
-ArgParser patch_parser() {
+struct PatchSettings {
+  std::string model, out;
+  std::vector<std::string> patches;
+  bool json = false;
+};
+
+ArgParser patch_parser(PatchSettings& ps) {
   ArgParser p("patch inspect|apply",
               "inspect FILE: the slices of a patch (tensor, expert, stored and base type, shape, bytes, base hash)\n"
               "and its training settings; with -m, also whether it fits that model.\n"
@@ -21,25 +27,25 @@ ArgParser patch_parser() {
               "every untouched expert is byte-identical to the model.");
   p.positional("ACTION", "inspect or apply");
   p.positional("[FILE]", "inspect: the patch file");
-  p.flag("-m,--model", "FILE", "the base model (apply: required; inspect: check the patch against it)");
-  p.flag("--patch", "FILE", "apply: a patch file (repeatable)");
-  p.flag("--out", "FILE", "apply: the patched model to write");
-  p.flag("--json", "", "inspect: print JSON");
+  p.option("-m,--model", "FILE", "the base model (apply: required; inspect: check the patch against it)", ps.model);
+  p.option("--patch", "FILE", "apply: a patch file (repeatable)", ps.patches);
+  p.option("--out", "FILE", "apply: the patched model to write", ps.out);
+  p.option("--json", "inspect: print JSON", ps.json);
   return p;
 }
 
-int inspect(const ArgParser& p, const std::string& path) {
+int inspect(const PatchSettings& ps, const std::string& path) {
   const patch::Patch pt = patch::Patch::read(path);
   std::string fits;
-  if (p.has("model")) {
+  if (!ps.model.empty()) {
     Model::LoadOptions lo;
     lo.verbose = false;
     lo.repack = false;
-    auto model = Model::load(p.str("model"), lo);
+    auto model = Model::load(ps.model, lo);
     pt.check_base(*model, path);  // throws with the first mismatch
-    fits = p.str("model");
+    fits = ps.model;
   }
-  if (p.has("json")) {
+  if (ps.json) {
     nlohmann::json j;
     j["base_name"] = pt.base_name;
     j["base_hash"] = patch::hash_hex(pt.base_hash());
@@ -72,35 +78,36 @@ int inspect(const ArgParser& p, const std::string& path) {
   return 0;
 }
 
-int apply(const ArgParser& p) {
-  if (!p.has("model")) throw UsageError("apply: -m MODEL is required");
-  if (!p.has("out")) throw UsageError("apply: --out FILE is required");
-  const std::vector<std::string> paths = p.all("patch");
+int apply(const PatchSettings& ps) {
+  if (ps.model.empty()) throw UsageError("apply: -m MODEL is required");
+  if (ps.out.empty()) throw UsageError("apply: --out FILE is required");
+  const std::vector<std::string>& paths = ps.patches;
   if (paths.empty()) throw UsageError("apply: at least one --patch FILE is required");
   Model::LoadOptions lo;
   lo.verbose = false;
   lo.repack = false;
-  auto model = Model::load(p.str("model"), lo);
+  auto model = Model::load(ps.model, lo);
   std::vector<patch::Patch> patches;
   for (const std::string& path : paths) patches.push_back(patch::Patch::read(path));
-  const size_t n = patch::apply_to_file(*model, patches, p.str("out"));
-  std::fprintf(stderr, "wrote %s: %s with %zu slices replaced from %zu patch%s\n", p.str("out").c_str(),
-               p.str("model").c_str(), n, paths.size(), paths.size() == 1 ? "" : "es");
+  const size_t n = patch::apply_to_file(*model, patches, ps.out);
+  std::fprintf(stderr, "wrote %s: %s with %zu slices replaced from %zu patch%s\n", ps.out.c_str(),
+               ps.model.c_str(), n, paths.size(), paths.size() == 1 ? "" : "es");
   return 0;
 }
 
 int patch_main(const Args& args) {
-  ArgParser p = patch_parser();
+  PatchSettings ps;
+  ArgParser p = patch_parser(ps);
   if (!p.parse(args)) return 0;
   const auto& pos = p.positionals();
   if (pos.empty()) throw UsageError("expected 'inspect FILE' or 'apply' (see --help)");
   if (pos[0] == "inspect") {
     if (pos.size() < 2) throw UsageError("inspect: which patch file?");
-    return inspect(p, pos[1]);
+    return inspect(ps, pos[1]);
   }
   if (pos[0] == "apply") {
     if (pos.size() > 1) throw UsageError("apply: unexpected argument '" + pos[1] + "'");
-    return apply(p);
+    return apply(ps);
   }
   throw UsageError("unknown action '" + pos[0] + "' (expected inspect or apply)");
 }

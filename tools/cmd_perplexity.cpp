@@ -23,8 +23,6 @@ namespace {
 
 using namespace step35::perplexity;
 
-constexpr int32_t kDefaultCtx = 512;     // llama-perplexity's default -c
-constexpr int32_t kDefaultBatch = 2048;  // llama.cpp's default -b
 
 // The whole file, less one trailing newline (llama.cpp's -f drops it too).
 std::string read_text_file(const std::string& path) {
@@ -87,13 +85,19 @@ void print_done(int32_t n_chunk, int32_t n_ctx, double t0) {
                dt > 0 ? n_tokens / dt : 0.0);
 }
 
+// perplexity's settings, with their defaults (what --help shows).
 struct Options {
-  int32_t n_threads = 1, n_batch = kDefaultBatch, max_chunks = 0;
-  Precision precision = Precision::Native;
+  int32_t n_ctx = 512;     // llama-perplexity's default -c
+  int32_t n_batch = 2048;  // llama.cpp's default -b
+  int32_t max_chunks = std::numeric_limits<int32_t>::max();
+  int32_t n_threads = default_threads();
+  bool exact = false;
+  KvTypes kv_types;         // llama-perplexity's default: f16 keys and values
+  Precision precision() const { return exact ? Precision::Exact : Precision::Native; }
 };
 
 int run_perplexity(const ArgParser& p, const Model& model, const std::string& text, const Options& o) {
-  const int32_t n_ctx = int32_t(p.i64("ctx-size", kDefaultCtx, 3, 1 << 30));
+  const int32_t n_ctx = o.n_ctx;
   check_ctx_fits(model, n_ctx);
   const std::vector<int32_t> tokens = tokenize_text(model, p.str("file"), text);
   if (int64_t(tokens.size()) < 2 * int64_t(n_ctx))
@@ -112,7 +116,7 @@ int run_perplexity(const ArgParser& p, const Model& model, const std::string& te
     std::fprintf(stderr, "perplexity: saving the log-probabilities of every scored token to %s\n",
                  p.str("kl-divergence-base").c_str());
   }
-  ChunkRunner runner(model, n_ctx, batch, o.precision);
+  ChunkRunner runner(model, n_ctx, batch, o.precision(), o.kv_types);
   ThreadPool pool(o.n_threads);
   const double t0 = now_seconds();
   const PerplexitySums sums =
@@ -134,7 +138,7 @@ int run_kl_divergence(const ArgParser& p, const Model& model, BaseFileReader& ba
   if (h.n_vocab != n_vocab)
     throw std::runtime_error("base file " + base_path + " was made with a vocabulary of " + std::to_string(h.n_vocab) +
                              " tokens, this model has " + std::to_string(n_vocab));
-  if (p.has("ctx-size") && p.i64("ctx-size", 0, 3, 1 << 30) != h.n_ctx)
+  if (p.has("ctx-size") && o.n_ctx != h.n_ctx)
     throw std::runtime_error("base file " + base_path + " was made with a context of " + std::to_string(h.n_ctx) +
                              " tokens, not -c " + p.str("ctx-size") + " (omit -c to use the base's)");
   if (h.n_ctx > model.hparams().n_ctx_train)
@@ -159,7 +163,7 @@ int run_kl_divergence(const ArgParser& p, const Model& model, BaseFileReader& ba
   const int32_t batch = std::min(o.n_batch, h.n_ctx);
   std::fprintf(stderr, "kl_divergence: computing over %d chunks, n_ctx=%d, batch_size=%d, n_seq=1\n", n_chunk,
                h.n_ctx, batch);
-  ChunkRunner runner(model, h.n_ctx, batch, o.precision);
+  ChunkRunner runner(model, h.n_ctx, batch, o.precision(), o.kv_types);
   ThreadPool pool(o.n_threads);
   const double t0 = now_seconds();
   print_stdout_after_blank_line(kl_table_header());
@@ -189,12 +193,15 @@ static int perplexity_main(const Args& args) {
   p.flag("-m,--model", "FILE", "GGUF model");
   p.flag("-f,--file", "TEXT", "text file (one trailing newline is dropped, as llama.cpp does); optional with "
                               "--kl-divergence, where it must match the base's tokens");
-  p.flag("-c,--ctx-size", "N", "tokens per chunk, at most the model's context; with --kl-divergence the base's",
-         "512");
-  p.flag("--chunks", "K", "score at most K chunks", "all");
-  p.flag("-b,--batch-size", "N", "most tokens per forward pass", "2048");
-  p.flag("-t,--threads", "N", "worker threads", "number of cores");
-  p.flag("--exact", "", "F32 activations on the exact stored weights (default: round activations as llama.cpp does)");
+  Options o;
+  p.option("-c,--ctx-size", "N", "tokens per chunk, at most the model's context; with --kl-divergence the base's",
+           o.n_ctx, 3, 1 << 30);
+  p.option("--chunks", "K", "score at most K chunks", o.max_chunks, 1, std::numeric_limits<int32_t>::max(), "all");
+  p.option("-b,--batch-size", "N", "most tokens per forward pass", o.n_batch, 1, 1 << 20);
+  add_threads_flag(p, o.n_threads);
+  p.option("--exact", "F32 activations on the exact stored weights (default: round activations as llama.cpp does)",
+           o.exact);
+  add_kv_cache_flags(p, o.kv_types);
   p.flag("--kl-divergence-base", "FILE",
          "without --kl-divergence: save the base log-probabilities there; with it: read them");
   p.flag("--kl-divergence", "", "report KL divergence and the other statistics against --kl-divergence-base");
@@ -204,12 +211,6 @@ static int perplexity_main(const Args& args) {
   if (kl && !p.has("kl-divergence-base"))
     throw UsageError("--kl-divergence needs --kl-divergence-base FILE (the base model's saved log-probabilities)");
   if (!kl && !p.has("file")) throw UsageError("-f TEXT is required");
-  Options o;
-  o.n_threads = int32_t(p.i64("threads", default_threads(), 1, 1024));
-  o.n_batch = int32_t(p.i64("batch-size", kDefaultBatch, 1, 1 << 20));
-  o.max_chunks = int32_t(p.i64("chunks", std::numeric_limits<int32_t>::max(), 1, std::numeric_limits<int32_t>::max()));
-  o.precision = p.has("exact") ? Precision::Exact : Precision::Native;
-  p.i64("ctx-size", kDefaultCtx, 3, 1 << 30);  // a bad value is a usage error before anything is read
   // The text and the base are read before the model: a wrong path fails at once.
   std::unique_ptr<std::string> text;
   if (p.has("file")) text = std::make_unique<std::string>(read_text_file(p.str("file")));

@@ -19,7 +19,9 @@ static int quantize_main(const Args& args) {
   p.positional("OUT", "output GGUF (must not be the input)");
   p.positional("TYPE", "target file type, case-insensitive: " + file_type_names() +
                            "\n      (Q3_K, Q4_K, Q5_K are llama-quantize's aliases of the _M mixes)");
-  p.flag("-t,--threads", "N", "worker threads", "number of cores");
+  QuantizeOptions opts;
+  opts.n_threads = default_threads();
+  add_threads_flag(p, opts.n_threads);
   if (!p.parse(args)) return 0;
   if (p.positionals().size() != 3) throw UsageError("expected IN OUT TYPE (see --help)");
   const std::string& in = p.positionals()[0];
@@ -32,9 +34,7 @@ static int quantize_main(const Args& args) {
       why += " (IQ types other than IQ4_NL and IQ4_XS need an importance matrix, which step35 quantize does not use)";
     throw UsageError(why + "; expected one of " + file_type_names());
   }
-  QuantizeOptions opts;
   opts.type = *type;
-  opts.n_threads = int(p.i64("threads", default_threads(), 1, 1024));
   opts.log = [](const std::string& line) { std::fprintf(stderr, "%s\n", line.c_str()); };
 
   const QuantizeSummary s = quantize_gguf(in, out, opts);

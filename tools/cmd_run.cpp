@@ -4,75 +4,83 @@
 #include <random>
 
 #include "args.h"
-#include "model/session.h"
+#include "chat/chat_template.h"
 #include "commands.h"
 #include "common.h"
+#include "engine/generator.h"
 #include "ep_options.h"
-#include "engine/sampler.h"
-#include "engine/speculative.h"
 #include "exec/thread_pool.h"
-#include "chat/chat_template.h"
 
 namespace step35::cli {
+
+namespace {
+
+// run's own settings; the others are SamplingParams and GeneratorOptions.
+struct RunSettings {
+  std::string model, prompt, file, system, mtp, chat_template_file;
+  std::vector<std::string> patches;  // --patch, in order
+  int32_t n_predict = 128;
+  int32_t threads = default_threads();
+  bool chat = false, verbose_prompt = false, ignore_eos = false, special = false, exact = false;
+};
+
+std::string read_prompt_file(const std::string& path) {
+  FILE* fp = std::fopen(path.c_str(), "rb");
+  if (!fp) throw UsageError("cannot read prompt file '" + path + "'");
+  std::string text;
+  char buf[65536];
+  size_t n;
+  while ((n = std::fread(buf, 1, sizeof buf, fp)) > 0) text.append(buf, n);
+  std::fclose(fp);
+  return text;
+}
+
+}  // namespace
 
 static int run_main(const Args& args) {
   ArgParser p("run", "Generates text from PROMPT and streams it to stdout; load time, prompt and\n"
                      "generation speed go to stderr. Without -m it uses the built-in tiny model\n"
                      "(random weights: the text is gibberish).");
-  p.flag("-m,--model", "FILE", "GGUF model (first part of a split model)", "the built-in tiny model");
-  p.flag("-p,--prompt", "TEXT", "prompt text");
-  p.flag("-f,--file", "FILE", "read the prompt from a file");
-  p.flag("-n,--n-predict", "N", "tokens to generate (stops earlier at end of generation)", "128");
-  p.flag("--chat", "", "wrap the prompt as a user message in the model's chat template");
-  p.flag("--system", "TEXT", "system message for --chat");
-  p.flag("--temp", "T", "temperature; 0 = greedy", "0.8");
-  p.flag("--top-k", "K", "keep the K most likely tokens; 0 = off", "40");
-  p.flag("--top-p", "P", "nucleus sampling threshold; 1 = off", "0.95");
-  p.flag("--min-p", "P", "drop tokens below P x the top probability; 0 = off", "0.05");
-  p.flag("--repeat-penalty", "X", "penalise recently seen tokens (llama.cpp rule); 1 = off", "1.0");
-  p.flag("--repeat-last-n", "N", "how many recent tokens the penalties look at", "64");
-  p.flag("--presence-penalty", "X", "subtract X from every token already seen", "0");
-  p.flag("--frequency-penalty", "X", "subtract X times the count of each seen token", "0");
-  p.flag("--seed", "S", "random seed; a fixed seed reproduces a run", "random");
-  p.flag("-t,--threads", "N", "worker threads", "number of cores");
-  p.flag("-c,--ctx-size", "N", "context size in tokens", "4096, at most the model's");
-  p.flag("-b,--batch-size", "N", "prompt tokens processed per forward pass", "512");
-  p.flag("--ignore-eos", "", "keep generating past end-of-generation tokens");
-  p.flag("--special", "", "print control tokens (e.g. <|im_end|>) in the output");
-  p.flag("--exact", "", "F32 activations on the exact stored weights (default: round activations as llama.cpp does)");
-  p.flag("--mtp", "K", "MTP speculative decoding: drafts per step 0..3, or auto (chosen per step from acceptance "
-                       "and measured cost; never slower than plain decoding)", "auto when the model has MTP blocks (0 with --seed and sampling)");
-  add_patch_flag(p);
+  RunSettings rs;
+  SamplingParams sp;
+  GeneratorOptions go;
+  p.option("-m,--model", "FILE", "GGUF model (first part of a split model)", rs.model, "the built-in tiny model");
+  p.option("-p,--prompt", "TEXT", "prompt text", rs.prompt);
+  p.option("-f,--file", "FILE", "read the prompt from a file", rs.file);
+  p.option("-n,--n-predict", "N", "tokens to generate; stops earlier at end of generation", rs.n_predict, 0, 1 << 30);
+  p.option("--chat", "wrap the prompt as a user message in the model's chat template", rs.chat);
+  p.option("--system", "TEXT", "system message for --chat", rs.system);
+  p.option("--chat-template-file", "FILE", "Jinja chat template for --chat, instead of the model file's "
+           "tokenizer.chat_template", rs.chat_template_file, "the model file's");
+  p.option("--verbose-prompt", "print the prompt (with --chat: as the template rendered it) to stderr before "
+           "generating", rs.verbose_prompt);
+  add_sampling_flags(p, sp);
+  p.flag("--seed", "S", "random seed; a fixed seed reproduces a run", "random, printed");
+  add_threads_flag(p, rs.threads);
+  p.option("-c,--ctx-size", "N", "context size in tokens", go.n_ctx, 1, 1 << 30,
+           std::to_string(go.n_ctx) + ", or the model's training context if that is smaller");
+  p.option("-b,--batch-size", "N", "prompt tokens per forward pass", go.n_batch, 1, 1 << 16);
+  p.option("--ignore-eos", "keep generating past end-of-generation tokens", rs.ignore_eos);
+  p.option("--special", "print control tokens (such as <|im_end|>) in the output", rs.special);
+  p.option("--exact", "F32 activations on the exact stored weights (default: round activations as llama.cpp does)",
+           rs.exact);
+  p.option("--mtp", "K", "MTP speculative decoding: 0.." + std::to_string(kMaxDrafts) + " drafts per step, or auto "
+           "(K chosen per step from acceptance and measured cost). auto follows measured speed, so with --seed and "
+           "sampling it would make the run depend on timing: the default is then 0 (a fixed K stays reproducible)",
+           rs.mtp, "auto when the model has MTP blocks");
+  add_kv_cache_flags(p, go.kv_types);
+  add_patch_flag(p, rs.patches);
   add_ep_flags(p);
   if (!p.parse(args)) return 0;
 
-  std::string prompt = p.str("prompt");
-  if (p.has("file")) {
-    FILE* fp = std::fopen(p.str("file").c_str(), "rb");
-    if (!fp) throw UsageError("cannot read prompt file '" + p.str("file") + "'");
-    prompt.clear();
-    char buf[65536];
-    size_t n;
-    while ((n = std::fread(buf, 1, sizeof buf, fp)) > 0) prompt.append(buf, n);
-    std::fclose(fp);
-  }
   if (!p.has("prompt") && !p.has("file")) throw UsageError("-p PROMPT (or -f FILE) is required");
-  const int n_predict = int(p.i64("n-predict", 128, 0, 1 << 30));
-  const int n_threads = int(p.i64("threads", default_threads(), 1, 1024));
-  const int n_batch = int(p.i64("batch-size", 512, 1, 1 << 16));
-  SamplingParams sp;
-  sp.temperature = float(p.f64("temp", 0.8, 0.0, 100.0));
-  sp.top_k = int32_t(p.i64("top-k", 40, 0, 1 << 30));
-  sp.top_p = float(p.f64("top-p", 0.95, 0.0, 1.0));
-  sp.min_p = float(p.f64("min-p", 0.05, 0.0, 1.0));
-  sp.repeat_penalty = float(p.f64("repeat-penalty", 1.0, 0.0, 100.0));
-  sp.repeat_last_n = int32_t(p.i64("repeat-last-n", 64, 0, 1 << 20));
-  sp.presence_penalty = float(p.f64("presence-penalty", 0.0, -100.0, 100.0));
-  sp.frequency_penalty = float(p.f64("frequency-penalty", 0.0, -100.0, 100.0));
+  const std::string prompt = p.has("file") ? read_prompt_file(rs.file) : rs.prompt;
+  const int n_predict = rs.n_predict;
+  const int n_threads = rs.threads;
   sp.seed = p.has("seed") ? uint64_t(p.i64("seed", 0, 0, INT64_MAX)) : std::random_device{}();
 
   EpSetup ep(p);
-  std::string path = p.str("model");
+  std::string path = rs.model;
   const bool builtin = path.empty();
   if (builtin) {
     path = builtin_tiny_model_path();
@@ -85,25 +93,30 @@ static int run_main(const Args& args) {
   if (ep.is_follower()) return ep.follow(path, n_threads);
   const double t_load0 = now_seconds();
   auto model = load_model(path);
-  apply_patch_flags(*model, p);
+  apply_patches(*model, rs.patches);
   ep.attach(*model);
   const double t_load = now_seconds() - t_load0;
   const Tokenizer& tok = model->tokenizer();
 
   std::vector<int32_t> tokens;
-  if (p.has("chat")) {
-    ChatTemplate tmpl(model->file().opt_str("tokenizer.chat_template").value_or(""),
-                      tok.bos() >= 0 ? tok.token_to_piece(tok.bos()) : "");
+  if (!rs.chat && p.has("chat-template-file")) throw UsageError("--chat-template-file needs --chat");
+  if (rs.chat) {
+    // A template that cannot be read or parsed, or that refuses the conversation, ends the
+    // run with its one-line error.
+    const ChatTemplate tmpl(ChatTemplateSource::from_model(model->file(), tok, rs.chat_template_file));
     std::vector<ChatMessage> msgs;
-    if (p.has("system")) msgs.push_back({"system", p.str("system"), "", {}, ""});
+    if (p.has("system")) msgs.push_back({"system", rs.system, "", {}, ""});
     msgs.push_back({"user", prompt, "", {}, ""});
     const std::string rendered = tmpl.render(msgs);
-    tokens = tok.encode(rendered, !tmpl.renders_bos(), true);
+    if (rs.verbose_prompt) std::fprintf(stderr, "prompt:\n%s\n", rendered.c_str());
+    tokens = tok.encode(rendered, !tmpl.starts_with_bos(rendered), true);
   } else {
+    if (rs.verbose_prompt) std::fprintf(stderr, "prompt:\n%s\n", prompt.c_str());
     tokens = tok.encode(prompt, true, false);
   }
-  const int default_ctx = std::min(4096, model->hparams().n_ctx_train);
-  const int n_ctx = int(p.i64("ctx-size", default_ctx, 1, 1 << 30));
+  if (rs.verbose_prompt) std::fprintf(stderr, "prompt tokens: %zu\n", tokens.size());
+  if (!p.has("ctx-size")) go.n_ctx = std::min(go.n_ctx, model->hparams().n_ctx_train);
+  const int n_ctx = go.n_ctx;
   if (int64_t(tokens.size()) >= n_ctx)
     throw UsageError("the prompt is " + std::to_string(tokens.size()) + " tokens, which does not fit the " +
                      "context of " + std::to_string(n_ctx) + " tokens (raise -c)");
@@ -111,69 +124,64 @@ static int run_main(const Args& args) {
   // on timing: a fixed --seed then defaults to plain decoding (a fixed --mtp K stays
   // reproducible).
   const bool seeded_sampling = sp.temperature > 0 && p.has("seed");
-  const MtpSetting mtp = parse_mtp(p.str("mtp", model->has_mtp() && !seeded_sampling ? "auto" : "0"), *model);
-  SpeculativeDecoder decoder(*model, n_ctx, std::min(n_batch, n_ctx), p.has("exact") ? Precision::Exact : Precision::Native,
-                             mtp.max_k, mtp.adaptive);
-  print_kv_cache(decoder.cache());
+  const MtpSetting mtp =
+      parse_mtp(p.has("mtp") ? rs.mtp : model->has_mtp() && !seeded_sampling ? "auto" : "0", *model);
+  go.precision = rs.exact ? Precision::Exact : Precision::Native;
+  go.mtp = mtp.max_k;
+  go.mtp_adaptive = mtp.adaptive;
+  Generator gen(*model, go);
+  std::fprintf(stderr, "kv cache: %s\n", gen.describe_kv().c_str());
   ThreadPool pool(n_threads);
-  Sampler sampler(sp, size_t(model->hparams().n_vocab));
-  for (int32_t t : tokens) sampler.accept(t);
 
-  std::vector<float> logits;
-  const double t0 = now_seconds();
-  decoder.prefill(tokens.data(), int32_t(tokens.size()), logits, pool);
-  const double t_prompt = now_seconds() - t0;
-
+  // -n is counted here rather than given as the sequence's max_tokens: a step near the end
+  // still drafts as far as the context allows, as it always has, so seeded runs repeat.
+  SequenceParams params;
+  params.prompt = tokens;
+  params.sampling = sp;
+  params.stop_at_eog = !rs.ignore_eos;
   Utf8Stream utf8;
-  const bool special = p.has("special");
-  int n_gen = 0;
+  const bool special = rs.special;
+  int n_printed = 0;
+  gen.start(std::move(params), [&](const GenerateEvent& ev) {
+    const std::string text = utf8.push(tok.token_to_piece(ev.token, special));
+    std::fwrite(text.data(), 1, text.size(), stdout);
+    return ++n_printed < n_predict ? SinkReply::Continue : SinkReply::Cancel;
+  });
+  const double t0 = now_seconds();
+  std::optional<FinishReason> end = gen.prefill(pool);
+  const double t_prompt = now_seconds() - t0;
   const double t1 = now_seconds();
-  std::vector<int32_t> produced;
-  int32_t pending = sampler.sample(logits.data());
-  sampler.accept(pending);
-  produced.push_back(pending);
-  bool stop = false;
-  while (!stop) {
-    // Emit what the last step produced (the first token, or accepted drafts + the next).
-    for (int32_t t : produced) {
-      ++n_gen;
-      if (tok.is_eog(t) && !p.has("ignore-eos")) {
-        stop = true;
-        break;
-      }
-      const std::string text = utf8.push(tok.token_to_piece(t, special));
-      std::fwrite(text.data(), 1, text.size(), stdout);
-      if (n_gen >= n_predict) {
-        stop = true;
-        break;
-      }
-    }
+  while (!end) {
     std::fflush(stdout);
-    if (stop) break;
-    pending = produced.back();
-    if (decoder.n_pos() + 1 >= decoder.n_ctx()) {
-      std::fprintf(stderr, "\n[context full after %d tokens]\n", decoder.n_pos() + 1);
-      break;
-    }
-    produced.clear();
-    decoder.step(pending, sampler, produced, pool);
+    end = gen.step(pool);
   }
+  std::fflush(stdout);
+  const Sequence& seq = gen.sequence();
+  if (*end == FinishReason::Context)
+    std::fprintf(stderr, "\n[context full after %d tokens]\n", seq.n_prompt() + seq.n_generated());
   const std::string rest = utf8.flush();
   std::fwrite(rest.data(), 1, rest.size(), stdout);
   std::fputc('\n', stdout);
   const double t_gen = now_seconds() - t1;
+  const int n_gen = seq.n_generated();
   std::fprintf(stderr,
                "\ntimings: load %.0f ms | prompt %zu tokens in %.1f ms (%.1f tok/s) | generation %d tokens in "
                "%.1f ms (%.1f tok/s) | %d threads, seed %llu\n",
                t_load * 1e3, tokens.size(), t_prompt * 1e3, double(tokens.size()) / std::max(t_prompt, 1e-9),
                n_gen, t_gen * 1e3, n_gen / std::max(t_gen, 1e-9), n_threads, (unsigned long long)sp.seed);
-  if (decoder.max_k() > 0) {
-    const SpeculationStats& st = decoder.stats();
+  if (gen.max_k() > 0) {
+    const SpeculationStats& st = seq.speculation_stats();
+    std::string acceptance;
+    for (int32_t i = 1; i <= kMaxDrafts; ++i) {
+      char buf[16];
+      std::snprintf(buf, sizeof buf, " %.2f", st.acceptance(i));
+      acceptance += buf;
+    }
     std::fprintf(stderr,
-                 "mtp: %s (max %d drafts) | %llu speculative steps, %.2f tokens/step | acceptance by draft position "
-                 "%.2f %.2f %.2f | %llu plain steps\n",
-                 mtp.adaptive ? "auto" : "fixed", decoder.max_k(), (unsigned long long)st.steps, st.mean_tokens_per_step(),
-                 st.acceptance(1), st.acceptance(2), st.acceptance(3), (unsigned long long)decoder.plain_steps());
+                 "mtp: %s (max %d drafts) | %llu speculative steps, %.2f tokens/step | acceptance by draft position"
+                 "%s | %llu plain steps\n",
+                 mtp.adaptive ? "auto" : "fixed", gen.max_k(), (unsigned long long)st.steps, st.mean_tokens_per_step(),
+                 acceptance.c_str(), (unsigned long long)st.plain_steps);
   }
   return 0;
 }

@@ -1,5 +1,10 @@
 // step35 serve: the OpenAI-compatible HTTP server (src/server) over the continuous-batching engine.
+#include <cctype>
 #include <cstdio>
+#include <cstdlib>
+#include <fstream>
+#include <string>
+#include <vector>
 
 #include "args.h"
 #include "commands.h"
@@ -27,82 +32,163 @@ static void log_step(const StepTrace& t) {
                prompt_tokens, prompt_chunks, t.forward_ms);
 }
 
+// Comma-separated items, spaces around them dropped, empty ones skipped.
+static std::vector<std::string> split_list(const std::string& s) {
+  std::vector<std::string> out;
+  size_t i = 0;
+  while (i <= s.size()) {
+    size_t j = s.find(',', i);
+    if (j == std::string::npos) j = s.size();
+    std::string item = s.substr(i, j - i);
+    while (!item.empty() && std::isspace(static_cast<unsigned char>(item.front()))) item.erase(item.begin());
+    while (!item.empty() && std::isspace(static_cast<unsigned char>(item.back()))) item.pop_back();
+    if (!item.empty()) out.push_back(item);
+    i = j + 1;
+  }
+  return out;
+}
+
+// The API keys: --api-key (comma-separated), then the lines of --api-key-file (blank lines
+// and # comments skipped); $STEP35_API_KEY when neither gives one.
+static std::vector<std::string> api_keys(const std::string& flag, const std::string& file) {
+  std::vector<std::string> keys = split_list(flag);
+  if (!file.empty()) {
+    std::ifstream in(file);
+    if (!in) throw UsageError("--api-key-file " + file + ": cannot read it");
+    size_t from_file = 0;
+    for (std::string line; std::getline(in, line);) {
+      while (!line.empty() && std::isspace(static_cast<unsigned char>(line.back()))) line.pop_back();
+      size_t b = 0;
+      while (b < line.size() && std::isspace(static_cast<unsigned char>(line[b]))) ++b;
+      line.erase(0, b);
+      if (line.empty() || line[0] == '#') continue;
+      keys.push_back(line);
+      ++from_file;
+    }
+    if (from_file == 0) throw UsageError("--api-key-file " + file + ": no key in it");
+  }
+  if (keys.empty())
+    if (const char* env = std::getenv("STEP35_API_KEY"); env && *env) keys = split_list(env);
+  return keys;
+}
+
+// --reasoning-effort-budgets LOW,MEDIUM,HIGH.
+static void parse_effort_budgets(const std::string& value, server::ReasoningDefaults& r) {
+  const std::vector<std::string> b = split_list(value);
+  int32_t v[3] = {0, 0, 0};
+  bool ok = b.size() == 3;
+  for (size_t i = 0; ok && i < 3; ++i) {
+    char* end = nullptr;
+    const long long x = std::strtoll(b[i].c_str(), &end, 10);
+    ok = *end == '\0' && x >= -1 && x <= (1 << 24);
+    v[i] = int32_t(x);
+  }
+  if (!ok)
+    throw UsageError("--reasoning-effort-budgets expects three token counts LOW,MEDIUM,HIGH (-1: unbounded), got '" +
+                     value + "'");
+  r.low = v[0];
+  r.medium = v[1];
+  r.high = v[2];
+}
+
 static int serve_main(const Args& args) {
-  ArgParser p("serve", "Serves the model over HTTP: OpenAI chat/completions, /v1/step35/execute, /tokenize,\n"
-                       "/detokenize, /health and Prometheus /metrics (see docs/server.md). Many requests run\n"
-                       "together (continuous batching). Stops cleanly on SIGTERM / SIGINT.");
-  p.flag("-m,--model", "FILE", "GGUF model (first part of a split model)", "the built-in tiny model");
-  p.flag("--alias", "NAME", "model id reported by /v1/models", "the model file name");
-  p.flag("--host", "ADDR", "address to listen on", "127.0.0.1");
-  p.flag("--port", "N", "TCP port (0: any free port, printed at start)", "8080");
-  p.flag("--parallel", "N", "sequences generated together at most", "4");
-  p.flag("-c,--ctx-size", "N", "context size per sequence in tokens", "4096, at most the model's");
-  p.flag("-t,--threads", "N", "worker threads", "number of cores");
-  p.flag("-b,--batch-size", "N", "tokens per forward pass at most (decode + prompt chunks)", "512");
-  p.flag("--kv-mem", "MIB", "KV cache pool size in MiB", "enough for --parallel x --ctx-size");
-  p.flag("--api-key", "KEY", "require 'Authorization: Bearer KEY' (or x-api-key) on every endpoint but /health");
-  p.flag("--max-queue", "N", "requests waiting beyond the running ones; more get 503 + Retry-After", "64");
-  p.flag("--timeout", "S", "per-request time limit in seconds (408 when exceeded)", "600");
-  p.flag("--max-body", "BYTES", "request body size limit (413 beyond)", "8388608");
-  p.flag("--max-n", "N", "choices per request (n) at most", "8");
-  p.flag("--batch-wait-ms", "MS", "how long high_throughput requests may wait to join a larger batch", "20");
-  p.flag("--expert-policy", "P", "what expert_policy 'auto' means: strict (the model's top-k) or adaptive", "strict");
-  add_adaptive_policy_flags(p);
-  p.flag("--no-prefix-cache", "", "do not reuse KV blocks of identical prompt prefixes");
-  p.flag("--mtp", "K", "MTP speculative decoding: drafts per step 0..3, or auto (0..3 chosen per step from acceptance "
-         "and measured cost); needs a model with MTP blocks", "0");
-  p.flag("--exact", "", "F32 activations on the exact stored weights (default: round activations as llama.cpp does)");
-  p.flag("--http-threads", "N", "HTTP worker threads", "enough for every running and queued request");
-  p.flag("--keep-alive", "S", "seconds an idle connection keeps its HTTP thread (before its first request or between "
-         "keep-alive requests); bounds how long idle connections can make a new request wait", "2");
-  p.flag("--shutdown-grace", "S", "on SIGTERM, seconds in-flight requests may finish before they are cancelled", "10");
-  p.flag("--log-steps", "", "one line per forward pass on stderr: decode tokens, prompt tokens, forward time");
-  add_patch_flag(p);
+  ArgParser p("serve", "Serves the model over HTTP: OpenAI chat/completions/responses, Anthropic messages,\n"
+                       "/v1/step35/execute, /tokenize, /detokenize, /props, /health and Prometheus /metrics (see\n"
+                       "docs/server.md). Many requests run together (continuous batching). Stops cleanly on\n"
+                       "SIGTERM / SIGINT.");
+  server::ServerOptions o;
+  EngineOptions& e = o.engine;
+  e.n_threads = default_threads();
+  int64_t kv_mib = e.kv_bytes >> 20, max_body = int64_t(o.max_body_bytes);
+  std::string expert_policy = "strict", mtp = "0", api_key, api_key_file, cors, log_format = "text";
+  std::string effort_budgets = std::to_string(o.reasoning.low) + "," + std::to_string(o.reasoning.medium) + "," +
+                               std::to_string(o.reasoning.high);
+  bool exact = false, log_steps = false;
+  p.option("-m,--model", "FILE", "GGUF model (first part of a split model)", o.model_path, "the built-in tiny model");
+  p.option("--alias", "NAME", "model id reported by /v1/models", o.model_id, "the model file name");
+  p.option("--chat-template-file", "FILE", "Jinja chat template to render requests with, instead of the model "
+           "file's tokenizer.chat_template", o.chat_template_file, "the model file's");
+  p.option("--host", "ADDR", "address to listen on", o.host);
+  p.option("--port", "N", "TCP port (0: any free port, printed at start); a port in use is an error (exit 1)", o.port,
+           0, 65535);
+  p.option("--parallel", "N", "sequences generated together at most", e.n_parallel, 1, 1024);
+  p.option("-c,--ctx-size", "N", "context size per sequence in tokens, prompt and answer (capped at the model's "
+           "training context; 0: the model's)", e.n_ctx, 0, 1 << 24);
+  add_threads_flag(p, e.n_threads);
+  p.option("-b,--batch-size", "N", "tokens per forward pass at most, decode tokens plus prompt chunks", e.n_batch, 1,
+           1 << 16);
+  p.option("--kv-mem", "MIB", "KV cache pool size in MiB (less than one sequence needs, or more than the pool can "
+           "index, is an error naming the limit)", kv_mib, 1, int64_t(1) << 30, "enough for --parallel x --ctx-size");
+  p.option("--api-key", "KEY", "require 'Authorization: Bearer KEY' (or 'x-api-key: KEY') on every endpoint except "
+           "/health (401 otherwise); several keys comma-separated", api_key, "$STEP35_API_KEY");
+  p.option("--api-key-file", "FILE", "API keys, one per line (blank lines and # comments skipped), besides --api-key",
+           api_key_file);
+  p.option("--cors", "ORIGINS", "answer browsers from these origins (comma-separated, or *) with CORS headers, "
+           "preflight requests included", cors, "no CORS headers");
+  // Sampling for requests that leave it out: the flags of `run`, with OpenAI's defaults.
+  add_sampling_flags(p, o.sampling);
+  p.option("--reasoning-budget", "N", "reasoning tokens for requests that ask for no budget (-1: unbounded, 0: no "
+           "reasoning)", o.reasoning.budget, -1, 1 << 24);
+  p.option("--reasoning-effort-budgets", "L,M,H", "reasoning tokens for reasoning_effort low, medium, high "
+           "(-1: unbounded)", effort_budgets);
+  p.option("--max-queue", "N", "requests waiting beyond the running ones; more get 503 with Retry-After", e.max_queue,
+           0, 1 << 20);
+  p.option("--timeout", "S", "per-request time limit in seconds (408 when exceeded)", o.timeout_s, 0.001, 1e7);
+  p.option("--max-body", "BYTES", "request body size limit, whatever the content type (413 beyond)", max_body, 1024,
+           int64_t(1) << 32);
+  p.option("--max-n", "N", "choices per request (n, best_of) at most", o.max_n, 1, 128);
+  p.option("--batch-wait-ms", "MS", "how long high_throughput requests may wait to join a larger batch",
+           e.batch_wait_ms, 0, 60000);
+  p.option("--expert-policy", "P", "what expert_policy 'auto' means: strict (the model's top-k) or adaptive",
+           expert_policy);
+  add_adaptive_policy_flags(p, o.adaptive_mass, o.adaptive_min_k);
+  p.option("--no-prefix-cache", "do not reuse KV blocks of identical prompt prefixes", e.prefix_cache, false);
+  p.option("--mtp", "K", "MTP speculative decoding: 0.." + std::to_string(kMaxDrafts) + " drafts per step, or auto (K "
+           "chosen per step from acceptance and measured cost); needs a model with MTP blocks. Acceptance per draft "
+           "position is in /metrics (step35_mtp_drafts_total, step35_mtp_accepted_total, step35_mtp_acceptance_rate, "
+           "label position)", mtp);
+  p.option("--exact", "F32 activations on the exact stored weights (default: round activations as llama.cpp does)",
+           exact);
+  p.option("--http-threads", "N", "HTTP worker threads", o.http_threads, 1, 4096,
+           "enough for every running and queued request");
+  p.option("--keep-alive", "S", "seconds an idle connection keeps its HTTP thread, before its first request or "
+           "between keep-alive requests (httplib's own default is 5): with more idle connections than threads, a new "
+           "request waits at most about this long", o.keep_alive_s, 1, 3600);
+  p.option("--shutdown-grace", "S", "on SIGTERM, seconds in-flight requests may finish before they are cancelled",
+           o.shutdown_grace_s, 0, 3600);
+  p.option("--log-disable", "no access log line per request", o.access_log, false);
+  p.option("--log-format", "F", "log lines as text ('step35 serve: ...') or json (one object per line)", log_format);
+  p.option("--log-steps", "one line per forward pass on stderr (decode tokens and sequences, prompt tokens and "
+           "chunks, forward time); bench/step_log_summary.sh LOG sums a run's passes by kind", log_steps);
+  add_kv_cache_flags(p, e.kv_types);
+  add_patch_flag(p, o.patches);
   add_ep_flags(p);
   if (!p.parse(args)) return 0;
   // With --ep under mpirun, ranks > 0 only compute their experts for rank 0, which serves.
   EpSetup ep(p);
 
-  server::ServerOptions o;
-  o.model_path = p.str("model");
   if (o.model_path.empty()) {
     o.model_path = builtin_tiny_model_path();
     std::fprintf(stderr, "note: no -m given, serving the built-in tiny model (%s): random weights, gibberish text.\n",
                  o.model_path.c_str());
   }
-  o.model_id = p.str("alias");
-  o.host = p.str("host", "127.0.0.1");
-  o.port = int(p.i64("port", 8080, 0, 65535));
-  o.api_key = p.str("api-key");
-  o.timeout_s = p.f64("timeout", 600, 0.001, 1e7);
-  o.max_body_bytes = size_t(p.i64("max-body", 8 << 20, 1024, int64_t(1) << 32));
-  o.max_n = int(p.i64("max-n", 8, 1, 128));
-  o.http_threads = int(p.i64("http-threads", 0, 1, 4096));
-  o.keep_alive_s = int(p.i64("keep-alive", 2, 1, 3600));
-  o.shutdown_grace_s = p.f64("shutdown-grace", 10, 0, 3600);
-  const ExpertPolicySetting policy = parse_expert_policy(p);
-  o.default_expert_policy = policy.adaptive ? ExpertPolicy::Adaptive : ExpertPolicy::Strict;
-  o.adaptive_mass = policy.mass;
-  o.adaptive_min_k = policy.min_k;
-  EngineOptions& e = o.engine;
-  e.n_threads = int32_t(p.i64("threads", default_threads(), 1, 1024));
-  e.n_ctx = int32_t(p.i64("ctx-size", 0, 1, 1 << 24));
-  e.n_parallel = int32_t(p.i64("parallel", 4, 1, 1024));
-  e.n_batch = int32_t(p.i64("batch-size", 512, 1, 1 << 16));
-  e.max_queue = int32_t(p.i64("max-queue", 64, 0, 1 << 20));
-  e.kv_bytes = p.i64("kv-mem", 0, 1, int64_t(1) << 30) << 20;
-  e.batch_wait_ms = int32_t(p.i64("batch-wait-ms", 20, 0, 60000));
-  e.prefix_cache = !p.has("no-prefix-cache");
-  const MtpSetting mtp = parse_mtp_value(p.str("mtp", "0"));  // the model is loaded later, in serve()
-  e.mtp = mtp.max_k;
-  e.mtp_adaptive = mtp.adaptive;
-  e.precision = p.has("exact") ? Precision::Exact : Precision::Native;
-  if (p.has("log-steps")) e.on_step = log_step;
+  o.api_keys = api_keys(api_key, api_key_file);
+  o.cors_origins = split_list(cors);
+  if (p.has("cors") && o.cors_origins.empty()) throw UsageError("--cors expects origins (or *), got nothing");
+  if (log_format != "text" && log_format != "json")
+    throw UsageError("--log-format expects text or json, got '" + log_format + "'");
+  o.log_format = log_format == "json" ? server::LogFormat::Json : server::LogFormat::Text;
+  parse_effort_budgets(effort_budgets, o.reasoning);
+  o.max_body_bytes = size_t(max_body);
+  o.default_expert_policy = adaptive_expert_policy(expert_policy) ? ExpertPolicy::Adaptive : ExpertPolicy::Strict;
+  e.kv_bytes = kv_mib << 20;
+  const MtpSetting mtp_setting = parse_mtp_value(mtp);  // the model is loaded later, in serve()
+  e.mtp = mtp_setting.max_k;
+  e.mtp_adaptive = mtp_setting.adaptive;
+  e.precision = exact ? Precision::Exact : Precision::Native;
+  if (log_steps) e.on_step = log_step;
   if (ep.is_follower()) return ep.follow(o.model_path, e.n_threads);
-  o.on_model_loaded = [&ep, &p](Model& model) {
-    apply_patch_flags(model, p);
-    ep.attach(model);
-  };
+  o.on_model_loaded = [&ep](Model& model) { ep.attach(model); };
   return server::serve(o);
 }
 

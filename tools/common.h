@@ -6,6 +6,8 @@
 #include <vector>
 
 #include "args.h"
+#include "engine/engine.h"
+#include "engine/sampler.h"
 #include "model/step35.h"
 
 namespace step35::cli {
@@ -32,19 +34,25 @@ MtpSetting parse_mtp_value(const std::string& value);
 // The value checked against the model: a fixed K needs MTP blocks; auto without them is 0.
 MtpSetting parse_mtp(const std::string& value, const Model& model);
 
-// --patch FILE (repeatable) of run, eval and serve: patch files applied to the model.
-void add_patch_flag(ArgParser& p);
-// Reads, checks and installs the --patch files (UsageError naming the file on a mismatch).
-void apply_patch_flags(Model& model, const ArgParser& p);
+// --patch FILE (repeatable) of run, eval and serve: patch files from step35 finetune.
+void add_patch_flag(ArgParser& p, std::vector<std::string>& paths);
+// Reads, checks and installs the patch files (UsageError naming the file on a mismatch).
+void apply_patches(Model& model, const std::vector<std::string>& paths);
 
-// --expert-policy strict|adaptive (each command declares that flag with its own help) and
-// the adaptive policy's --adaptive-mass X / --adaptive-min-k N (declared here).
-struct ExpertPolicySetting {
-  bool adaptive = false;
-  float mass = 0.9f;
-  int32_t min_k = 4;
-};
-void add_adaptive_policy_flags(ArgParser& p);
-ExpertPolicySetting parse_expert_policy(const ArgParser& p);
+// Flag groups several commands share, each bound to the settings it fills (their structs'
+// defaults are what --help shows).
+// --temp, --top-k, --top-p, --min-p, --repeat-penalty, --repeat-last-n, --presence-penalty,
+// --frequency-penalty (--seed is each command's: its default is no fixed value).
+void add_sampling_flags(ArgParser& p, SamplingParams& sp);
+// -t, --threads N; `threads` should hold default_threads() (shown as "number of cores").
+void add_threads_flag(ArgParser& p, int32_t& threads);
+// The adaptive expert policy's --adaptive-mass X and --adaptive-min-k N (each command
+// declares --expert-policy with its own help).
+void add_adaptive_policy_flags(ArgParser& p, float& mass, int32_t& min_k);
+// -ctk, --cache-type-k TYPE and -ctv, --cache-type-v TYPE (llama.cpp's flags): the KV cache
+// types f32, f16, bf16, q8_0, q4_0 (KvTypes' default: f16 both).
+void add_kv_cache_flags(ArgParser& p, KvTypes& types);
+// --expert-policy's value: true for adaptive, false for strict (UsageError otherwise).
+bool adaptive_expert_policy(const std::string& value);
 
 }  // namespace step35::cli

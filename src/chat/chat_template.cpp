@@ -1,26 +1,25 @@
-// Native renderers for the chat formats step35 GGUFs carry (see chat_template.h).
-//
-// STEP35 follows the rules of the Step 3.5 Flash Jinja template (§6 of
-// ../shared/docs/step35-model.md) as rendered by HF transformers / llama.cpp:
-//   * tool definitions and object/array arguments are JSON in Python's json.dumps style
-//     (", " and ": " separators, non-ASCII kept), which is what the template's `tojson` gives;
-//   * scalar arguments use Python's str() (`| string`): True/False/None for JSON
-//     true/false/null;
-//   * every message content is whitespace-trimmed first (llama.cpp does this for the
-//     template because leftover whitespace triggers reasoning loops).
-// Known difference: nlohmann::json keeps object keys sorted, so tool-call arguments (and
-// tools passed as nlohmann::json) render in key order, not in the client's order; pass
-// tools as nlohmann::ordered_json to keep theirs.
+// Chat prompts from the model's own Jinja template (see chat_template.h): the variables
+// apply_chat_template passes (messages, tools, documents, add_generation_prompt, the
+// special tokens, then the request's chat_template_kwargs), its template choice (the
+// `tool_use` variant for a request with tools, when the file has one) and its cut of the
+// rendering for continue_final_message.
 #include "chat/chat_template.h"
 
+#include <fstream>
+#include <regex>
+#include <sstream>
 #include <stdexcept>
-#include <string_view>
+
+#include "chat/step35_template.h"
+#include "gguf/gguf.h"
+#include "jinja/template.h"
+#include "tokenizer/tokenizer.h"
 
 namespace step35 {
 
 namespace {
 
-using nlohmann::json;
+using ordered_json = nlohmann::ordered_json;
 
 bool is_known_role(const std::string& role) {
   return role == "system" || role == "user" || role == "assistant" || role == "tool";
@@ -28,20 +27,14 @@ bool is_known_role(const std::string& role) {
 
 bool is_ascii_space(char c) { return c == ' ' || c == '\t' || c == '\n' || c == '\v' || c == '\f' || c == '\r'; }
 
-std::string trim(std::string_view s) {
-  size_t b = 0, e = s.size();
-  while (b < e && is_ascii_space(s[b])) ++b;
-  while (e > b && is_ascii_space(s[e - 1])) --e;
-  return std::string(s.substr(b, e - b));
-}
-
-std::string_view lstrip_newlines(std::string_view s) {
-  while (!s.empty() && s.front() == '\n') s.remove_prefix(1);
+// Python's str.strip() / lstrip() for the whitespace a chat message carries.
+std::string_view strip(std::string_view s) {
+  while (!s.empty() && is_ascii_space(s.front())) s.remove_prefix(1);
+  while (!s.empty() && is_ascii_space(s.back())) s.remove_suffix(1);
   return s;
 }
-
-std::string_view rstrip_newlines(std::string_view s) {
-  while (!s.empty() && s.back() == '\n') s.remove_suffix(1);
+std::string_view lstrip(std::string_view s) {
+  while (!s.empty() && is_ascii_space(s.front())) s.remove_prefix(1);
   return s;
 }
 
@@ -50,330 +43,332 @@ bool ends_with(std::string_view s, std::string_view p) {
   return s.size() >= p.size() && s.substr(s.size() - p.size()) == p;
 }
 
-// Scalars (and object keys) as JSON text; invalid UTF-8 becomes U+FFFD instead of throwing.
-template <class Json>
-std::string json_scalar(const Json& j) {
-  return j.dump(-1, ' ', false, Json::error_handler_t::replace);
+// Step 3.5's template is recognised by its generation prompt opening a think block or by
+// its tools header; the output parser and the reasoning controls then expect its markers.
+ChatFormat detect_format(std::string_view source) {
+  const bool think_prompt = source.find("assistant\\n<think>") != std::string_view::npos ||
+                            source.find("assistant\n<think>") != std::string_view::npos;
+  const bool tools_header =
+      source.find("You have access to the following functions in JSONSchema format") != std::string_view::npos;
+  return think_prompt || tools_header ? ChatFormat::STEP35 : ChatFormat::CHATML;
 }
 
-// Python json.dumps(x, ensure_ascii=False): ", " between items, ": " after keys; objects in
-// the container's own key order.
-template <class Json>
-void append_python_json(const Json& j, std::string& out) {
-  if (j.is_object()) {
-    out += '{';
-    bool first = true;
-    for (auto it = j.begin(); it != j.end(); ++it) {
-      if (!first) out += ", ";
-      first = false;
-      out += json_scalar(Json(it.key()));
-      out += ": ";
-      append_python_json(it.value(), out);
-    }
-    out += '}';
-  } else if (j.is_array()) {
-    out += '[';
-    for (size_t i = 0; i < j.size(); ++i) {
-      if (i) out += ", ";
-      append_python_json(j[i], out);
-    }
-    out += ']';
+// Whether a template looks at message contents as lists: it loops over a content or tests
+// a content's type (vLLM's "openai" content format, which it detects from the same loops).
+bool handles_content_parts(const std::string& source) {
+  static const std::regex loop(R"(for\s+\w+\s+in\s+[\w.\['"\]]*content\b)");
+  static const std::regex type_test(R"(content\b['"\]]*\s+is\s+(not\s+)?(string|iterable|sequence|mapping))");
+  return std::regex_search(source, loop) || std::regex_search(source, type_test);
+}
+
+std::shared_ptr<const jinja::Template> parse(std::string_view text, const std::string& origin) {
+  try {
+    return std::make_shared<const jinja::Template>(text);
+  } catch (const jinja::Error& e) {
+    throw std::runtime_error(origin + ": " + e.what());
+  }
+}
+
+// Text of a message content: a string, or the text parts of a list concatenated.
+std::string content_text(const ordered_json& c) {
+  if (c.is_string()) return c.get<std::string>();
+  std::string out;
+  if (c.is_array())
+    for (const ordered_json& part : c)
+      if (part.is_object() && part.contains("text") && part["text"].is_string()) out += part["text"].get<std::string>();
+  return out;
+}
+
+void check_content(const ordered_json& c, const std::string& where) {
+  if (c.is_string() || c.is_null()) return;
+  if (!c.is_array()) throw std::invalid_argument(where + ".content must be a string, an array of parts or null");
+  for (size_t k = 0; k < c.size(); ++k) {
+    const ordered_json& part = c[k];
+    const std::string pw = where + ".content[" + std::to_string(k) + "]";
+    if (!part.is_object() || !part.contains("type") || !part["type"].is_string())
+      throw std::invalid_argument(pw + " must be an object with a string 'type'");
+    const std::string type = part["type"].get<std::string>();
+    if (type != "text") throw std::invalid_argument(pw + " has type '" + type + "'; only text parts are supported");
+    if (!part.contains("text") || !part["text"].is_string())
+      throw std::invalid_argument(pw + " (a text part) needs a string 'text'");
+  }
+}
+
+// The arguments of one tool call as the object the template iterates: an object as sent,
+// or the object a JSON string encodes (in its own key order).
+ordered_json call_arguments(const ordered_json& a, const std::string& cw) {
+  if (a.is_null()) return ordered_json::object();
+  if (a.is_object()) return a;
+  if (!a.is_string()) throw std::invalid_argument(cw + ".arguments must be an object or a JSON string");
+  const std::string s = a.get<std::string>();
+  if (strip(s).empty()) return ordered_json::object();  // "" is sent by some clients for a call without arguments
+  ordered_json parsed = ordered_json::parse(s, nullptr, /*allow_exceptions=*/false);
+  if (parsed.is_discarded()) throw std::invalid_argument(cw + ".arguments is a string but not valid JSON");
+  if (!parsed.is_object()) throw std::invalid_argument(cw + ".arguments must encode a JSON object");
+  return parsed;
+}
+
+ordered_json normalized_tool_calls(const ordered_json& calls, const std::string& where) {
+  if (!calls.is_array()) throw std::invalid_argument(where + ".tool_calls must be an array");
+  ordered_json out = calls;
+  for (size_t k = 0; k < calls.size(); ++k) {
+    const std::string cw = where + ".tool_calls[" + std::to_string(k) + "]";
+    const ordered_json& tc = calls[k];
+    if (!tc.is_object()) throw std::invalid_argument(cw + " must be an object");
+    if (tc.contains("type") && !(tc["type"].is_string() && tc["type"].get<std::string>() == "function"))
+      throw std::invalid_argument(cw + ".type must be \"function\"");
+    // OpenAI shape {"function":{"name","arguments"}}, or name/arguments at the top.
+    const bool nested = tc.contains("function");
+    const ordered_json& fn = nested ? tc["function"] : tc;
+    if (!fn.is_object()) throw std::invalid_argument(cw + ".function must be an object");
+    if (!fn.contains("name") || !fn["name"].is_string() || fn["name"].get<std::string>().empty())
+      throw std::invalid_argument(cw + " needs a non-empty string function name");
+    ordered_json& target = nested ? out[k]["function"] : out[k];
+    if (fn.contains("arguments")) target["arguments"] = call_arguments(fn["arguments"], cw);
+  }
+  return out;
+}
+
+// apply_chat_template's cut for continue_final_message: the rendering ends where the
+// final message's text (its last text part) does; a template that strips the message is
+// matched by the stripped text.
+std::string cut_after_final_message(const std::string& rendered, const ordered_json& final_message) {
+  const ordered_json& c = final_message.contains("content") ? final_message["content"] : ordered_json();
+  std::string final_text;
+  if (c.is_array()) {
+    bool found = false;
+    for (size_t k = c.size(); k-- > 0 && !found;)
+      if (c[k].is_object() && c[k].contains("text") && c[k]["text"].is_string()) {
+        final_text = c[k]["text"].get<std::string>();
+        found = true;
+      }
+    if (!found) throw std::invalid_argument("continue_final_message: the final message has no text to continue");
   } else {
-    out += json_scalar(j);
+    final_text = content_text(c);
   }
+  // Nothing to continue after but reasoning (apply_chat_template would keep the whole
+  // closed turn): continue inside the reasoning, where the template wrote it.
+  if (strip(final_text).empty() && final_message.contains("reasoning_content") &&
+      final_message["reasoning_content"].is_string() && !strip(final_message["reasoning_content"].get<std::string>()).empty())
+    final_text = final_message["reasoning_content"].get<std::string>();
+  const std::string_view stripped = strip(final_text);
+  const size_t at = rendered.rfind(stripped);
+  if (at == std::string::npos)
+    throw std::invalid_argument(
+        "continue_final_message: the final message does not appear in the rendered chat (the template changes it)");
+  if (stripped.size() == final_text.size()) return rendered.substr(0, at + final_text.size());
+  const std::string_view left_stripped = lstrip(final_text);
+  // The template kept the message's trailing whitespace: keep it too.
+  if (std::string_view(rendered).substr(at, left_stripped.size()) == left_stripped)
+    return rendered.substr(0, at + left_stripped.size());
+  return rendered.substr(0, at + stripped.size());
 }
 
-template <class Json>
-std::string python_json(const Json& j) {
-  std::string out;
-  append_python_json(j, out);
-  return out;
-}
-
-// A tool-call argument value: objects and arrays as JSON, scalars as Python's str().
-std::string argument_text(const json& v) {
-  if (v.is_object() || v.is_array()) return python_json(v);
-  if (v.is_string()) return v.get<std::string>();
-  if (v.is_boolean()) return v.get<bool>() ? "True" : "False";
-  if (v.is_null()) return "None";
-  return json_scalar(v);  // numbers
-}
-
-// The call-format instructions that close the tools section when the template does not
-// carry its own (see extract_tool_instructions).
-const char* const kDefaultToolInstructions =
-    "To call a function, answer with the call alone, nothing after it, in exactly this form "
-    "(one <parameter> block per argument; a value may span several lines):\n\n"
-    "<tool_call>\n<function=function_name>\n<parameter=first_argument>\nvalue\n</parameter>\n"
-    "<parameter=second_argument>\na value\nover two lines\n</parameter>\n</function>\n</tool_call>\n\n"
-    "<IMPORTANT>\nReminder:\n"
-    "- Each <function=...>\n...\n</function> block goes inside its own <tool_call>\n...\n</tool_call> tags\n"
-    "- Always give the required parameters\n"
-    "</IMPORTANT>";
-
-// The Step 3.5 template writes its instruction paragraph as one string literal between
-// `</tools>\n\n` and `<|im_end|>`. Taking it from the GGUF's own template keeps the prompt
-// identical to the one the model was trained with; "" when the source has no such literal.
-std::string extract_tool_instructions(const std::string& src) {
-  const std::string open = "</tools>\\n\\n";
-  const size_t a = src.find(open);
-  if (a == std::string::npos) return "";
-  const size_t begin = a + open.size();
-  const size_t end = src.find("<|im_end|>", begin);
-  if (end == std::string::npos) return "";
-  std::string out;
-  for (size_t i = begin; i < end; ++i) {
-    const char c = src[i];
-    if (c == '"' || c == '\'' || c == '{' || c == '}' || c == '%') return "";  // left the literal
-    if (c != '\\') {
-      out += c;
-      continue;
-    }
-    if (++i >= end) return "";
-    switch (src[i]) {
-      case 'n': out += '\n'; break;
-      case 't': out += '\t'; break;
-      case '\\': out += '\\'; break;
-      case '"': out += '"'; break;
-      case '\'': out += '\''; break;
-      default: return "";
-    }
-  }
-  return out;
-}
-
-// Validates the tool list and writes each entry as one JSON line.
-template <class Json>
-std::vector<std::string> tool_lines(const Json& tools) {
-  std::vector<std::string> lines;
-  if (tools.is_null()) return lines;
-  if (!tools.is_array()) throw std::invalid_argument("tools must be an array");
-  for (size_t i = 0; i < tools.size(); ++i) {
-    const Json& t = tools[i];
-    const std::string where = "tools[" + std::to_string(i) + "]";
-    if (!t.is_object()) throw std::invalid_argument(where + " must be an object");
-    // OpenAI shape {"type":"function","function":{"name":..}}, or the bare function object.
-    const Json& fn = t.contains("function") ? t["function"] : t;
-    if (!fn.is_object() || !fn.contains("name") || !fn["name"].is_string() ||
-        fn["name"].template get<std::string>().empty())
-      throw std::invalid_argument(where + " needs a function object with a non-empty string 'name'");
-    lines.push_back(python_json(t));  // the whole entry, as the template's `tool | tojson`
-  }
-  return lines;
+std::string read_file(const std::string& path) {
+  std::ifstream in(path, std::ios::binary);
+  if (!in) throw std::runtime_error("cannot read chat template file '" + path + "'");
+  std::ostringstream text;
+  text << in.rdbuf();
+  if (in.bad()) throw std::runtime_error("cannot read chat template file '" + path + "'");
+  return text.str();
 }
 
 }  // namespace
 
+ChatTemplateSource ChatTemplateSource::from_model(const gguf::File& file, const Tokenizer& tok,
+                                                  const std::string& override_path) {
+  ChatTemplateSource s;
+  s.bos_text = tok.bos() >= 0 ? tok.token_to_piece(tok.bos()) : "";
+  s.eos_text = tok.eos() >= 0 ? tok.token_to_piece(tok.eos()) : "";
+  if (!override_path.empty()) {
+    s.text = read_file(override_path);
+    s.origin = override_path;
+    if (s.text.empty()) throw std::runtime_error("chat template file '" + override_path + "' is empty");
+    return s;
+  }
+  const std::string key = "tokenizer.chat_template";
+  s.text = file.opt_str(key).value_or("");
+  s.origin = s.text.empty() ? "the built-in Step 3.5 Flash template" : key + " of " + file.path();
+  // Named variants (tokenizer.chat_template.<name>), as the GGUF converter writes a
+  // tokenizer_config.json's list of templates.
+  for (const auto& [k, v] : file.metadata()) {
+    if (!starts_with(k, key + ".") || k.size() == key.size() + 1) continue;
+    if (const auto text = file.opt_str(k)) s.named[k.substr(key.size() + 1)] = *text;
+  }
+  return s;
+}
+
+ChatTemplate::ChatTemplate(const ChatTemplateSource& source)
+    : origin_(source.origin), bos_text_(source.bos_text), eos_text_(source.eos_text) {
+  const std::string_view text = source.text.empty() ? kStep35FlashChatTemplate : std::string_view(source.text);
+  source_text_ = std::string(text);
+  default_ = parse(text, origin_);
+  format_ = detect_format(text);
+  reads_enable_thinking_ = text.find("enable_thinking") != std::string_view::npos;
+  takes_content_parts_ = handles_content_parts(std::string(text));
+  const auto tool_use = source.named.find("tool_use");
+  if (tool_use != source.named.end() && !tool_use->second.empty())
+    tool_use_ = parse(tool_use->second, origin_ + ".tool_use");
+}
+
 ChatTemplate::ChatTemplate(const std::string& jinja_source, std::string bos_text)
-    : bos_text_(std::move(bos_text)) {
-  // Step 3.5's template is recognised by its generation prompt opening a think block or by
-  // its tools header; an empty template means the model's own format. Everything else,
-  // ChatML templates ("<|im_start|>") and unrecognised ones alike, is rendered as ChatML,
-  // the format every other template seen in step35 GGUFs (the fixtures') uses.
-  const bool think_prompt = jinja_source.find("assistant\\n<think>") != std::string::npos ||
-                            jinja_source.find("assistant\n<think>") != std::string::npos;
-  const bool tools_header =
-      jinja_source.find("You have access to the following functions in JSONSchema format") != std::string::npos;
-  format_ = (jinja_source.empty() || think_prompt || tools_header) ? ChatFormat::STEP35 : ChatFormat::CHATML;
-  if (format_ == ChatFormat::STEP35) tool_instructions_ = extract_tool_instructions(jinja_source);
-  if (tool_instructions_.empty()) tool_instructions_ = kDefaultToolInstructions;
+    : ChatTemplate([&] {
+        ChatTemplateSource s;
+        s.text = jinja_source;
+        s.bos_text = std::move(bos_text);
+        return s;
+      }()) {}
+
+ChatTemplate::~ChatTemplate() = default;
+ChatTemplate::ChatTemplate(ChatTemplate&&) noexcept = default;
+ChatTemplate& ChatTemplate::operator=(ChatTemplate&&) noexcept = default;
+
+bool ChatTemplate::starts_with_bos(std::string_view rendered) const {
+  return !bos_text_.empty() && starts_with(rendered, bos_text_);
 }
 
-std::string ChatTemplate::render(const std::vector<ChatMessage>& messages, const nlohmann::json& tools,
-                                 bool add_generation_prompt) const {
-  return render_lines(messages, tool_lines(tools), add_generation_prompt);
+void ChatTemplate::flatten_content_parts(ordered_json& messages) const {
+  if (takes_content_parts_) return;
+  for (ordered_json& m : messages)
+    if (m.contains("content") && m["content"].is_array()) m["content"] = content_text(m["content"]);
 }
 
-std::string ChatTemplate::render(const std::vector<ChatMessage>& messages, const nlohmann::ordered_json& tools,
-                                 bool add_generation_prompt) const {
-  return render_lines(messages, tool_lines(tools), add_generation_prompt);
+const jinja::Template& ChatTemplate::pick(bool has_tools) const {
+  return has_tools && tool_use_ ? *tool_use_ : *default_;
 }
 
-std::string ChatTemplate::render_lines(const std::vector<ChatMessage>& messages,
-                                       const std::vector<std::string>& tools, bool add_generation_prompt) const {
-  for (size_t i = 0; i < messages.size(); ++i) {
-    if (!is_known_role(messages[i].role))
-      throw std::invalid_argument("message " + std::to_string(i) + " has unknown role '" + messages[i].role +
-                                  "' (expected system, user, assistant or tool)");
+std::string ChatTemplate::render(const ordered_json& messages, const ordered_json& tools,
+                                 const ChatRenderOptions& options) const {
+  if (options.continue_final_message && options.add_generation_prompt)
+    throw std::invalid_argument("continue_final_message and add_generation_prompt exclude each other");
+  if (!tools.is_null() && !tools.is_array()) throw std::invalid_argument("tools must be an array");
+  if (!options.kwargs.is_null() && !options.kwargs.is_object())
+    throw std::invalid_argument("chat_template_kwargs must be an object");
+  ordered_json vars = ordered_json::object();
+  vars["messages"] = normalized_messages(messages);
+  flatten_content_parts(vars["messages"]);
+  if (options.continue_final_message) {
+    const ordered_json& last = vars["messages"].empty() ? ordered_json() : vars["messages"].back();
+    if (!last.is_object() || last.value("role", "") != "assistant")
+      throw std::invalid_argument("continue_final_message needs the last message to be the assistant's");
+  }
+  const bool has_tools = tools.is_array() && !tools.empty();
+  vars["tools"] = has_tools ? tools : ordered_json();
+  vars["documents"] = ordered_json();
+  vars["add_generation_prompt"] = options.add_generation_prompt;
+  vars["bos_token"] = bos_text_;
+  vars["eos_token"] = eos_text_;
+  if (options.kwargs.is_object()) {
+    for (const auto& [key, value] : options.kwargs.items()) {
+      if (key == "messages" || key == "tools" || key == "documents" || key == "add_generation_prompt")
+        throw std::invalid_argument("chat_template_kwargs cannot set '" + key + "' (a field of the request)");
+      vars[key] = value;
+    }
   }
   std::string out;
-  if (format_ == ChatFormat::CHATML) {
-    // Plain ChatML renders roles and contents only (tools, reasoning and tool calls have
-    // no place in it).
-    for (const ChatMessage& m : messages) out += "<|im_start|>" + m.role + "\n" + m.content + "<|im_end|>\n";
-    if (add_generation_prompt) out += "<|im_start|>assistant\n";
-    return out;
+  try {
+    out = pick(has_tools).render_json(vars);
+  } catch (const jinja::Error& e) {
+    throw std::invalid_argument("chat template: " + std::string(e.what()));
   }
-
-  const size_t n = messages.size();
-  std::vector<std::string> content(n);
-  for (size_t i = 0; i < n; ++i) content[i] = trim(messages[i].content);
-
-  out = bos_text_;
-  const bool has_tools = !tools.empty();
-  const bool first_is_system = n > 0 && messages[0].role == "system";
-  if (has_tools) {
-    out += "<|im_start|>system\n";
-    if (first_is_system) out += content[0] + "\n\n";
-    out += "# Tools\n\nYou have access to the following functions in JSONSchema format:\n\n<tools>";
-    for (const std::string& t : tools) out += "\n" + t;
-    out += "\n</tools>\n\n";
-    out += tool_instructions_;
-    out += "<|im_end|>\n";
-  } else if (first_is_system) {
-    out += "<|im_start|>system\n" + content[0] + "<|im_end|>\n";
-  }
-
-  // The last real user query: a user message that is not just wrapped tool output.
-  // Assistant turns after it keep their reasoning; earlier ones drop it.
-  size_t last_query = n == 0 ? 0 : n - 1;
-  for (size_t k = n; k-- > 0;) {
-    if (messages[k].role == "user" &&
-        !(starts_with(content[k], "<tool_response>") && ends_with(content[k], "</tool_response>"))) {
-      last_query = k;
-      break;
-    }
-  }
-
-  for (size_t i = 0; i < n; ++i) {
-    const ChatMessage& m = messages[i];
-    if (m.role == "user" || (m.role == "system" && i > 0)) {
-      const std::string role = (m.role == "system" && m.name == "observation") ? "observation" : m.role;
-      out += "<|im_start|>" + role + "\n" + content[i] + "<|im_end|>\n";
-    } else if (m.role == "assistant") {
-      std::string_view text = content[i];
-      std::string reasoning;
-      if (!m.reasoning_content.empty()) {
-        reasoning = m.reasoning_content;
-      } else {
-        // Reasoning inline: before the first </think> (after the last <think> there),
-        // content after the last </think>.
-        const size_t close = text.find("</think>");
-        if (close != std::string_view::npos) {
-          std::string_view r = rstrip_newlines(text.substr(0, close));
-          const size_t open = r.rfind("<think>");
-          if (open != std::string_view::npos) r = r.substr(open + 7);
-          reasoning = std::string(lstrip_newlines(r));
-          text = lstrip_newlines(text.substr(text.rfind("</think>") + 8));
-        }
-      }
-      out += "<|im_start|>assistant\n";
-      if (i > last_query) out += "<think>\n" + reasoning + "\n</think>\n";
-      out += text;
-      for (const ChatToolCall& call : m.tool_calls) {
-        if (call.name.empty())
-          throw std::invalid_argument("message " + std::to_string(i) + " has a tool call without a name");
-        if (!call.arguments.is_null() && !call.arguments.is_object())
-          throw std::invalid_argument("message " + std::to_string(i) + ": arguments of tool call '" + call.name +
-                                      "' must be an object");
-        out += "<tool_call>\n<function=" + call.name + ">\n";
-        if (call.arguments.is_object()) {
-          for (auto it = call.arguments.begin(); it != call.arguments.end(); ++it)
-            out += "<parameter=" + it.key() + ">\n" + argument_text(it.value()) + "\n</parameter>\n";
-        }
-        out += "</function>\n</tool_call>";
-      }
-      out += "<|im_end|>\n";
-    } else if (m.role == "tool") {
-      // Consecutive tool results share one tool_response turn.
-      if (i == 0 || messages[i - 1].role != "tool") out += "<|im_start|>tool_response\n";
-      out += "<tool_response>" + content[i] + "</tool_response>";
-      if (i + 1 == n || messages[i + 1].role != "tool") out += "<|im_end|>\n";
-    }
-    // The first message, when it is a system message, was rendered above.
-  }
-  if (add_generation_prompt) out += "<|im_start|>assistant\n<think>\n";
+  if (options.continue_final_message) return cut_after_final_message(out, vars["messages"].back());
+  // Step 3.5's template has no thinking switch: with enable_thinking false its generation
+  // prompt gets the empty think block the template writes for an assistant turn without
+  // reasoning, so the model goes straight to its answer.
+  const bool thinking_off = options.kwargs.is_object() && options.kwargs.contains("enable_thinking") &&
+                            options.kwargs["enable_thinking"].is_boolean() &&
+                            !options.kwargs["enable_thinking"].get<bool>();
+  if (thinking_off && options.add_generation_prompt && format_ == ChatFormat::STEP35 && !reads_enable_thinking_ &&
+      ends_with(out, "<think>\n"))
+    out += "\n</think>\n";
   return out;
 }
 
-std::vector<ChatMessage> ChatTemplate::messages_from_json(const nlohmann::json& messages) {
+std::string ChatTemplate::render(const std::vector<ChatMessage>& messages, const ordered_json& tools,
+                                 bool add_generation_prompt) const {
+  ChatRenderOptions o;
+  o.add_generation_prompt = add_generation_prompt;
+  return render(messages_to_json(messages), tools, o);
+}
+
+std::string ChatTemplate::render(const std::vector<ChatMessage>& messages, const ordered_json& tools,
+                                 const ChatRenderOptions& options) const {
+  return render(messages_to_json(messages), tools, options);
+}
+
+bool ChatTemplate::opens_reasoning(std::string_view rendered) const {
+  if (format_ != ChatFormat::STEP35) return false;
+  const size_t open = rendered.rfind("<think>");
+  if (open == std::string_view::npos) return false;
+  const size_t close = rendered.rfind("</think>");
+  return close == std::string_view::npos || close < open;
+}
+
+ordered_json ChatTemplate::normalized_messages(const ordered_json& messages) {
   if (!messages.is_array()) throw std::invalid_argument("messages must be an array");
-  std::vector<ChatMessage> out;
-  out.reserve(messages.size());
+  ordered_json out = messages;
   for (size_t i = 0; i < messages.size(); ++i) {
-    const json& j = messages[i];
+    const ordered_json& j = messages[i];
     const std::string where = "messages[" + std::to_string(i) + "]";
     if (!j.is_object()) throw std::invalid_argument(where + " must be an object");
+    if (!j.contains("role") || !j["role"].is_string()) throw std::invalid_argument(where + " needs a string 'role'");
+    std::string role = j["role"].get<std::string>();
+    if (role == "developer") role = "system";  // OpenAI's newer name for system
+    if (!is_known_role(role))
+      throw std::invalid_argument(where + ".role '" + role + "' is not one of system, user, assistant, tool");
+    out[i]["role"] = role;
+    if (j.contains("content")) check_content(j["content"], where);
+    for (const char* field : {"reasoning_content", "name"})
+      if (j.contains(field) && !j[field].is_null() && !j[field].is_string())
+        throw std::invalid_argument(where + "." + field + " must be a string");
+    if (j.contains("tool_calls") && !j["tool_calls"].is_null())
+      out[i]["tool_calls"] = normalized_tool_calls(j["tool_calls"], where);
+  }
+  return out;
+}
+
+std::vector<ChatMessage> ChatTemplate::messages_from_json(const ordered_json& messages) {
+  const ordered_json normalized = normalized_messages(messages);
+  std::vector<ChatMessage> out;
+  out.reserve(normalized.size());
+  for (const ordered_json& j : normalized) {
     ChatMessage m;
-
-    if (!j.contains("role") || !j["role"].is_string())
-      throw std::invalid_argument(where + " needs a string 'role'");
     m.role = j["role"].get<std::string>();
-    if (m.role == "developer") m.role = "system";  // OpenAI's newer name for system
-    if (!is_known_role(m.role))
-      throw std::invalid_argument(where + ".role '" + m.role + "' is not one of system, user, assistant, tool");
-
-    if (j.contains("content")) {
-      const json& c = j["content"];
-      if (c.is_string()) {
-        m.content = c.get<std::string>();
-      } else if (c.is_array()) {
-        for (size_t k = 0; k < c.size(); ++k) {
-          const json& part = c[k];
-          const std::string pw = where + ".content[" + std::to_string(k) + "]";
-          if (!part.is_object() || !part.contains("type") || !part["type"].is_string())
-            throw std::invalid_argument(pw + " must be an object with a string 'type'");
-          const std::string type = part["type"].get<std::string>();
-          if (type != "text")
-            throw std::invalid_argument(pw + " has type '" + type + "'; only text parts are supported");
-          if (!part.contains("text") || !part["text"].is_string())
-            throw std::invalid_argument(pw + " (a text part) needs a string 'text'");
-          m.content += part["text"].get<std::string>();
-        }
-      } else if (!c.is_null()) {
-        throw std::invalid_argument(where + ".content must be a string, an array of parts or null");
-      }
-    }
-
-    if (j.contains("reasoning_content") && !j["reasoning_content"].is_null()) {
-      if (!j["reasoning_content"].is_string())
-        throw std::invalid_argument(where + ".reasoning_content must be a string");
+    if (j.contains("content")) m.content = content_text(j["content"]);
+    if (j.contains("reasoning_content") && j["reasoning_content"].is_string())
       m.reasoning_content = j["reasoning_content"].get<std::string>();
-    }
-    if (j.contains("name") && !j["name"].is_null()) {
-      if (!j["name"].is_string()) throw std::invalid_argument(where + ".name must be a string");
-      m.name = j["name"].get<std::string>();
-    }
-
-    if (j.contains("tool_calls") && !j["tool_calls"].is_null()) {
-      const json& calls = j["tool_calls"];
-      if (!calls.is_array()) throw std::invalid_argument(where + ".tool_calls must be an array");
-      for (size_t k = 0; k < calls.size(); ++k) {
-        const std::string cw = where + ".tool_calls[" + std::to_string(k) + "]";
-        const json& tc = calls[k];
-        if (!tc.is_object()) throw std::invalid_argument(cw + " must be an object");
-        if (tc.contains("type") && !(tc["type"].is_string() && tc["type"].get<std::string>() == "function"))
-          throw std::invalid_argument(cw + ".type must be \"function\"");
-        // OpenAI shape {"function":{"name","arguments"}}, or name/arguments at the top.
-        const json& fn = tc.contains("function") ? tc["function"] : tc;
-        if (!fn.is_object()) throw std::invalid_argument(cw + ".function must be an object");
-        if (!fn.contains("name") || !fn["name"].is_string() || fn["name"].get<std::string>().empty())
-          throw std::invalid_argument(cw + " needs a non-empty string function name");
-        ChatToolCall call;
-        call.name = fn["name"].get<std::string>();
-        call.arguments = json::object();
-        if (fn.contains("arguments") && !fn["arguments"].is_null()) {
-          const json& a = fn["arguments"];
-          if (a.is_object()) {
-            call.arguments = a;
-          } else if (a.is_string()) {
-            const std::string s = a.get<std::string>();
-            if (!trim(s).empty()) {  // "" is sent by some clients for a call without arguments
-              json parsed = json::parse(s, nullptr, /*allow_exceptions=*/false);
-              if (parsed.is_discarded())
-                throw std::invalid_argument(cw + ".arguments is a string but not valid JSON");
-              if (!parsed.is_object())
-                throw std::invalid_argument(cw + ".arguments must encode a JSON object");
-              call.arguments = std::move(parsed);
-            }
-          } else {
-            throw std::invalid_argument(cw + ".arguments must be an object or a JSON string");
-          }
-        }
-        m.tool_calls.push_back(std::move(call));
+    if (j.contains("name") && j["name"].is_string()) m.name = j["name"].get<std::string>();
+    if (j.contains("tool_calls") && j["tool_calls"].is_array()) {
+      for (const ordered_json& tc : j["tool_calls"]) {
+        const ordered_json& fn = tc.contains("function") ? tc["function"] : tc;
+        m.tool_calls.push_back({fn["name"].get<std::string>(),
+                                fn.contains("arguments") ? fn["arguments"] : ordered_json::object()});
       }
     }
     out.push_back(std::move(m));
+  }
+  return out;
+}
+
+ordered_json ChatTemplate::messages_to_json(const std::vector<ChatMessage>& messages) {
+  ordered_json out = ordered_json::array();
+  for (const ChatMessage& m : messages) {
+    ordered_json j = ordered_json::object();
+    j["role"] = m.role;
+    j["content"] = m.content;
+    if (!m.reasoning_content.empty()) j["reasoning_content"] = m.reasoning_content;
+    if (!m.name.empty()) j["name"] = m.name;
+    if (!m.tool_calls.empty()) {
+      ordered_json calls = ordered_json::array();
+      for (const ChatToolCall& c : m.tool_calls) {
+        ordered_json fn = ordered_json::object();
+        fn["name"] = c.name;
+        fn["arguments"] = c.arguments.is_null() ? ordered_json::object() : c.arguments;
+        calls.push_back({{"type", "function"}, {"function", std::move(fn)}});
+      }
+      j["tool_calls"] = std::move(calls);
+    }
+    out.push_back(std::move(j));
   }
   return out;
 }

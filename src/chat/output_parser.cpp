@@ -2,8 +2,9 @@
 
 #include <algorithm>
 
-#include "structured/json_constraint.h"
+#include "chat/step35_format.h"
 #include "chat/stop_strings.h"
+#include "chat/tool_calls.h"
 
 namespace step35 {
 
@@ -12,14 +13,7 @@ namespace {
 using json = nlohmann::json;
 using ordered_json = nlohmann::ordered_json;
 
-constexpr std::string_view kThinkOpen = "<think>";
-constexpr std::string_view kThinkClose = "</think>";
-constexpr std::string_view kCallOpen = "<tool_call>";
-constexpr std::string_view kCallClose = "</tool_call>";
-constexpr std::string_view kFunctionOpen = "<function=";
-constexpr std::string_view kFunctionClose = "</function>";
-constexpr std::string_view kParamOpen = "<parameter=";
-constexpr std::string_view kParamClose = "</parameter>";
+using namespace step35_format;
 
 // Function and parameter names longer than this end where they are (the rest of the tag
 // is skipped as stray text): a model looping inside a tag cannot grow a name unboundedly.
@@ -90,7 +84,7 @@ std::vector<OutputDelta> OutputParser::push(TokenId token) {
   const TokenType type = tok_->token_type(token);
   if (type == TokenType::CONTROL || type == TokenType::UNKNOWN) {
     // Control tokens carry no text, except the tags this parser reads.
-    static const std::string_view kTags[] = {kThinkOpen, kThinkClose, kCallOpen, kCallClose};
+    static const std::string_view kTags[] = {kThinkOpen, kThinkClose, kToolCallOpen, kToolCallClose};
     if (std::find(std::begin(kTags), std::end(kTags), piece) == std::end(kTags)) return {};
   }
   return push_text(piece);
@@ -113,7 +107,11 @@ std::vector<OutputDelta> OutputParser::finish() {
     out_.truncated = true;
     if (call_state_ == CallState::ParameterValue) {
       warn("generation ended inside the value of parameter '" + param_name_ + "'");
-      finish_parameter(out, call_text_);
+      if (value_streamed_) {
+        stream_value(out, "", true);
+      } else {
+        finish_parameter(out, call_text_);
+      }
     } else if (call_state_ == CallState::ParameterName) {
       warn("generation ended inside a parameter name");
     }
@@ -145,7 +143,7 @@ bool OutputParser::step_reasoning(std::vector<OutputDelta>& out, bool at_end) {
     skip_newline_ = false;
   }
   std::vector<std::string> tags = {std::string(kThinkClose), std::string(kThinkOpen)};
-  if (tools_enabled_) tags.emplace_back(kCallOpen);
+  if (tools_enabled_) tags.emplace_back(kToolCallOpen);
   const MarkerMatch m = find_first_marker(buf_, tags);
   if (m.pos == std::string::npos) {
     size_t keep = 0;
@@ -190,7 +188,7 @@ bool OutputParser::step_content(std::vector<OutputDelta>& out, bool at_end) {
     after_call_ = false;
   }
   std::vector<std::string> tags = {std::string(kThinkOpen), std::string(kThinkClose)};
-  if (tools_enabled_) tags.emplace_back(kCallOpen);
+  if (tools_enabled_) tags.emplace_back(kToolCallOpen);
   const MarkerMatch m = find_first_marker(buf_, tags);
   if (m.pos == std::string::npos) {
     const size_t keep = at_end ? 0 : partial_marker_suffix(buf_, tags);
@@ -201,7 +199,7 @@ bool OutputParser::step_content(std::vector<OutputDelta>& out, bool at_end) {
   emit_content(out, std::string_view(buf_).substr(0, m.pos));
   const std::string& tag = tags[m.marker];
   buf_.erase(0, m.pos + tag.size());
-  if (tag == kCallOpen) {
+  if (tag == kToolCallOpen) {
     held_space_.clear();  // whitespace before a call is formatting
     mode_ = Mode::ToolCall;
     call_state_ = CallState::ExpectFunction;
@@ -256,39 +254,39 @@ bool OutputParser::step_call(std::vector<OutputDelta>& out, bool at_end) {
       skip_space();
       if (buf_.empty()) return false;
       if (call_state_ == CallState::ExpectFunction) {
-        const int t = match_tag(buf_, {kFunctionOpen, kCallClose}, at_end);
+        const int t = match_tag(buf_, {kFunctionOpen, kToolCallClose}, at_end);
         if (t == -2) return false;
         if (t == 0) {
           buf_.erase(0, kFunctionOpen.size());
           call_text_.clear();
           call_state_ = CallState::FunctionName;
         } else if (t == 1) {
-          buf_.erase(0, kCallClose.size());
+          buf_.erase(0, kToolCallClose.size());
           close_call(out);
         } else {
           skip_stray("before <function=");
         }
       } else if (call_state_ == CallState::ExpectParameter) {
-        const int t = match_tag(buf_, {kParamOpen, kFunctionClose, kCallClose}, at_end);
+        const int t = match_tag(buf_, {kParameterOpen, kFunctionClose, kToolCallClose}, at_end);
         if (t == -2) return false;
         if (t == 0) {
-          buf_.erase(0, kParamOpen.size());
+          buf_.erase(0, kParameterOpen.size());
           call_text_.clear();
           call_state_ = CallState::ParameterName;
         } else if (t == 1) {
           buf_.erase(0, kFunctionClose.size());
           call_state_ = CallState::ExpectCallEnd;
         } else if (t == 2) {
-          buf_.erase(0, kCallClose.size());
+          buf_.erase(0, kToolCallClose.size());
           close_call(out);
         } else {
           skip_stray("between parameters");
         }
       } else {
-        const int t = match_tag(buf_, {kCallClose}, at_end);
+        const int t = match_tag(buf_, {kToolCallClose}, at_end);
         if (t == -2) return false;
         if (t == 0) {
-          buf_.erase(0, kCallClose.size());
+          buf_.erase(0, kToolCallClose.size());
           close_call(out);
         } else {
           skip_stray("after </function>");
@@ -308,19 +306,28 @@ bool OutputParser::step_call(std::vector<OutputDelta>& out, bool at_end) {
       param_name_ = std::string(trim(call_text_));
       call_text_.clear();
       call_state_ = CallState::ParameterValue;
+      open_streamed_value(out);
       return true;
     }
     case CallState::ParameterValue: {
-      const size_t end = buf_.find(kParamClose);
+      const size_t end = buf_.find(kParameterClose);
       if (end == std::string::npos) {
-        const size_t keep = at_end ? 0 : partial_marker_suffix(buf_, {std::string(kParamClose)});
-        call_text_.append(buf_, 0, buf_.size() - keep);
+        const size_t keep = at_end ? 0 : partial_marker_suffix(buf_, {std::string(kParameterClose)});
+        if (value_streamed_) {
+          stream_value(out, std::string_view(buf_).substr(0, buf_.size() - keep), false);
+        } else {
+          call_text_.append(buf_, 0, buf_.size() - keep);
+        }
         buf_.erase(0, buf_.size() - keep);
         return false;
       }
-      call_text_.append(buf_, 0, end);
-      buf_.erase(0, end + kParamClose.size());
-      finish_parameter(out, call_text_);
+      if (value_streamed_) {
+        stream_value(out, std::string_view(buf_).substr(0, end), true);
+      } else {
+        call_text_.append(buf_, 0, end);
+        finish_parameter(out, call_text_);
+      }
+      buf_.erase(0, end + kParameterClose.size());
       call_text_.clear();
       call_state_ = CallState::ExpectParameter;
       return true;
@@ -417,7 +424,60 @@ void OutputParser::finish_parameter(std::vector<OutputDelta>& out, std::string v
   fragment += ':';
   fragment += dump_json(v);
   ++call_n_params_;
+  emit_arguments(out, std::move(fragment));
+}
+
+void OutputParser::open_streamed_value(std::vector<OutputDelta>& out) {
+  value_streamed_ = false;
+  value_started_ = false;
+  value_held_.clear();
+  if (!call_started_) return;
+  const json* schema = parameter_schema(param_name_);
+  if (schema == nullptr || !tool_parameter_is_raw_string(*schema)) return;  // one fragment at its end
+  if (std::find(call_keys_.begin(), call_keys_.end(), param_name_) != call_keys_.end()) return;  // a repeat: dropped
+  call_keys_.push_back(param_name_);
+  value_streamed_ = true;
+  std::string fragment = call_n_params_ == 0 ? "{" : ",";
+  fragment += dump_json(ordered_json(param_name_));
+  fragment += ":\"";
+  ++call_n_params_;
+  emit_arguments(out, std::move(fragment));
+}
+
+void OutputParser::stream_value(std::vector<OutputDelta>& out, std::string_view text, bool last) {
+  value_held_.append(text);
+  // The template writes "\n" + value + "\n" between the tags: one newline at each end is
+  // formatting. The first is dropped once known; a final one is held until more text
+  // shows it was not the last.
+  if (!value_started_ && !value_held_.empty()) {
+    if (value_held_.front() == '\n') value_held_.erase(0, 1);
+    value_started_ = true;
+  }
+  if (!value_started_ && !last) return;
+  size_t n = value_held_.size();
+  if (n > 0 && value_held_[n - 1] == '\n') --n;  // last: dropped; else: held
+  std::string fragment;
+  if (n > 0) {
+    const std::string quoted = dump_json(ordered_json(value_held_.substr(0, n)));
+    fragment = quoted.substr(1, quoted.size() - 2);  // the escaped characters, no quotes
+  }
+  value_held_.erase(0, n);
+  if (last) {
+    fragment += '"';
+    value_held_.clear();
+    value_streamed_ = false;
+  }
+  if (!fragment.empty()) emit_arguments(out, std::move(fragment));
+}
+
+void OutputParser::emit_arguments(std::vector<OutputDelta>& out, std::string fragment) {
   out_.tool_calls.back().arguments += fragment;
+  // Consecutive fragments of one call within one push go out as one delta.
+  if (!out.empty() && out.back().kind == OutputDelta::Kind::ToolCallArguments &&
+      out.back().tool_index == int32_t(out_.tool_calls.size() - 1)) {
+    out.back().text += fragment;
+    return;
+  }
   OutputDelta d;
   d.kind = OutputDelta::Kind::ToolCallArguments;
   d.tool_index = int32_t(out_.tool_calls.size() - 1);
@@ -427,13 +487,7 @@ void OutputParser::finish_parameter(std::vector<OutputDelta>& out, std::string v
 
 void OutputParser::close_call(std::vector<OutputDelta>& out) {
   if (call_started_) {
-    const std::string fragment = call_n_params_ == 0 ? "{}" : "}";
-    out_.tool_calls.back().arguments += fragment;
-    OutputDelta d;
-    d.kind = OutputDelta::Kind::ToolCallArguments;
-    d.tool_index = int32_t(out_.tool_calls.size() - 1);
-    d.text = fragment;
-    out.push_back(std::move(d));
+    emit_arguments(out, call_n_params_ == 0 ? "{}" : "}");
   } else {
     warn("tool call without a function name dropped");
   }
@@ -445,6 +499,8 @@ void OutputParser::close_call(std::vector<OutputDelta>& out) {
   param_name_.clear();
   call_n_params_ = 0;
   call_keys_.clear();
+  value_streamed_ = false;
+  value_held_.clear();
 }
 
 void OutputParser::warn(std::string message) {

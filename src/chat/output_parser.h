@@ -5,7 +5,7 @@
 //
 //   <tool_call>\n<function=NAME>\n<parameter=KEY>\nVALUE\n</parameter>\n...</function>\n</tool_call>
 //
-// Rules this parser applies (deterministic; documented in docs/output-parser.md):
+// Rules this parser applies (deterministic; the markers are step35_format.h's):
 // * Reasoning mode first when the prompt opened `<think>` (the generation prompt does).
 //   Reasoning ends at `</think>` or at the first `<tool_call>`. One newline right before
 //   and one right after `</think>` are dropped. A `<think>` in content mode opens a new
@@ -27,9 +27,12 @@
 //   text is kept as a JSON string (so `arguments` is always a valid JSON object). A
 //   repeated parameter name keeps its first value (the repeat is dropped, with a warning).
 // * Streaming: a call's name is sent (ToolCallStart) as soon as `<function=NAME>` is
-//   complete; its arguments are sent as JSON fragments, one per completed parameter
-//   (`{"a":1` then `,"b":"x"` then `}`), so the fragments concatenate to exactly
-//   ToolCall::arguments. A call whose name never completed is dropped (warning).
+//   complete; its arguments are sent as JSON fragments that concatenate to exactly
+//   ToolCall::arguments. A raw-string parameter streams as it is generated (`{"a":"` when
+//   its name is complete, then the escaped text as it comes, holding back only what may
+//   still be the newline and `</parameter>` that end it, then `"`); any other parameter
+//   is one fragment once its value is complete (`,"b":1`); `}` closes the call. A call
+//   whose name never completed is dropped (warning).
 // * Malformed output: a call to a function not among the tools is still returned as a
 //   call (known_function = false, values parsed as JSON-or-string) so the client can
 //   answer it with an error; stray text inside a call's tag structure is skipped (a
@@ -132,6 +135,11 @@ class OutputParser {
   void emit_content(std::vector<OutputDelta>& out, std::string_view text);
   void start_call(std::vector<OutputDelta>& out, std::string name);
   void finish_parameter(std::vector<OutputDelta>& out, std::string value);
+  // A raw-string parameter value streamed as it comes: opened when its name is complete,
+  // fed the value text, closed at its end.
+  void open_streamed_value(std::vector<OutputDelta>& out);
+  void stream_value(std::vector<OutputDelta>& out, std::string_view text, bool last);
+  void emit_arguments(std::vector<OutputDelta>& out, std::string fragment);
   void close_call(std::vector<OutputDelta>& out);
   void warn(std::string message);
   const nlohmann::json* parameter_schema(const std::string& key) const;
@@ -155,6 +163,9 @@ class OutputParser {
   bool call_started_ = false;   // ToolCallStart sent
   size_t call_n_params_ = 0;    // parameters written into the arguments so far
   std::vector<std::string> call_keys_;
+  bool value_streamed_ = false;  // the value in progress streams (a raw-string parameter)
+  bool value_started_ = false;   // ... and its leading newline has been dealt with
+  std::string value_held_;       // ... text held back: it may be the newline before </parameter>
 
   ParsedOutput out_;
 };

@@ -11,8 +11,10 @@
 #include <string>
 #include <vector>
 
-#include "structured/constraint.h"
+#include "engine/mtp_limits.h"
 #include "engine/sampler.h"
+#include "exec/kv_cache.h"
+#include "structured/constraint.h"
 #include "tensor/kernels.h"
 
 namespace step35 {
@@ -28,6 +30,10 @@ enum class Priority : uint8_t { Normal, LowLatency, HighThroughput };
 // never the default): per token keep the smallest set of top-ranked experts whose
 // normalised router weights reach `adaptive_mass`, never fewer than `adaptive_min_k`.
 enum class ExpertPolicy : uint8_t { Strict, Adaptive };
+// The adaptive policy's default mass and minimum (GenerateRequest, the server's options,
+// the command line).
+inline constexpr float kDefaultAdaptiveMass = 0.9f;
+inline constexpr int32_t kDefaultAdaptiveMinK = 4;
 
 enum class FinishReason : uint8_t {
   Stop,       // an end-of-generation token (or the constraint completed)
@@ -45,13 +51,15 @@ struct GenerateRequest {
   int32_t max_tokens = -1;           // < 0: until the context is full
   int32_t n_ctx = 0;                 // per-request context limit; 0 = the engine's
   bool ignore_eos = false;
+  // End-of-generation tokens are never sampled before this many tokens were generated.
+  int32_t min_tokens = 0;
   int32_t n_top_logprobs = 0;        // alternatives per token in events (0..20)
   bool want_logprobs = false;        // fill GenerateEvent::logprob
   std::shared_ptr<TokenConstraint> constraint;  // optional
   Priority priority = Priority::Normal;
   ExpertPolicy expert_policy = ExpertPolicy::Strict;
-  float adaptive_mass = 0.9f;
-  int32_t adaptive_min_k = 4;
+  float adaptive_mass = kDefaultAdaptiveMass;
+  int32_t adaptive_min_k = kDefaultAdaptiveMinK;
   double timeout_s = 0;              // 0: none
 };
 
@@ -76,10 +84,21 @@ struct GenerateEvent {
   double total_s = 0;
 };
 
-// Receives the events of one request, on the scheduler thread: keep it short (queue the
-// event and return). Returning false stops the request (the client went away, or a stop
-// string matched): its resources are released and no further events are delivered.
-using EventSink = std::function<bool(const GenerateEvent&)>;
+// What a sink answers to a token event (the answer to the final event is ignored).
+enum class SinkReply : uint8_t {
+  Continue,
+  // The output is complete (a stop string matched, the one tool call allowed closed): the
+  // request ends at this token with FinishReason::Stop, no further token is generated, and
+  // the sink still gets the final event.
+  Stop,
+  // The client went away: the request ends with FinishReason::Cancelled, and no further
+  // event (not even the final one) is delivered.
+  Cancel,
+};
+
+// Receives the events of one request, on the scheduler thread: keep it short (no I/O).
+// Its resources are released as soon as it answers Stop or Cancel.
+using EventSink = std::function<SinkReply(const GenerateEvent&)>;
 
 // Thrown by submit(): the queue is full (HTTP 503 + Retry-After).
 class QueueFullError : public std::runtime_error {
@@ -117,6 +136,7 @@ struct EngineOptions {
   int64_t kv_bytes = 0;           // KV pool size; 0 = enough for n_parallel x n_ctx
   int32_t batch_wait_ms = 20;     // how long HighThroughput requests may wait for company
   Precision precision = Precision::Native;
+  KvTypes kv_types;               // cache types of keys and values (default f16, as llama.cpp)
   bool prefix_cache = true;
   int32_t mtp = 0;                // MTP drafts per step at most (0: off; needs MTP blocks)
   bool mtp_adaptive = true;       // choose K per step from acceptance and measured cost
@@ -139,6 +159,7 @@ struct EngineStats {
   int64_t kv_blocks_total = 0;
   int64_t kv_blocks_used = 0;          // held by running sequences
   int64_t kv_blocks_cached = 0;        // idle, kept for prefix reuse (evictable)
+  uint64_t kv_bytes_used = 0;          // bytes of the blocks held by running sequences
   uint64_t prefix_lookups = 0;         // requests that looked up the cache
   uint64_t prefix_hits = 0;            // ... and reused at least one block
   // MoE health, over a sliding window of recent steps:
@@ -149,9 +170,10 @@ struct EngineStats {
   double adaptive_mean_k = 0;          // their mean number of experts
   // MTP speculation (requests that finished):
   uint64_t mtp_steps = 0;              // verification steps with drafts
-  uint64_t mtp_drafted[4] = {};        // by draft position 1..3
-  uint64_t mtp_accepted[4] = {};
+  uint64_t mtp_drafted[kMaxDrafts + 1] = {};   // by draft position 1..kMaxDrafts
+  uint64_t mtp_accepted[kMaxDrafts + 1] = {};
   uint64_t mtp_tokens = 0;             // tokens those steps produced
+  int64_t kv_pool_bytes = 0;           // address space reserved for the KV pool (bytes of its cache types)
 };
 
 class Engine {
@@ -180,5 +202,14 @@ class Engine {
 
 // The continuous-batching engine over a loaded model.
 std::unique_ptr<Engine> make_engine(const Model& model, const EngineOptions& options);
+
+// KV memory for `options` (its n_ctx, n_batch, mtp, kv_types): what one sequence needs and the
+// largest pool the engine can index (2^31 - 1 blocks of a kind), in bytes. For checking
+// EngineOptions::kv_bytes before make_engine.
+struct KvBudget {
+  int64_t per_sequence_bytes = 0;
+  int64_t max_pool_bytes = 0;
+};
+KvBudget kv_budget(const Model& model, const EngineOptions& options);
 
 }  // namespace step35

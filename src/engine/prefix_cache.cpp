@@ -71,7 +71,6 @@ int32_t PrefixCache::attach(const int32_t* tokens, int32_t max_tokens, KvSeq& se
   }
   seq.n_pos = end;
   ++hits_;
-  hit_tokens_ += uint64_t(end);
   return end;
 }
 

@@ -44,7 +44,6 @@ class PrefixCache {
   size_t n_entries() const { return entries_.size(); }
   uint64_t lookups() const { return lookups_; }
   uint64_t hits() const { return hits_; }
-  uint64_t hit_tokens() const { return hit_tokens_; }
 
  private:
   struct Entry {
@@ -61,7 +60,7 @@ class PrefixCache {
   KvPool& pool_;
   std::unordered_map<uint64_t, Entry> entries_;  // by chain hash
   uint64_t tick_ = 0;
-  uint64_t lookups_ = 0, hits_ = 0, hit_tokens_ = 0;
+  uint64_t lookups_ = 0, hits_ = 0;
 };
 
 }  // namespace step35

@@ -23,6 +23,7 @@ Sampler::Sampler(const SamplingParams& params, size_t n_vocab)
   work_.resize(n_vocab_);
   idx_.resize(n_vocab_);
   probs_.resize(n_vocab_);
+  if (params_.typical_p < 1.0f) typical_order_.reserve(n_vocab_);
   if (penalties_active()) {
     history_.resize(size_t(params_.repeat_last_n));
     counts_.assign(n_vocab_, 0);
@@ -82,14 +83,25 @@ void Sampler::apply_penalties() {
   }
 }
 
-int32_t Sampler::sample(const float* logits) {
+void Sampler::prepare(const float* logits) {
   const size_t n = n_vocab_;
-  if (n == 0) return 0;
   for (size_t i = 0; i < n; ++i) {
     const float v = logits[i];
     work_[i] = std::isnan(v) ? kNegInf : v;
   }
+  for (const auto& [token, bias] : params_.logit_bias)
+    if (token >= 0 && size_t(token) < n) {
+      float& v = work_[size_t(token)];
+      v += bias;
+      if (std::isnan(v)) v = kNegInf;  // +inf logit with a -inf bias: banned
+    }
   if (penalties_active()) apply_penalties();
+}
+
+int32_t Sampler::sample(const float* logits) {
+  const size_t n = n_vocab_;
+  if (n == 0) return 0;
+  prepare(logits);
 
   // `!(t > 0)` also sends a NaN temperature to greedy.
   const double temp = double(params_.temperature);
@@ -115,11 +127,7 @@ void Sampler::distribution(const float* logits, std::vector<TokenProb>& out) {
   out.clear();
   const size_t n = n_vocab_;
   if (n == 0) return;
-  for (size_t i = 0; i < n; ++i) {
-    const float v = logits[i];
-    work_[i] = std::isnan(v) ? kNegInf : v;
-  }
-  if (penalties_active()) apply_penalties();
+  prepare(logits);
   const double temp = double(params_.temperature);
   const size_t keep = temp > 0.0 ? candidates() : 0;
   if (keep == 0) {
@@ -132,6 +140,38 @@ void Sampler::distribution(const float* logits, std::vector<TokenProb>& out) {
 }
 
 double Sampler::uniform() { return uniform01(rng_()); }
+
+size_t Sampler::typical(size_t c, double max_logit, double temp) {
+  // p_i = e_i / z with e_i = exp((l_i - max) / T); the surprise of token i is -log p_i =
+  // log z - (l_i - max) / T, the entropy H = sum p_i * surprise_i, and a token's score is
+  // |surprise_i - H|.
+  const float* w = work_.data();
+  double z = 0.0;
+  for (size_t i = 0; i < c; ++i) z += std::exp((double(w[idx_[i]]) - max_logit) / temp);
+  const double log_z = std::log(z);
+  double entropy = 0.0;
+  for (size_t i = 0; i < c; ++i) {
+    const double scaled = (double(w[idx_[i]]) - max_logit) / temp;
+    entropy += std::exp(scaled) / z * (log_z - scaled);
+  }
+  // Candidates by score ascending, ties by id.
+  std::vector<std::pair<double, int32_t>>& order = typical_order_;
+  order.resize(c);
+  for (size_t i = 0; i < c; ++i) {
+    const double scaled = (double(w[idx_[i]]) - max_logit) / temp;
+    order[i] = {std::fabs(log_z - scaled - entropy), idx_[i]};
+  }
+  std::sort(order.begin(), order.end());
+  const double target = double(params_.typical_p);
+  double cum = 0.0;
+  size_t keep = c;
+  for (size_t i = 0; i < c; ++i) {
+    idx_[i] = order[i].second;
+    cum += std::exp((double(w[idx_[i]]) - max_logit) / temp) / z;
+    if (cum >= target && keep == c) keep = i + 1;
+  }
+  return keep;
+}
 
 size_t Sampler::candidates() {
   const size_t n = n_vocab_;
@@ -164,6 +204,13 @@ size_t Sampler::candidates() {
   // Softmax at the temperature over the top-k set: e_i = exp((l_i - max) / T), so the
   // best token has e = 1 and p_i / p_max = e_i. Z normalises over the whole top-k set (the
   // top-p mass is measured before min-p removes anything).
+  if (params_.typical_p < 1.0f && c > 1) {
+    c = typical(c, double(max_logit), temp);
+    id_order = false;
+    // The most likely token may be atypical: p_max is now the best of those kept.
+    max_logit = kNegInf;
+    for (size_t i = 0; i < c; ++i) max_logit = std::max(max_logit, w[idx_[i]]);
+  }
   auto weight = [&](int32_t t) { return std::exp((double(w[t]) - double(max_logit)) / temp); };
   double z = 0.0;
   for (size_t i = 0; i < c; ++i) z += weight(idx_[i]);
@@ -180,32 +227,7 @@ size_t Sampler::candidates() {
 
   size_t keep = c;
   if (params_.top_p < 1.0f) {
-    // top-p needs the candidates in probability order, but only up to the nucleus: sort a
-    // growing prefix (select the next chunk with nth_element, then sort just that chunk),
-    // so a peaked distribution over a big vocabulary costs O(n), not O(n log n).
-    const double top_p = double(params_.top_p);
-    double cum = 0.0;
-    size_t sorted = 0, chunk = 64;
-    bool done = false;
-    while (!done && sorted < c) {
-      const size_t end = std::min(c, sorted + chunk);
-      auto first = idx_.begin() + std::ptrdiff_t(sorted);
-      auto stop = idx_.begin() + std::ptrdiff_t(end);
-      if (end < c) std::nth_element(first, stop - 1, idx_.begin() + std::ptrdiff_t(c), by_logit);
-      std::sort(first, stop, by_logit);
-      for (size_t i = sorted; i < end; ++i) {
-        cum += weight(idx_[i]) / z;
-        if (cum >= top_p) {
-          keep = i + 1;
-          done = true;
-          break;
-        }
-      }
-      sorted = end;
-      chunk *= 4;
-    }
-    // Not reached (rounding, or min-p left less than top_p of the mass): everything left
-    // is sorted and kept.
+    keep = nucleus(c, max_logit, z);
   } else if (!id_order) {
     // No top-p: draw over the candidates in id order, a canonical order independent of
     // nth_element's.
@@ -214,6 +236,36 @@ size_t Sampler::candidates() {
 
   for (size_t i = 0; i < keep; ++i) probs_[i] = weight(idx_[i]);
   return keep;
+}
+
+// top-p over the c candidates in idx_ (z: their softmax normaliser): sorts them into
+// probability order only as far as the nucleus reaches (select the next chunk with
+// nth_element, then sort just that chunk), so a peaked distribution over a big vocabulary
+// costs O(n), not O(n log n). Returns how many candidates the nucleus keeps.
+size_t Sampler::nucleus(size_t c, float max_logit, double z) {
+  const float* w = work_.data();
+  const double temp = double(params_.temperature);
+  auto by_logit = [w](int32_t a, int32_t b) { return w[a] > w[b] || (w[a] == w[b] && a < b); };
+  auto weight = [&](int32_t t) { return std::exp((double(w[t]) - double(max_logit)) / temp); };
+  const double top_p = double(params_.top_p);
+  double cum = 0.0;
+  size_t sorted = 0, chunk = 64;
+  while (sorted < c) {
+    const size_t end = std::min(c, sorted + chunk);
+    auto first = idx_.begin() + std::ptrdiff_t(sorted);
+    auto stop = idx_.begin() + std::ptrdiff_t(end);
+    if (end < c) std::nth_element(first, stop - 1, idx_.begin() + std::ptrdiff_t(c), by_logit);
+    std::sort(first, stop, by_logit);
+    for (size_t i = sorted; i < end; ++i) {
+      cum += weight(idx_[i]) / z;
+      if (cum >= top_p) return i + 1;
+    }
+    sorted = end;
+    chunk *= 4;
+  }
+  // Not reached (rounding, or min-p left less than top_p of the mass): everything left is
+  // sorted and kept.
+  return c;
 }
 
 }  // namespace step35

@@ -4,6 +4,7 @@
 
 #include <cstdint>
 #include <random>
+#include <utility>
 #include <vector>
 
 namespace step35 {
@@ -17,13 +18,18 @@ struct SamplingParams {
   int32_t repeat_last_n = 64;   // window of recent tokens the penalties look at (<= 0: none)
   float presence_penalty = 0.0f;   // OpenAI: minus this once per token seen
   float frequency_penalty = 0.0f;  // OpenAI: minus this times the count
+  float typical_p = 1.0f;       // locally typical sampling mass, >= 1: off
+  // Added to a token's logit before anything else (OpenAI logit_bias; -inf bans a token).
+  std::vector<std::pair<int32_t, float>> logit_bias;
   uint64_t seed = 0;
 };
 
-// Order of operations (temperature > 0): penalties over the last repeat_last_n accepted
-// tokens, top-k, softmax at the temperature (over the top-k set), top-p (smallest prefix
-// with cumulative probability >= top_p, at least one token), min-p (drop p < min_p * p_max),
-// renormalise, one draw. Greedy (temperature <= 0) applies the penalties, then argmax.
+// Order of operations (temperature > 0): logit bias, penalties over the last repeat_last_n
+// accepted tokens, top-k, softmax at the temperature (over the top-k set), typical-p (the
+// tokens whose surprise -log p is closest to the entropy, until their mass reaches
+// typical_p, the softmax then taken over them), top-p (smallest prefix with cumulative
+// probability >= top_p, at least one token), min-p (drop p < min_p * p_max), renormalise,
+// one draw. Greedy (temperature <= 0) applies the bias and the penalties, then argmax.
 // NaN logits count as -inf. The RNG is std::mt19937_64 and the uniform variate is built
 // from its raw 64-bit output, so a seed gives the same tokens with every standard library.
 // After the first sample() call neither sample() nor accept() allocates.
@@ -65,10 +71,15 @@ class Sampler {
   static int32_t argmax(const float* logits, size_t n);
 
  private:
+  // work_ = the logits with NaN as -inf, the bias added and the penalties applied.
+  void prepare(const float* logits);
   void apply_penalties();
+  // Keeps the locally typical candidates among idx_[0, c); returns how many.
+  size_t typical(size_t c, double max_logit, double temp);
   // Fills idx_[0, keep) / probs_[0, keep) (unnormalised) with the candidates of
   // work_ (penalised logits) at temperature > 0; returns keep (0: take argmax(work_)).
   size_t candidates();
+  size_t nucleus(size_t c, float max_logit, double z);
   bool penalties_active() const;
 
   SamplingParams params_;
@@ -83,6 +94,7 @@ class Sampler {
   std::vector<float> work_;      // penalised logits
   std::vector<int32_t> idx_;     // candidate token ids
   std::vector<double> probs_;    // unnormalised probabilities of the sorted candidates
+  std::vector<std::pair<double, int32_t>> typical_order_;  // typical(): (score, token)
 };
 
 }  // namespace step35

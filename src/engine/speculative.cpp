@@ -6,10 +6,10 @@
 #include <cstring>
 #include <stdexcept>
 
-#include "model/session.h"
+#include "engine/sequence.h"
+#include "exec/thread_pool.h"
 #include "model/step35.h"
 #include "model/workspace.h"
-#include "exec/thread_pool.h"
 
 namespace step35 {
 
@@ -21,7 +21,6 @@ namespace {
 constexpr int32_t kSyncWindow = 128;
 constexpr int32_t kTrunkRows = 256;  // trunk hidden rows kept per sequence
 constexpr int32_t kOutRows = 256;    // block output rows kept per chain step
-constexpr int32_t kMaxDrafts = 3;
 
 }  // namespace
 
@@ -71,12 +70,14 @@ void HiddenRows::get(int32_t p0, int32_t p1, float* dst) const {
 void SpeculationStats::add(const SpeculationStats& o) {
   steps += o.steps;
   tokens += o.tokens;
-  for (int k = 0; k < 4; ++k) drafted[k] += o.drafted[k], accepted[k] += o.accepted[k];
+  plain_steps += o.plain_steps;
+  for (int k = 0; k <= kMaxDrafts; ++k) drafted[k] += o.drafted[k], accepted[k] += o.accepted[k];
 }
 
 // ---------------------------------------------------------------------------------------
 
-MtpDrafter::MtpDrafter(const Model& model, int32_t max_k, int32_t max_seqs, int32_t n_ctx) : model_(model) {
+MtpDrafter::MtpDrafter(const Model& model, int32_t max_k, int32_t max_seqs, int32_t n_ctx, KvTypes kv_types)
+    : model_(model) {
   n_blocks_ = model.n_mtp_loaded();
   max_k_ = n_blocks_ == 0 ? 0 : std::clamp(max_k, 0, kMaxDrafts);
   if (n_blocks_ > 1) max_k_ = std::min(max_k_, n_blocks_);
@@ -88,7 +89,7 @@ MtpDrafter::MtpDrafter(const Model& model, int32_t max_k, int32_t max_seqs, int3
                                                      KvPool::kDefaultBlockSize, kMaxDrafts);
     pools_.push_back(std::make_unique<KvPool>(layers, window, KvPool::kDefaultBlockSize,
                                               per_seq.first * std::max(1, max_seqs),
-                                              per_seq.second * std::max(1, max_seqs), kMaxDrafts));
+                                              per_seq.second * std::max(1, max_seqs), kMaxDrafts, kv_types));
   }
 }
 
@@ -123,103 +124,118 @@ void MtpDrafter::sync(MtpState& st, int32_t n_pos, int32_t window) {
 }
 
 void MtpDrafter::draft(std::vector<Job>& jobs, ThreadPool& pool, Workspace& ws, Precision precision) {
-  const size_t E = size_t(model_.hparams().n_embd), V = size_t(model_.hparams().n_vocab);
   std::vector<Sampler::History> saved(jobs.size());
   catch_up_tokens_ = 0;
-  for (size_t j = 0; j < jobs.size(); ++j) {
-    Job& job = jobs[j];
-    MtpState& st = *job.st;
-    st.drafts.clear();
-    st.q.clear();
-    job.k = std::clamp(job.k, 0, max_k_);
-    if (job.k == 0) continue;
-    // Blocks that fell further behind than the catch-up window (speculation paused) start
-    // again from the window instead of recomputing everything since they stopped.
-    const int32_t window = job.catch_up_window > 0 ? std::min(job.catch_up_window, kSyncWindow) : kSyncWindow;
-    const int32_t f0 = st.base[0] + st.kv[0].n_pos;
-    if (!st.synced || f0 > job.n_pos || job.n_pos - f0 > window || !st.trunk.has(f0 - 1, job.n_pos))
-      sync(st, job.n_pos, window);
-    if (!st.synced) job.k = 0;
-    if (job.sampler) saved[j] = job.sampler->save_history();
-  }
+  for (size_t j = 0; j < jobs.size(); ++j) start_job(jobs[j], saved[j]);
   ForwardOptions opts;
   opts.precision = precision;
-  std::vector<size_t> members;
   for (int32_t k = 0; k < max_k_; ++k) {
     const int32_t b = block_of_step(k);
-    chunks_.clear();
-    members.clear();
-    h_in_.clear();
-    if (chunk_tokens_.size() < jobs.size()) chunk_tokens_.resize(jobs.size());
-    for (size_t j = 0; j < jobs.size(); ++j) {
-      Job& job = jobs[j];
-      MtpState& st = *job.st;
-      if (job.k <= k || int32_t(st.drafts.size()) != k) continue;
-      const int32_t N = job.n_pos, last = N + k;
-      const int32_t f = st.base[size_t(b)] + st.kv[size_t(b)].n_pos;
-      const HiddenRows& source = k == 0 ? st.trunk : st.out[size_t(k - 1)];
-      if (f > last || !source.has(f - 1, last)) {
-        st.synced = false;  // out of step: restart next time
-        continue;
-      }
-      auto& toks = chunk_tokens_[j];
-      toks.clear();
-      for (int32_t p = f; p <= last; ++p) toks.push_back(p <= N ? job.tokens[p] : st.drafts[size_t(p - N - 1)]);
-      const size_t at = h_in_.size();
-      h_in_.resize(at + toks.size() * E);
-      source.get(f - 1, last, h_in_.data() + at);
-      SeqChunk c;
-      c.seq = &st.kv[size_t(b)];
-      c.tokens = toks.data();
-      c.n_tokens = int32_t(toks.size());
-      c.logits = LogitRows::Last;
-      c.want_hidden = true;
-      c.routing = job.routing;
-      c.pos_offset = st.base[size_t(b)];
-      catch_up_tokens_ += c.n_tokens - 1;  // in step, each chain step runs one new position
-      chunks_.push_back(c);
-      members.push_back(j);
-    }
+    gather_chain_step(jobs, k);
     if (chunks_.empty()) break;
     model_.forward_mtp(b, *pools_[size_t(b)], chunks_, h_in_.data(), out_, ws, pool, opts);
-    for (size_t c = 0; c < chunks_.size(); ++c) {
-      Job& job = jobs[members[c]];
-      MtpState& st = *job.st;
-      const int32_t first = job.n_pos + k - chunks_[c].n_tokens + 1;
-      st.out[size_t(k)].put(first, out_.hidden.data() + size_t(out_.hidden_offset[c]) * E, chunks_[c].n_tokens);
-      pools_[size_t(b)]->trim_swa(st.kv[size_t(b)]);
-      const float* row = out_.logits.data() + size_t(out_.logits_offset[c]) * V;
-      std::vector<Sampler::TokenProb> q;
-      int32_t d;
-      if (job.sampler) {
-        job.sampler->distribution(row, q);
-        d = q.back().token;
-        if (q.size() > 1) {
-          const double u = job.sampler->uniform();
-          double cum = 0;
-          for (const auto& tp : q) {
-            cum += tp.p;
-            if (u < cum) {
-              d = tp.token;
-              break;
-            }
-          }
-        }
-        job.sampler->accept(d);  // later drafts see it in the penalty history
-      } else {
-        d = Sampler::argmax(row, V);
-        q.push_back({d, 1.0});
-      }
-      if (draft_override) {
-        d = draft_override(job.n_pos, k, d);
-        q.assign(1, Sampler::TokenProb{d, 1.0});
-      }
-      st.drafts.push_back(d);
-      st.q.push_back(std::move(q));
-    }
+    for (size_t c = 0; c < chunks_.size(); ++c) take_draft(jobs[members_[c]], k, c);
   }
   for (size_t j = 0; j < jobs.size(); ++j)
     if (jobs[j].sampler && jobs[j].k > 0) jobs[j].sampler->restore_history(saved[j]);
+}
+
+// Clamps a job's K, brings its blocks' caches in step with the trunk when they are not, and
+// saves its sampler's penalty history (drafts enter it only while drafting).
+void MtpDrafter::start_job(Job& job, Sampler::History& saved) {
+  MtpState& st = *job.st;
+  st.drafts.clear();
+  st.q.clear();
+  job.k = std::clamp(job.k, 0, max_k_);
+  if (job.k == 0) return;
+  // Blocks that fell further behind than the catch-up window (speculation paused) start
+  // again from the window instead of recomputing everything since they stopped.
+  const int32_t window = job.catch_up_window > 0 ? std::min(job.catch_up_window, kSyncWindow) : kSyncWindow;
+  const int32_t f0 = st.base[0] + st.kv[0].n_pos;
+  if (!st.synced || f0 > job.n_pos || job.n_pos - f0 > window || !st.trunk.has(f0 - 1, job.n_pos))
+    sync(st, job.n_pos, window);
+  if (!st.synced) job.k = 0;
+  if (job.sampler) saved = job.sampler->save_history();
+}
+
+// The chunks of chain step k (chunks_, their jobs in members_, their input hidden rows in
+// h_in_): every job still drafting runs the positions its block has not seen yet, up to
+// N + k, on the tokens (verified, then its drafts so far) and the previous step's rows.
+void MtpDrafter::gather_chain_step(std::vector<Job>& jobs, int32_t k) {
+  const size_t E = size_t(model_.hparams().n_embd);
+  const int32_t b = block_of_step(k);
+  chunks_.clear();
+  members_.clear();
+  h_in_.clear();
+  if (chunk_tokens_.size() < jobs.size()) chunk_tokens_.resize(jobs.size());
+  for (size_t j = 0; j < jobs.size(); ++j) {
+    Job& job = jobs[j];
+    MtpState& st = *job.st;
+    if (job.k <= k || int32_t(st.drafts.size()) != k) continue;
+    const int32_t N = job.n_pos, last = N + k;
+    const int32_t f = st.base[size_t(b)] + st.kv[size_t(b)].n_pos;
+    const HiddenRows& source = k == 0 ? st.trunk : st.out[size_t(k - 1)];
+    if (f > last || !source.has(f - 1, last)) {
+      st.synced = false;  // out of step: restart next time
+      continue;
+    }
+    auto& toks = chunk_tokens_[j];
+    toks.clear();
+    for (int32_t p = f; p <= last; ++p) toks.push_back(p <= N ? job.tokens[p] : st.drafts[size_t(p - N - 1)]);
+    const size_t at = h_in_.size();
+    h_in_.resize(at + toks.size() * E);
+    source.get(f - 1, last, h_in_.data() + at);
+    SeqChunk c;
+    c.seq = &st.kv[size_t(b)];
+    c.tokens = toks.data();
+    c.n_tokens = int32_t(toks.size());
+    c.logits = LogitRows::Last;
+    c.want_hidden = true;
+    c.routing = job.routing;
+    c.pos_offset = st.base[size_t(b)];
+    catch_up_tokens_ += c.n_tokens - 1;  // in step, each chain step runs one new position
+    chunks_.push_back(c);
+    members_.push_back(j);
+  }
+}
+
+// Chunk c of chain step k ran: keeps the block's output rows and draws the draft from its
+// logits (the job's sampling distribution, or argmax without a sampler).
+void MtpDrafter::take_draft(Job& job, int32_t k, size_t c) {
+  const size_t E = size_t(model_.hparams().n_embd), V = size_t(model_.hparams().n_vocab);
+  MtpState& st = *job.st;
+  const int32_t b = block_of_step(k);
+  const int32_t first = job.n_pos + k - chunks_[c].n_tokens + 1;
+  st.out[size_t(k)].put(first, out_.hidden.data() + size_t(out_.hidden_offset[c]) * E, chunks_[c].n_tokens);
+  pools_[size_t(b)]->trim_swa(st.kv[size_t(b)]);
+  const float* row = out_.logits.data() + size_t(out_.logits_offset[c]) * V;
+  std::vector<Sampler::TokenProb> q;
+  int32_t d;
+  if (job.sampler) {
+    job.sampler->distribution(row, q);
+    d = q.back().token;
+    if (q.size() > 1) {
+      const double u = job.sampler->uniform();
+      double cum = 0;
+      for (const auto& tp : q) {
+        cum += tp.p;
+        if (u < cum) {
+          d = tp.token;
+          break;
+        }
+      }
+    }
+    job.sampler->accept(d);  // later drafts see it in the penalty history
+  } else {
+    d = Sampler::argmax(row, V);
+    q.push_back({d, 1.0});
+  }
+  if (draft_override) {
+    d = draft_override(job.n_pos, k, d);
+    q.assign(1, Sampler::TokenProb{d, 1.0});
+  }
+  st.drafts.push_back(d);
+  st.q.push_back(std::move(q));
 }
 
 void MtpDrafter::commit(MtpState& st, int32_t n_pos_old, int32_t n_pos_new, int32_t k_used) {
@@ -447,91 +463,35 @@ double seconds_now() {
 }
 }  // namespace
 
-SpeculativeDecoder::SpeculativeDecoder(const Model& model, int32_t n_ctx, int32_t max_batch, Precision precision,
-                                       int32_t max_k, bool adaptive)
-    : model_(model),
-      session_(std::make_unique<Session>(model, n_ctx, max_batch, precision, false, kMaxDrafts)),
-      drafter_(model, max_k, 1, n_ctx),
-      adaptive_k_(drafter_.max_k()),
-      adaptive_(adaptive) {
-  drafter_.init(state_);
-}
+Speculation::Speculation(const Model& model, int32_t max_k, bool adaptive, int32_t max_seqs, int32_t n_ctx,
+                         KvTypes kv_types)
+    : drafter_(model, max_k, max_seqs, n_ctx, kv_types), adaptive_k_(drafter_.max_k()), adaptive_(adaptive) {}
 
-SpeculativeDecoder::~SpeculativeDecoder() { drafter_.release(state_); }
-
-int32_t SpeculativeDecoder::n_pos() const { return session_->n_pos(); }
-int32_t SpeculativeDecoder::n_ctx() const { return session_->n_ctx(); }
-const KvCache& SpeculativeDecoder::cache() const { return session_->cache(); }
-
-void SpeculativeDecoder::reset() {
-  session_->cache().clear();
-  drafter_.release(state_);
-  drafter_.init(state_);
-  state_.stats = SpeculationStats{};
-  adaptive_k_ = AdaptiveK(drafter_.max_k());
-  tokens_.clear();
-  plain_steps_ = 0;
-}
-
-void SpeculativeDecoder::prefill(const int32_t* tokens, int32_t n, std::vector<float>& logits, ThreadPool& pool) {
-  const int32_t chunk = session_->cache().max_batch();
-  for (int32_t done = 0; done < n;) {
-    const int32_t m = std::min(chunk, n - done);
-    const int32_t first = session_->n_pos();
-    session_->forward(tokens + done, m, false, logits, pool, &hidden_);
-    state_.trunk.put(first, hidden_.data(), m);
-    done += m;
-  }
-  tokens_.assign(tokens, tokens + n);
-}
-
-void SpeculativeDecoder::step(int32_t pending, Sampler& sampler, std::vector<int32_t>& out, ThreadPool& pool,
-                              double synthetic_accept) {
-  const int32_t N = session_->n_pos();
-  const size_t V = size_t(model_.hparams().n_vocab), E = size_t(model_.hparams().n_embd);
-  tokens_.resize(size_t(N));
-  tokens_.push_back(pending);
-  int32_t k = adaptive_ ? adaptive_k_.choose() : drafter_.max_k();
-  k = std::max(0, std::min(k, session_->n_ctx() - N - 1));  // the drafts must fit the context
+void Speculation::draft(const std::vector<Sequence*>& seqs, ThreadPool& pool, Workspace& ws, Precision precision) {
+  last_draft_s_ = 0;
+  last_catch_up_ = 0;
+  if (max_k() == 0) return;
+  bool decoding = false;
+  for (const Sequence* s : seqs) decoding |= !s->prefilling();
+  if (!decoding) return;
+  const int32_t k = adaptive_ ? adaptive_k_.choose() : max_k();
+  const bool probe = adaptive_ && adaptive_k_.last_was_probe();
+  jobs_.clear();
+  for (Sequence* s : seqs)
+    if (std::optional<MtpDrafter::Job> job = s->draft_job(k, probe)) jobs_.push_back(*job);
+  if (jobs_.empty()) return;
   const double t0 = seconds_now();
-  state_.drafts.clear();
-  state_.q.clear();
-  if (k > 0) {
-    jobs_.assign(1, MtpDrafter::Job{});
-    MtpDrafter::Job& job = jobs_[0];
-    job.st = &state_;
-    job.tokens = tokens_.data();
-    job.n_pos = N;
-    job.k = k;
-    job.sampler = &sampler;
-    if (adaptive_ && adaptive_k_.last_was_probe()) job.catch_up_window = AdaptiveK::kProbeCatchUp;
-    drafter_.draft(jobs_, pool, *session_->workspace(), session_->precision());
+  try {
+    drafter_.draft(jobs_, pool, ws, precision);
+  } catch (const std::exception&) {
+    for (MtpDrafter::Job& j : jobs_) j.st->drafts.clear(), j.st->q.clear(), j.st->synced = false;
   }
-  const int32_t k_used = int32_t(state_.drafts.size());
-  const double t1 = seconds_now();
-  std::vector<int32_t> batch = {pending};
-  batch.insert(batch.end(), state_.drafts.begin(), state_.drafts.end());
-  session_->forward(batch.data(), int32_t(batch.size()), true, rows_, pool, &hidden_);
-  const double t2 = seconds_now();
-  const size_t before = out.size();
-  const int32_t accepted = verify_drafts(sampler, rows_.data(), V, state_.drafts, state_.q, synthetic_accept, out);
-  const int32_t n_new = N + 1 + accepted;
-  if (n_new < session_->n_pos()) session_->cache().truncate(n_new);
-  state_.trunk.put(N, hidden_.data(), accepted + 1);
-  (void)E;
-  drafter_.commit(state_, N, n_new, k_used);
-  for (size_t i = before; i + 1 < out.size(); ++i) tokens_.push_back(out[i]);
-  if (k_used > 0) {
-    ++state_.stats.steps;
-    state_.stats.tokens += uint64_t(out.size() - before);
-    for (int32_t i = 1; i <= k_used; ++i) {
-      ++state_.stats.drafted[i];
-      if (i <= accepted) ++state_.stats.accepted[i];
-    }
-  } else {
-    ++plain_steps_;
-  }
-  adaptive_k_.record(k_used, accepted, t2 - t1, t1 - t0, k_used > 0 ? drafter_.catch_up_tokens() : 0);
+  last_draft_s_ = seconds_now() - t0;
+  last_catch_up_ = drafter_.catch_up_tokens();
+}
+
+void Speculation::record_pass(int32_t k, double trunk_s) {
+  if (max_k() > 0) adaptive_k_.record_cost(k, trunk_s, last_draft_s_, last_catch_up_);
 }
 
 }  // namespace step35

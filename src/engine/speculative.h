@@ -23,14 +23,16 @@
 #include <memory>
 #include <vector>
 
+#include "engine/mtp_limits.h"
+#include "engine/sampler.h"
 #include "exec/batch.h"
 #include "exec/kv_cache.h"
-#include "engine/sampler.h"
 #include "tensor/kernels.h"
 
 namespace step35 {
 
 class Model;
+class Sequence;
 class ThreadPool;
 struct Workspace;
 
@@ -58,9 +60,10 @@ class HiddenRows {
 // Acceptance and cost statistics of one speculating sequence (or a whole run).
 struct SpeculationStats {
   uint64_t steps = 0;                  // verification passes with >= 1 draft
-  uint64_t drafted[4] = {};            // drafts proposed at chain position 1..3 (index 0 unused)
-  uint64_t accepted[4] = {};           // ... of which accepted
+  uint64_t drafted[kMaxDrafts + 1] = {};   // drafts proposed at chain position 1..kMaxDrafts (index 0 unused)
+  uint64_t accepted[kMaxDrafts + 1] = {};  // ... of which accepted
   uint64_t tokens = 0;                 // tokens produced by those steps (accepted + bonus)
+  uint64_t plain_steps = 0;            // decode passes without drafts
   double acceptance(int k) const { return drafted[k] ? double(accepted[k]) / double(drafted[k]) : 0.0; }
   double mean_tokens_per_step() const { return steps ? double(tokens) / double(steps) : 0.0; }
   void add(const SpeculationStats& o);
@@ -80,9 +83,10 @@ struct MtpState {
 
 class MtpDrafter {
  public:
-  // max_k: most drafts per step (clamped to 3, and to the number of MTP blocks unless
-  // there is exactly one). Caches are sized for max_seqs sequences of n_ctx positions.
-  MtpDrafter(const Model& model, int32_t max_k, int32_t max_seqs, int32_t n_ctx);
+  // max_k: most drafts per step (clamped to kMaxDrafts, and to the number of MTP blocks
+  // unless there is exactly one). Caches are sized for max_seqs sequences of n_ctx
+  // positions, in the cache types kv_types.
+  MtpDrafter(const Model& model, int32_t max_k, int32_t max_seqs, int32_t n_ctx, KvTypes kv_types = {});
   ~MtpDrafter();
   int32_t max_k() const { return max_k_; }
   int32_t n_blocks() const { return n_blocks_; }
@@ -121,12 +125,16 @@ class MtpDrafter {
  private:
   int32_t block_of_step(int32_t k) const { return n_blocks_ == 1 ? 0 : k; }
   void sync(MtpState& st, int32_t n_pos, int32_t window);
+  void start_job(Job& job, Sampler::History& saved);
+  void gather_chain_step(std::vector<Job>& jobs, int32_t k);
+  void take_draft(Job& job, int32_t k, size_t c);
 
   const Model& model_;
   int32_t max_k_ = 0, n_blocks_ = 0;
   std::vector<std::unique_ptr<KvPool>> pools_;  // one per MTP block
   BatchOutput out_;
   std::vector<SeqChunk> chunks_;
+  std::vector<size_t> members_;  // the job of each chunk
   std::vector<float> h_in_;
   std::vector<std::vector<int32_t>> chunk_tokens_;
   int64_t catch_up_tokens_ = 0;
@@ -188,7 +196,7 @@ class AdaptiveK {
   void record_cost(int32_t k, double trunk_s, double draft_s, int64_t catch_up = 0);
 
   // The learned model.
-  double acceptance(int32_t pos) const;        // a_pos estimate, pos 1..3
+  double acceptance(int32_t pos) const;        // a_pos estimate, pos 1..kMaxDrafts
   double verify_cost(int32_t k) const;         // seconds per trunk pass of k+1 tokens (estimate, monotone)
   bool verify_measured(int32_t k) const { return trunk_n_[size_t(k)] > 0; }
   double draft_cost() const;                   // seconds per draft (estimate)
@@ -207,9 +215,9 @@ class AdaptiveK {
  private:
   int32_t max_k_;
   // Acceptance of draft position i: exponentially decayed hit and trial counts.
-  double hits_[4] = {}, trials_[4] = {};
-  double trunk_[4] = {};         // seconds per (k+1)-token trunk pass, running mean
-  uint64_t trunk_n_[4] = {};     // samples behind trunk_
+  double hits_[kMaxDrafts + 1] = {}, trials_[kMaxDrafts + 1] = {};
+  double trunk_[kMaxDrafts + 1] = {};      // seconds per (k+1)-token trunk pass, running mean
+  uint64_t trunk_n_[kMaxDrafts + 1] = {};  // samples behind trunk_
   double draft_ = 0;             // seconds per draft step, running mean (in-step drafting only)
   uint64_t draft_n_ = 0;
   double draft_rough_ = 0;       // per draft from steps with catch-up (used only while draft_ is unknown)
@@ -222,46 +230,42 @@ class AdaptiveK {
   int32_t probe_accepted_ = 0;
 };
 
-// Decoding of one sequence with optional MTP speculation (`step35 run`, `step35 bench`).
-class Session;
-class SpeculativeDecoder {
+// MTP speculation for the sequences of one KV pool: the drafter (with the MTP blocks'
+// own caches) and how many drafts each step gets, a fixed K or AdaptiveK's choice. The
+// sequences verify and roll back themselves (Sequence::consume).
+class Speculation {
  public:
-  // max_k: drafts per step at most (0: plain decoding); adaptive: choose K per step with
-  // AdaptiveK, else always max_k.
-  SpeculativeDecoder(const Model& model, int32_t n_ctx, int32_t max_batch, Precision precision, int32_t max_k,
-                     bool adaptive);
-  ~SpeculativeDecoder();
-
-  // Starts a new sequence in the same memory (no KV, MTP state, statistics or learned
-  // controller state carried over); benchmarks use it so that repetitions do not time
-  // fresh allocations being faulted in.
-  void reset();
-  // Runs the prompt and returns the logits of its last position.
-  void prefill(const int32_t* tokens, int32_t n, std::vector<float>& logits, ThreadPool& pool);
-  // One step from the pending (sampled, not yet run) token: appends the tokens it produced
-  // (accepted drafts, then the next pending token; at least one) to `out`.
-  void step(int32_t pending, Sampler& sampler, std::vector<int32_t>& out, ThreadPool& pool,
-            double synthetic_accept = -1);
-  int32_t n_pos() const;
-  int32_t n_ctx() const;
+  // max_k: drafts per step at most (the drafter clamps it to the model); adaptive: K per
+  // step from AdaptiveK, else always max_k. MTP caches for max_seqs sequences of n_ctx
+  // positions, in the cache types kv_types (those of the trunk's pool).
+  Speculation(const Model& model, int32_t max_k, bool adaptive, int32_t max_seqs, int32_t n_ctx,
+              KvTypes kv_types = {});
   int32_t max_k() const { return drafter_.max_k(); }
-  const SpeculationStats& stats() const { return state_.stats; }
-  const AdaptiveK& adaptive() const { return adaptive_k_; }
-  uint64_t plain_steps() const { return plain_steps_; }
+  bool adaptive() const { return adaptive_; }
+  // Forgets what the controller learned (a new sequence in the same memory); the MTP
+  // caches stay allocated, so benchmark repetitions do not time pages being faulted in.
+  void reset() { adaptive_k_ = AdaptiveK(drafter_.max_k()); }
+
+  // Drafts the next step's tokens for every sequence in `seqs` that wants them, with one K
+  // chosen for the step when any of them is decoding. Drafting is an optimisation: when it
+  // fails (e.g. no MTP cache memory) those sequences run plainly.
+  void draft(const std::vector<Sequence*>& seqs, ThreadPool& pool, Workspace& ws, Precision precision);
+  // A verification's outcome (Sequence::consume): k drafts run, `accepted` of them kept.
+  void record_acceptance(int32_t k, int32_t accepted) { adaptive_k_.record_acceptance(k, accepted); }
+  // After a forward pass without prompt tokens whose chunks carried at most k drafts: the
+  // pass's trunk time, with the drafting that prepared it, goes to the cost model.
+  void record_pass(int32_t k, double trunk_s);
+
   MtpDrafter& drafter() { return drafter_; }
-  const KvCache& cache() const;
+  const AdaptiveK& controller() const { return adaptive_k_; }
 
  private:
-  const Model& model_;
-  std::unique_ptr<Session> session_;
   MtpDrafter drafter_;
-  MtpState state_;
   AdaptiveK adaptive_k_;
   bool adaptive_;
-  std::vector<int32_t> tokens_;  // by position
-  std::vector<float> rows_, hidden_;
   std::vector<MtpDrafter::Job> jobs_;
-  uint64_t plain_steps_ = 0;
+  double last_draft_s_ = 0;     // the last draft()'s time
+  int64_t last_catch_up_ = 0;   // positions it recomputed to catch the MTP caches up
 };
 
 }  // namespace step35

@@ -40,7 +40,6 @@ struct RoutingStats {
   int64_t token_layer_pairs = 0;      // tokens x MoE layers
   double entropy_sum = 0;             // Σ entropy (nats) of the normalised selected weights
   int64_t distinct_experts_sum = 0;   // Σ over layers of distinct experts used by the batch
-  double skew_sum = 0;                // Σ over layers of max/mean activation count (used experts)
   int64_t adaptive_tokens = 0;        // token x layer routings under an adaptive policy
   int64_t adaptive_experts = 0;       // experts they kept
   int32_t n_expert = 0;

@@ -13,14 +13,35 @@
 //    can see (plus `keep_back` positions that speculative decoding may roll back).
 // So memory is about n_full_layers x context + n_swa_layers x (window + batch), not
 // n_layers x context. Block storage is mapped lazily: untouched blocks cost no RAM.
+//
+// Keys and values are stored in a cache type each (KvTypes: F32, F16, BF16, Q8_0, Q4_0), as
+// llama.cpp's -ctk / -ctv: a position of a layer takes n_head_kv x (row_bytes(k, head_dim_k)
+// + row_bytes(v, head_dim_v)) bytes. Inside a block each layer holds, per KV head, the keys
+// of its block_size positions and then, per head, the values; the order of the bytes inside
+// one head's keys or values belongs to the attention kernels (tensor/kv_kernels.h).
 #pragma once
 
 #include <cstddef>
 #include <cstdint>
+#include <optional>
 #include <string>
+#include <string_view>
 #include <vector>
 
+#include "tensor/dtype.h"
+
 namespace step35 {
+
+// The cache types of keys and values (llama.cpp's --cache-type-k / --cache-type-v). F16 is
+// llama.cpp's default and ours.
+struct KvTypes {
+  DType k = DType::F16;
+  DType v = DType::F16;
+  static KvTypes f32() { return {DType::F32, DType::F32}; }
+  bool operator==(const KvTypes&) const = default;
+};
+// "f32", "f16", "bf16", "q8_0", "q4_0" -> the type; nullopt for anything else.
+std::optional<DType> kv_type_from_name(std::string_view name);
 
 struct KvLayerShape {
   bool is_swa = false;
@@ -44,8 +65,10 @@ class KvPool {
   static constexpr int32_t kDefaultBlockSize = 32;
 
   // keep_back: positions behind the window a sequence keeps for rollback (MTP drafts).
+  // Throws std::invalid_argument for a type that is not a cache type or a head dimension
+  // that is not a multiple of its block (Q8_0 / Q4_0: 32).
   KvPool(std::vector<KvLayerShape> layers, int32_t swa_window, int32_t block_size, int64_t n_full_blocks,
-         int64_t n_swa_blocks, int32_t keep_back = 0);
+         int64_t n_swa_blocks, int32_t keep_back = 0, KvTypes types = {});
   ~KvPool();
   KvPool(const KvPool&) = delete;
   KvPool& operator=(const KvPool&) = delete;
@@ -57,12 +80,23 @@ class KvPool {
                                                          int32_t swa_window, int32_t max_batch,
                                                          int32_t block_size = kDefaultBlockSize,
                                                          int32_t keep_back = 0);
-  // Bytes of one block of each kind.
-  static std::pair<size_t, size_t> block_bytes(const std::vector<KvLayerShape>& layers, int32_t block_size);
+  // Bytes of one block of each kind. Throws as the constructor for unusable types.
+  static std::pair<size_t, size_t> block_bytes(const std::vector<KvLayerShape>& layers, int32_t block_size,
+                                                KvTypes types);
+  // Bytes one position of one layer takes (keys and values of all its KV heads).
+  static size_t position_bytes(const KvLayerShape& layer, KvTypes types);
+  // A pool sized for one sequence of n_ctx positions written at most max_batch at a time.
+  // Throws std::invalid_argument for n_ctx or max_batch below 1 (and as the constructor).
+  static KvPool for_one_sequence(const std::vector<KvLayerShape>& layers, int32_t n_ctx, int32_t swa_window,
+                                 int32_t max_batch, int32_t keep_back = 0, KvTypes types = {});
+  // One line for logs: size, cache types, layers and the positions each kind holds for a
+  // sequence of n_ctx.
+  std::string describe(int32_t n_ctx) const;
 
   int32_t block_size() const { return block_size_; }
   int32_t swa_window() const { return swa_window_; }
   int32_t keep_back() const { return keep_back_; }
+  KvTypes types() const { return types_; }
   size_t n_layers() const { return layers_.size(); }
   const KvLayerShape& shape(size_t layer) const { return layers_[layer]; }
   int64_t n_blocks(KvKind kind) const { return kinds_[int(kind)].n_blocks; }
@@ -95,12 +129,14 @@ class KvPool {
   void release(KvKind kind, int32_t block);
   int32_t refcount(KvKind kind, int32_t block) const { return kinds_[int(kind)].refs[size_t(block)]; }
 
-  // Key / value row (n_head_kv x head_dim floats) of position pos of a sequence.
-  float* k(const KvSeq& seq, size_t layer, int32_t pos) { return row(seq, layer, pos, false); }
-  float* v(const KvSeq& seq, size_t layer, int32_t pos) { return row(seq, layer, pos, true); }
-  // Rows of one block for a layer: block_size rows of n_head_kv x head_dim floats.
-  const float* k_block(size_t layer, int32_t block) const { return block_base(layer, block, false); }
-  const float* v_block(size_t layer, int32_t block) const { return block_base(layer, block, true); }
+  // The keys (values) of KV head g of a layer in one block: block_size positions in
+  // head_bytes() bytes, laid out as tensor/kv_kernels.h says for the type.
+  uint8_t* k_head(size_t layer, int32_t block, int32_t g) { return head_base(layer, block, g, false); }
+  uint8_t* v_head(size_t layer, int32_t block, int32_t g) { return head_base(layer, block, g, true); }
+  const uint8_t* k_head(size_t layer, int32_t block, int32_t g) const { return head_base(layer, block, g, false); }
+  const uint8_t* v_head(size_t layer, int32_t block, int32_t g) const { return head_base(layer, block, g, true); }
+  size_t k_head_bytes(size_t layer) const;
+  size_t v_head_bytes(size_t layer) const;
   // The block holding pos for a layer's kind (-1 if released).
   int32_t block_of(const KvSeq& seq, size_t layer, int32_t pos) const {
     const auto& table = layers_[layer].is_swa ? seq.swa_blocks : seq.full_blocks;
@@ -109,20 +145,20 @@ class KvPool {
 
  private:
   struct Kind {
-    std::vector<size_t> layer_offset;  // floats from a block's start, per layer (this kind only)
-    size_t block_floats = 0;
+    std::vector<size_t> layer_offset;  // bytes from a block's start, per layer (this kind only)
+    size_t block_bytes = 0;
     int64_t n_blocks = 0;
-    float* data = nullptr;
+    uint8_t* data = nullptr;
     size_t mapped_bytes = 0;
     std::vector<int32_t> refs;
     std::vector<int32_t> free_list;
   };
-  float* row(const KvSeq& seq, size_t layer, int32_t pos, bool is_v);
-  const float* block_base(size_t layer, int32_t block, bool is_v) const;
+  uint8_t* head_base(size_t layer, int32_t block, int32_t g, bool is_v) const;
   static int32_t oldest_needed(int32_t n_pos, int32_t window, int32_t keep_back);
 
   std::vector<KvLayerShape> layers_;
   int32_t swa_window_, block_size_, keep_back_;
+  KvTypes types_;
   Kind kinds_[2];
 };
 
@@ -131,7 +167,7 @@ class KvPool {
 class KvCache {
  public:
   KvCache(const std::vector<KvLayerShape>& layers, int32_t n_ctx, int32_t swa_window, int32_t max_batch,
-          int32_t keep_back = 0);
+          int32_t keep_back = 0, KvTypes types = {});
 
   int32_t n_ctx() const { return n_ctx_; }
   int32_t max_batch() const { return max_batch_; }

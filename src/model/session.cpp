@@ -7,9 +7,10 @@
 namespace step35 {
 
 Session::Session(const Model& model, int32_t n_ctx, int32_t max_batch, Precision precision, bool with_mtp,
-                 int32_t keep_back)
+                 int32_t keep_back, KvTypes kv_types)
     : model_(model),
-      cache_(model.kv_layers(with_mtp), n_ctx, model.hparams().swa_window, std::min(max_batch, n_ctx), keep_back) {
+      cache_(model.kv_layers(with_mtp), n_ctx, model.hparams().swa_window, std::min(max_batch, n_ctx), keep_back,
+             kv_types) {
   ws_.precision = precision;
 }
 

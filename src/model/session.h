@@ -14,9 +14,10 @@ namespace step35 {
 class Session {
  public:
   // n_ctx: longest sequence; max_batch: most tokens per forward pass (longer inputs run
-  // in chunks); keep_back: positions the cache must be able to roll back (speculation).
+  // in chunks); keep_back: positions the cache must be able to roll back (speculation);
+  // kv_types: the cache types of keys and values.
   Session(const Model& model, int32_t n_ctx, int32_t max_batch, Precision precision = Precision::Native,
-          bool with_mtp = false, int32_t keep_back = 0);
+          bool with_mtp = false, int32_t keep_back = 0, KvTypes kv_types = {});
 
   // Runs n tokens at positions n_pos() ... and appends their K/V. Writes the logits of
   // every position (n × n_vocab) when all_logits, else of the last one. `hidden` gets the

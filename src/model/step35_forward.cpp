@@ -2,16 +2,17 @@
 // sequence chunks. Every matrix product goes through kernels::matmul; independent products
 // of one step are fused into one parallel section (run_matmuls). Each token's result is
 // independent of the other tokens in the batch (see kernels.h's invariance contract and
-// the fixed key-block order in attention), so batching never changes outputs.
+// attention/attention.h's fixed spans and merge order), so batching never changes outputs.
 #include <algorithm>
 #include <cmath>
 #include <cstring>
 #include <numeric>
 #include <stdexcept>
 
+#include "attention/attention.h"
+#include "exec/thread_pool.h"
 #include "model/step35.h"
 #include "model/workspace.h"
-#include "exec/thread_pool.h"
 
 namespace step35 {
 
@@ -47,19 +48,6 @@ void for_each_row(int64_t n, ThreadPool& pool, int64_t min_parallel, Fn&& fn) {
   });
 }
 
-// Runs fn(t) for t < n on the pool with work stealing, for items of very different cost:
-// attention jobs over a causal prompt cost in proportion to their position, so a static
-// split gave the thread holding the later tokens about three times the work in a 512-token
-// prefill while the other waited.
-template <typename Fn>
-void for_each_item_balanced(int64_t n, ThreadPool& pool, int64_t min_parallel, Fn&& fn) {
-  if (n < min_parallel || pool.n_threads() == 1) {
-    for (int64_t t = 0; t < n; ++t) fn(t);
-    return;
-  }
-  pool.parallel_stealing(n, [&](int64_t t, int) { fn(t); });
-}
-
 }  // namespace
 
 class ForwardPass {
@@ -86,9 +74,49 @@ class ForwardPass {
   size_t kv_layer(int il) const { return size_t(il - kv_layer_base_); }
   void embed();
   void attention(int il);
-  void attention_core(int il, int64_t t, int64_t g, float* o_row);
   void dense_ffn(int il);
   void moe_ffn(int il);
+
+  // The steps of moe_ffn and what they hand on.
+  struct MoeRoute {          // the experts each token goes to
+    int64_t K = 0;           // experts per token (the layer's top-k)
+    int32_t* topk = nullptr;    // [T][K] expert ids, best first
+    int32_t* n_kept = nullptr;  // [T] how many of them run (fewer under the adaptive policy)
+    float* w_raw = nullptr;     // [T][K] router probabilities of the selected experts
+    float* w = nullptr;         // [T][K] combination weights (0 for the dropped ones)
+  };
+  struct ExpertGroups {      // the kept (token, slot) pairs by expert
+    const std::vector<std::vector<int32_t>>* tokens = nullptr;  // per expert: its tokens, in order
+    int64_t* first_row = nullptr;  // per expert: its first row in the products
+    int32_t* slot_row = nullptr;   // (token * K + slot) -> row
+    int64_t n_rows = 0;
+  };
+  struct ExpertActs {        // SwiGLU outputs in the down projections' input formats
+    kernels::ActType type = kernels::ActType::F32, shared_type = kernels::ActType::F32;
+    size_t stride = 0, shared_stride = 0;
+    uint8_t* rows = nullptr;    // a row per (token, slot) pair
+    // Per row, its format where replaced experts (model patches) of another type than the
+    // tensor mix formats in the layer (rows are then `stride` apart, the widest format);
+    // null when every row has `type`.
+    const uint8_t* row_type = nullptr;
+    uint8_t* shared = nullptr;  // a row per token (null without a shared expert)
+  };
+  struct ExpertOutputs {     // down products
+    float* down = nullptr;      // a row of n_embd per (token, slot) pair
+    float* shared = nullptr;    // a row per token (null without a shared expert)
+  };
+  MoeRoute route_tokens(int il);
+  void route_token(const LayerWeights& W, int64_t t, float* router_row, const MoeRoute& r) const;
+  ExpertGroups group_by_expert(const MoeRoute& route);
+  void record_routing(int il, const MoeRoute& route, const ExpertGroups& groups);
+  ExpertOutputs expert_products(int il, const ExpertGroups& groups);
+  bool computes_here(int il, int64_t e) const;  // expert e of block il runs in this process
+  bool replaced_with_other_type(int il, int64_t e) const;
+  // The groups' tokens of the experts the other processes compute (expert parallelism).
+  const std::vector<std::vector<int32_t>>& remote_tokens(int il, const ExpertGroups& groups);
+  ExpertActs expert_gate_up(int il, const ExpertGroups& groups);
+  ExpertOutputs expert_down(int il, const ExpertGroups& groups, const ExpertActs& acts);
+  void combine_experts(int il, const MoeRoute& route, const ExpertGroups& groups, const ExpertOutputs& outputs);
 
   void dump(const char* name, int layer, const float* data, int64_t n) {
     if (opts_.dump) opts_.dump(name, layer, data, n);
@@ -319,17 +347,29 @@ void ForwardPass::attention(int il) {
       if (!W.attn_k_norm.empty()) rms_norm_row(kh, W.attn_k_norm.data(), kh, D, hp_.rms_eps);
       rope_apply(kh, half, cs, sn);
     }
-    const KvSeq& seq = *chunks_[size_t(chunk_of_[t])].seq;
-    std::memcpy(kv_.k(seq, kv_layer(il), slot_[t]), k + t * G * D, size_t(G * D) * sizeof(float));
-    std::memcpy(kv_.v(seq, kv_layer(il), slot_[t]), v + t * G * Dv, size_t(G * Dv) * sizeof(float));
   });
   dump("Qcur_pos", il, q, T * H * D);
   dump("Kcur_pos", il, k, T * G * D);
   dump("Vcur", il, v, T * G * Dv);
 
-  // One job per (token, KV head): the query heads sharing a KV head read its keys once.
+  // K and V into the cache (in its types), then causal (+ window) attention over it
+  // (attention/attention.h: streaming softmax, split by tokens, KV head and span).
+  AttentionLayer al;
+  al.kv_layer = kv_layer(il);
+  al.n_head = int32_t(H);
+  al.n_head_kv = int32_t(G);
+  al.head_dim_k = int32_t(D);
+  al.head_dim_v = int32_t(Dv);
+  al.is_swa = L.is_swa;
+  al.window = hp_.swa_window;
+  AttentionBatch batch;
+  batch.chunks = &chunks_;
+  batch.n_tokens = T;
+  batch.slot = slot_;
+  batch.chunk_of = chunk_of_;
+  store_kv(kv_, al, batch, k, v, pool_);
   float* o = ws_.o.get(size_t(T * H * Dv));
-  for_each_item_balanced(T * G, pool_, 2, [&](int64_t job) { attention_core(il, job / G, job % G, o); });
+  attend(kv_, al, batch, q, o, pool_, ws_.attention);
   dump("attn_out", il, o, T * H * Dv);
 
   // §2.4 step 7 (G7): the gate reads the attention input, one scalar per query head.
@@ -344,57 +384,6 @@ void ForwardPass::attention(int il) {
   add_job(W.attn_output, ws_.o_acts.get(kernels::act_type(W.attn_output.type, prec_), pool_),
           ws_.tmp.get(size_t(T * E)), E);
   run_matmuls(ws_.jobs, pool_);
-}
-
-// softmax(q·K / sqrt(D)) V for the query heads of KV head g of token t, over the keys the
-// mask allows (§2.4 step 5), one key block at a time with a running max and sum, so a
-// long context never materialises a full row of scores. Blocks are visited in position
-// order whatever the batch, which keeps results batch-independent.
-void ForwardPass::attention_core(int il, int64_t t, int64_t g, float* o) {
-  const LayerHParams& L = hp_.layers[size_t(il)];
-  const int64_t H = L.n_head, G = L.n_head_kv, D = hp_.head_dim_k, Dv = hp_.head_dim_v;
-  const int64_t R = H / G;  // query heads per KV head (consecutive grouping)
-  const int32_t bs = kv_.block_size();
-  const KvSeq& seq = *chunks_[size_t(chunk_of_[t])].seq;
-  const int32_t p = slot_[t];  // KV slots are positions shifted by the chunk's pos_offset
-  const int32_t lo = L.is_swa ? std::max(0, p - hp_.swa_window + 1) : 0;
-  const float scale = 1.0f / std::sqrt(float(D));
-  const float* q = ws_.q.v.data() + (t * H + g * R) * D;
-
-  thread_local std::vector<float> scores, run_max, run_sum;
-  scores.resize(size_t(R * bs));
-  run_max.assign(size_t(R), -INFINITY);
-  run_sum.assign(size_t(R), 0.0f);
-  float* out = o + (t * H + g * R) * Dv;
-  std::fill(out, out + R * Dv, 0.0f);
-
-  const int64_t k_stride = G * D, v_stride = G * Dv;
-  for (int32_t b = lo / bs; b <= p / bs; ++b) {
-    const int32_t block = kv_.block_of(seq, kv_layer(il), b * bs);
-    const int32_t u0 = std::max(lo, b * bs), u1 = std::min(p, b * bs + bs - 1);
-    const int32_t n = u1 - u0 + 1;
-    const float* kb = kv_.k_block(kv_layer(il), block) + int64_t(u0 - b * bs) * k_stride + g * D;
-    const float* vb = kv_.v_block(kv_layer(il), block) + int64_t(u0 - b * bs) * v_stride + g * Dv;
-    // Scores of all R query heads against the block's keys, then per head the online
-    // softmax update and the weighted sum of the value rows (kernels.h attention helpers).
-    kernels::attn_scores(q, D, R, kb, k_stride, n, D, scale, scores.data(), bs);
-    for (int64_t r = 0; r < R; ++r) {
-      float* s = scores.data() + r * bs;
-      float mx = -INFINITY;
-      for (int32_t j = 0; j < n; ++j) mx = std::max(mx, s[j]);
-      const float m_new = std::max(run_max[size_t(r)], mx);
-      float* acc = out + r * Dv;
-      if (m_new > run_max[size_t(r)] && run_sum[size_t(r)] > 0) {
-        const float c = std::exp(run_max[size_t(r)] - m_new);
-        run_sum[size_t(r)] *= c;
-        kernels::scale_f32(c, acc, Dv);
-      }
-      run_max[size_t(r)] = m_new;
-      run_sum[size_t(r)] += kernels::exp_shift_sum(s, n, m_new);
-      kernels::accumulate_rows(s, vb, v_stride, n, Dv, acc);
-    }
-  }
-  for (int64_t r = 0; r < R; ++r) kernels::scale_f32(1.0f / run_sum[size_t(r)], out + r * Dv, Dv);
 }
 
 // §2.5 dense SwiGLU MLP; the shared clamp list governs dense layers (G9).
@@ -423,102 +412,137 @@ void ForwardPass::dense_ffn(int il) {
   run_matmuls(ws_.jobs, pool_);
 }
 
-// §2.6 MoE: sigmoid router in F32, top-k by score + selection bias (G8), unbiased weights
-// renormalised and scaled, each routed expert's SwiGLU (routed clamp), plus the shared
-// expert. Tokens are grouped by expert so each selected expert's weights are read once
-// per batch; all experts' gate/up products form one parallel section, all down products
-// another.
+// §2.6 MoE, in four named steps that pass their results explicitly: route (sigmoid router
+// in F32, top-k by score + selection bias (G8), unbiased weights renormalised and scaled),
+// group the (token, expert) pairs by expert so each selected expert's weights are read
+// once per batch, the expert products (every expert's gate/up products in one parallel
+// section with the shared expert's, then every down product, the routed clamp applied in
+// between), and the weighted combination plus the shared expert.
 void ForwardPass::moe_ffn(int il) {
+  const MoeRoute route = route_tokens(il);
+  const ExpertGroups groups = group_by_expert(route);
+  record_routing(il, route, groups);
+  const ExpertOutputs outputs = expert_products(il, groups);
+  combine_experts(il, route, groups, outputs);
+}
+
+ForwardPass::MoeRoute ForwardPass::route_tokens(int il) {
   const LayerHParams& L = hp_.layers[size_t(il)];
   const LayerWeights& W = weights_->layers[size_t(il)];
-  const int64_t E = hp_.n_embd, X = hp_.n_expert, K = L.n_expert_used, F = L.n_ff_exp, T = T_;
-
+  const int64_t X = hp_.n_expert, K = L.n_expert_used, T = T_;
   float* logits = ws_.router.get(size_t(T * X));
   ws_.jobs.clear();
   add_job(W.ffn_gate_inp, acts_for(W.ffn_gate_inp), logits, X);
   run_matmuls(ws_.jobs, pool_);
 
-  int32_t* topk = ws_.moe_topk.get(size_t(T * K));
-  int32_t* n_kept = ws_.moe_topk_n.get(size_t(T));
-  float* w_raw = ws_.moe_weights_raw.get(size_t(T * K));
-  float* w = ws_.moe_weights.get(size_t(T * K));
-  for_each_row(T, pool_, 32, [&](int64_t t) {
-    float* p = logits + t * X;
-    if (hp_.gating_sigmoid) {
-      for (int64_t e = 0; e < X; ++e) p[e] = sigmoid(p[e]);
-    } else {
-      const float mx = *std::max_element(p, p + X);
-      float sum = 0;
-      for (int64_t e = 0; e < X; ++e) sum += (p[e] = std::exp(p[e] - mx));
-      for (int64_t e = 0; e < X; ++e) p[e] /= sum;
-    }
-    // Top-k by selection score, kept sorted by insertion (k is small; no full sort).
-    // Ties go to the lower expert id.
-    int32_t* ids = topk + t * K;
-    float sel_top[64];
-    float* sel = K <= 64 ? sel_top : nullptr;
-    thread_local std::vector<float> sel_big;
-    if (!sel) {
-      sel_big.resize(size_t(K));
-      sel = sel_big.data();
-    }
-    int64_t n = 0;
-    for (int64_t e = 0; e < X; ++e) {
-      const float s = p[e] + (W.exp_probs_b.empty() ? 0.0f : W.exp_probs_b[size_t(e)]);
-      if (n == K && !(s > sel[K - 1])) continue;
-      int64_t j = n < K ? n++ : K - 1;
-      while (j > 0 && s > sel[j - 1]) {
-        sel[j] = sel[j - 1];
-        ids[j] = ids[j - 1];
-        --j;
-      }
-      sel[j] = s;
-      ids[j] = int32_t(e);
-    }
-    float sum = 0;
-    for (int64_t k = 0; k < K; ++k) sum += (w_raw[t * K + k] = p[ids[k]]);
-    int64_t keep = K;
-    const RoutingPolicy& rp = chunks_[size_t(chunk_of_[t])].routing;
-    if (rp.adaptive_mass > 0) {
-      // Smallest top-ranked prefix whose normalised weight reaches the mass (lossy).
-      const int64_t min_k = std::clamp<int64_t>(rp.adaptive_min_k, 1, K);
-      float acc = 0;
-      keep = 0;
-      while (keep < K && (keep < min_k || acc < rp.adaptive_mass * sum)) acc += w_raw[t * K + keep++];
-      if (keep < K) sum = acc;
-    }
-    n_kept[t] = int32_t(keep);
-    const float norm = hp_.expert_weights_norm ? 1.0f / std::max(sum, 6.103515625e-5f) : 1.0f;
-    for (int64_t k = 0; k < K; ++k) w[t * K + k] = k < keep ? w_raw[t * K + k] * norm * hp_.expert_weights_scale : 0.0f;
-  });
+  MoeRoute r;
+  r.K = K;
+  r.topk = ws_.moe_topk.get(size_t(T * K));
+  r.n_kept = ws_.moe_topk_n.get(size_t(T));
+  r.w_raw = ws_.moe_weights_raw.get(size_t(T * K));
+  r.w = ws_.moe_weights.get(size_t(T * K));
+  for_each_row(T, pool_, 32, [&](int64_t t) { route_token(W, t, logits + t * X, r); });
   if (opts_.dump) {
-    std::vector<float> ids(topk, topk + T * K);
+    std::vector<float> ids(r.topk, r.topk + T * K);
     dump("ffn_moe_topk", il, ids.data(), T * K);
-    dump("ffn_moe_weights", il, w_raw, T * K);
-    dump("ffn_moe_weights_scaled", il, w, T * K);
+    dump("ffn_moe_weights", il, r.w_raw, T * K);
+    dump("ffn_moe_weights_scaled", il, r.w, T * K);
   }
+  return r;
+}
 
-  // Group (token, slot) pairs by expert; rows of each expert are contiguous in gu/down.
+// One token's routing from its router logits p (turned into probabilities in place).
+void ForwardPass::route_token(const LayerWeights& W, int64_t t, float* p, const MoeRoute& r) const {
+  const int64_t X = hp_.n_expert, K = r.K;
+  if (hp_.gating_sigmoid) {
+    for (int64_t e = 0; e < X; ++e) p[e] = sigmoid(p[e]);
+  } else {
+    const float mx = *std::max_element(p, p + X);
+    float sum = 0;
+    for (int64_t e = 0; e < X; ++e) sum += (p[e] = std::exp(p[e] - mx));
+    for (int64_t e = 0; e < X; ++e) p[e] /= sum;
+  }
+  // Top-k by selection score, kept sorted by insertion (k is small; no full sort).
+  // Ties go to the lower expert id.
+  int32_t* ids = r.topk + t * K;
+  float sel_top[64];
+  float* sel = K <= 64 ? sel_top : nullptr;
+  thread_local std::vector<float> sel_big;
+  if (!sel) {
+    sel_big.resize(size_t(K));
+    sel = sel_big.data();
+  }
+  int64_t n = 0;
+  for (int64_t e = 0; e < X; ++e) {
+    const float s = p[e] + (W.exp_probs_b.empty() ? 0.0f : W.exp_probs_b[size_t(e)]);
+    if (n == K && !(s > sel[K - 1])) continue;
+    int64_t j = n < K ? n++ : K - 1;
+    while (j > 0 && s > sel[j - 1]) {
+      sel[j] = sel[j - 1];
+      ids[j] = ids[j - 1];
+      --j;
+    }
+    sel[j] = s;
+    ids[j] = int32_t(e);
+  }
+  float* w_raw = r.w_raw + t * K;
+  float sum = 0;
+  for (int64_t k = 0; k < K; ++k) sum += (w_raw[k] = p[ids[k]]);
+  int64_t keep = K;
+  const RoutingPolicy& rp = chunks_[size_t(chunk_of_[t])].routing;
+  if (rp.adaptive_mass > 0) {
+    // Smallest top-ranked prefix whose normalised weight reaches the mass (lossy).
+    const int64_t min_k = std::clamp<int64_t>(rp.adaptive_min_k, 1, K);
+    float acc = 0;
+    keep = 0;
+    while (keep < K && (keep < min_k || acc < rp.adaptive_mass * sum)) acc += w_raw[keep++];
+    if (keep < K) sum = acc;
+  }
+  r.n_kept[t] = int32_t(keep);
+  const float norm = hp_.expert_weights_norm ? 1.0f / std::max(sum, 6.103515625e-5f) : 1.0f;
+  for (int64_t k = 0; k < K; ++k) r.w[t * K + k] = k < keep ? w_raw[k] * norm * hp_.expert_weights_scale : 0.0f;
+}
+
+// The kept (token, slot) pairs grouped by expert: expert e's rows of the products are
+// [first_row[e], first_row[e] + tokens[e].size()).
+ForwardPass::ExpertGroups ForwardPass::group_by_expert(const MoeRoute& route) {
+  const int64_t X = hp_.n_expert, K = route.K, T = T_;
   if (ws_.expert_tokens.size() < size_t(X)) {
     ws_.expert_tokens.resize(size_t(X));
     ws_.expert_slots.resize(size_t(X));
   }
   for (int64_t e = 0; e < X; ++e) ws_.expert_tokens[size_t(e)].clear(), ws_.expert_slots[size_t(e)].clear();
-  RoutingStats scratch_stats;
-  RoutingStats& rs = collect_routing_ ? out_.routing : scratch_stats;
-  for (int64_t t = 0; t < T; ++t) {
-    const int64_t keep = n_kept[t];
-    for (int64_t k = 0; k < keep; ++k) {
-      const int32_t e = topk[t * K + k];
+  for (int64_t t = 0; t < T; ++t)
+    for (int64_t k = 0; k < route.n_kept[t]; ++k) {
+      const int32_t e = route.topk[t * K + k];
       ws_.expert_tokens[size_t(e)].push_back(int32_t(t));
       ws_.expert_slots[size_t(e)].push_back(int32_t(t * K + k));
     }
-    // Statistics: entropy of the normalised weights of the kept experts.
+  ExpertGroups g;
+  g.tokens = &ws_.expert_tokens;
+  g.slot_row = ws_.slot_row.get(size_t(T * K));
+  g.first_row = ws_.expert_first_row.get(size_t(X));
+  for (int64_t e = 0; e < X; ++e) {
+    g.first_row[e] = g.n_rows;
+    for (int32_t slot : ws_.expert_slots[size_t(e)]) g.slot_row[slot] = int32_t(g.n_rows++);
+  }
+  return g;
+}
+
+// The pass's routing statistics (entropy of the kept experts' normalised weights, expert
+// counts, adaptive-policy use) and the expert-count observer (--record-experts).
+void ForwardPass::record_routing(int il, const MoeRoute& route, const ExpertGroups& groups) {
+  const int64_t X = hp_.n_expert, K = route.K, T = T_;
+  RoutingStats scratch_stats;
+  RoutingStats& rs = collect_routing_ ? out_.routing : scratch_stats;
+  for (int64_t t = 0; t < T; ++t) {
+    const int64_t keep = route.n_kept[t];
+    const float* w_raw = route.w_raw + t * K;
     float s = 0;
-    for (int64_t k = 0; k < keep; ++k) s += w_raw[t * K + k];
+    for (int64_t k = 0; k < keep; ++k) s += w_raw[k];
     double h = 0;
     for (int64_t k = 0; k < keep && s > 0; ++k) {
-      const double pk = double(w_raw[t * K + k]) / s;
+      const double pk = double(w_raw[k]) / s;
       if (pk > 0) h -= pk * std::log(pk);
     }
     rs.entropy_sum += h;
@@ -532,83 +556,85 @@ void ForwardPass::moe_ffn(int il) {
   if (!collect_routing_) moe_index_ = 0;
   rs.expert_counts.resize(size_t((moe_index_ + 1) * X), 0);
   int32_t* counts = rs.expert_counts.data() + moe_index_ * X;
-  int64_t distinct = 0, max_count = 0, total = 0;
+  int64_t distinct = 0;
   for (int64_t e = 0; e < X; ++e) {
-    const int64_t c = int64_t(ws_.expert_tokens[size_t(e)].size());
+    const int64_t c = int64_t((*groups.tokens)[size_t(e)].size());
     counts[e] = int32_t(c);
     distinct += c > 0;
-    max_count = std::max(max_count, c);
-    total += c;
   }
   rs.distinct_experts_sum += distinct;
-  if (distinct > 0) rs.skew_sum += double(max_count) / (double(total) / double(distinct));
   if (m_.expert_observer_) m_.expert_observer_->observe(il, counts, X);
   ++moe_index_;
+}
 
-  int32_t* slot_row = ws_.slot_row.get(size_t(T * K));
-  int64_t* first_row = ws_.expert_first_row.get(size_t(X));
-  int64_t n_rows = 0;
-  for (int64_t e = 0; e < X; ++e) {
-    first_row[e] = n_rows;
-    for (int32_t slot : ws_.expert_slots[size_t(e)]) slot_row[slot] = int32_t(n_rows++);
-  }
-  // Expert parallelism: hand the other processes' experts over first, so they compute
-  // while this one computes its own experts and the shared expert.
+// Every routed expert's SwiGLU over its rows, and the shared expert's over every token.
+// Expert parallelism: the other processes' experts are handed over first, so they compute
+// while this one computes its own experts and the shared expert; their rows of `down`
+// arrive at the end.
+ForwardPass::ExpertOutputs ForwardPass::expert_products(int il, const ExpertGroups& groups) {
+  const LayerWeights& W = weights_->layers[size_t(il)];
   ExpertExecutor* remote = m_.experts_;
-  // Replaced experts (model patches) may have another type than the tensor: their
-  // activations take other formats, so they are computed here even under expert
-  // parallelism (the other ranks receive activations in the tensor's format).
-  const bool any_replaced = W.ffn_gate_exps.slots || W.ffn_up_exps.slots || W.ffn_down_exps.slots;
-  auto other_type = [&](int64_t e) {
-    return any_replaced && (W.ffn_gate_exps.matrix(e).type != W.ffn_gate_exps.type ||
-                            W.ffn_up_exps.matrix(e).type != W.ffn_up_exps.type ||
-                            W.ffn_down_exps.matrix(e).type != W.ffn_down_exps.type);
-  };
-  auto local = [&](int64_t e) { return !remote || remote->is_local(il, int32_t(e)) || other_type(e); };
-  const std::vector<std::vector<int32_t>>* remote_tokens = &ws_.expert_tokens;
-  if (remote && any_replaced) {
-    // The rows the other ranks compute: without the experts kept here.
-    ws_.remote_tokens = ws_.expert_tokens;
-    for (int64_t e = 0; e < X; ++e)
-      if (other_type(e)) ws_.remote_tokens[size_t(e)].clear();
-    remote_tokens = &ws_.remote_tokens;
-  }
-  if (remote) remote->begin(il, acts_for(W.ffn_gate_exps), *remote_tokens, prec_);
+  const std::vector<std::vector<int32_t>>* remote_rows = remote ? &remote_tokens(il, groups) : nullptr;
+  if (remote) remote->begin(il, acts_for(W.ffn_gate_exps), *remote_rows, prec_);
   if (W.ffn_gate_exps.lazy || W.ffn_up_exps.lazy || W.ffn_down_exps.lazy) {
     // Experts repacked on first use: make the copies of those this pass computes.
     std::vector<int32_t>& routed = ws_.routed_experts;
     routed.clear();
-    for (int64_t e = 0; e < X; ++e)
-      if (!ws_.expert_tokens[size_t(e)].empty() && local(e)) routed.push_back(int32_t(e));
+    for (int64_t e = 0; e < hp_.n_expert; ++e)
+      if (!(*groups.tokens)[size_t(e)].empty() && computes_here(il, e)) routed.push_back(int32_t(e));
     m_.prepare_experts(il, routed.data(), int64_t(routed.size()), pool_);
   }
+  const ExpertActs acts = expert_gate_up(il, groups);
+  ExpertOutputs out = expert_down(il, groups, acts);
+  if (remote) remote->finish(il, *remote_rows, groups.first_row, out.down);
+  return out;
+}
 
-  float* gu = ws_.gu.get(size_t(2 * std::max<int64_t>(n_rows, 1) * F));
+// Replaced experts (model patches) of another type than their tensor run in this process
+// even under expert parallelism: the other processes receive activations in the tensor's
+// format.
+bool ForwardPass::computes_here(int il, int64_t e) const {
+  return !m_.experts_ || m_.experts_->is_local(il, int32_t(e)) || replaced_with_other_type(il, e);
+}
+
+bool ForwardPass::replaced_with_other_type(int il, int64_t e) const {
+  const LayerWeights& W = weights_->layers[size_t(il)];
+  auto other = [e](const WeightMatrix& w) { return w.replaced(e) && w.matrix(e).type != w.type; };
+  return other(W.ffn_gate_exps) || other(W.ffn_up_exps) || other(W.ffn_down_exps);
+}
+
+const std::vector<std::vector<int32_t>>& ForwardPass::remote_tokens(int il, const ExpertGroups& groups) {
+  const LayerWeights& W = weights_->layers[size_t(il)];
+  if (!W.ffn_gate_exps.slots && !W.ffn_up_exps.slots && !W.ffn_down_exps.slots) return *groups.tokens;
+  ws_.remote_tokens = *groups.tokens;
+  for (int64_t e = 0; e < hp_.n_expert; ++e)
+    if (replaced_with_other_type(il, e)) ws_.remote_tokens[size_t(e)].clear();
+  return ws_.remote_tokens;
+}
+
+// Gate/up products of every routed expert computed here and of the shared expert (one
+// parallel section), then their SwiGLU straight into the down projections' input format.
+ForwardPass::ExpertActs ForwardPass::expert_gate_up(int il, const ExpertGroups& groups) {
+  const LayerHParams& L = hp_.layers[size_t(il)];
+  const LayerWeights& W = weights_->layers[size_t(il)];
+  const int64_t F = L.n_ff_exp, T = T_, n_rows = groups.n_rows;
   const bool has_shared = W.ffn_up_shexp.present();
   const int64_t FS = has_shared ? W.ffn_up_shexp.n_out : 0;
+  float* gu = ws_.gu.get(size_t(2 * std::max<int64_t>(n_rows, 1) * F));
   float* sgu = ws_.shared_gu.get(size_t(std::max<int64_t>(2 * T * FS, 1)));
   ws_.jobs.clear();
-  {
-    const kernels::ActRows all = acts_for(W.ffn_gate_exps);
-    int64_t row = 0;
-    for (int64_t e = 0; e < X; ++e) {
-      const auto& toks = ws_.expert_tokens[size_t(e)];
-      if (toks.empty()) continue;
-      if (!local(e)) {
-        row += int64_t(toks.size());
-        continue;
-      }
-      const WeightMatrix wg = W.ffn_gate_exps.matrix(e), wu = W.ffn_up_exps.matrix(e);
-      kernels::ActRows xg = wg.type == W.ffn_gate_exps.type ? all : acts_for(wg);
-      kernels::ActRows xu = wu.type == W.ffn_gate_exps.type ? all : acts_for(wu);
-      for (kernels::ActRows* x : {&xg, &xu}) {
-        x->idx = toks.data();
-        x->n_tok = int64_t(toks.size());
-      }
-      add_job(wg, xg, gu + row * F, F);
-      add_job(wu, xu, gu + (n_rows + row) * F, F);
-      row += xg.n_tok;
+  for (int64_t e = 0; e < hp_.n_expert; ++e) {
+    const auto& toks = (*groups.tokens)[size_t(e)];
+    if (toks.empty() || !computes_here(il, e)) continue;
+    // Each matrix with the activations of its type (a replaced expert's may differ).
+    const WeightMatrix wg = W.ffn_gate_exps.matrix(e), wu = W.ffn_up_exps.matrix(e);
+    kernels::ActRows xg = acts_for(wg), xu = acts_for(wu);
+    for (kernels::ActRows* x : {&xg, &xu}) {
+      x->idx = toks.data();
+      x->n_tok = int64_t(toks.size());
     }
+    add_job(wg, xg, gu + groups.first_row[e] * F, F);
+    add_job(wu, xu, gu + (n_rows + groups.first_row[e]) * F, F);
   }
   if (has_shared) {
     add_job(W.ffn_gate_shexp, acts_for(W.ffn_gate_shexp), sgu, FS);
@@ -616,90 +642,91 @@ void ForwardPass::moe_ffn(int il) {
   }
   run_matmuls(ws_.jobs, pool_);
 
-  // SwiGLU of every routed row straight into the down projections' input format (the
-  // format of each row's expert: replaced experts may have another type).
-  const kernels::ActType at = kernels::act_type(W.ffn_down_exps.type, prec_);
-  size_t stride = kernels::act_row_bytes(at, F);
-  uint8_t* row_at = nullptr;  // per row: its format, when the layer mixes formats
+  ExpertActs a;
+  a.type = kernels::act_type(W.ffn_down_exps.type, prec_);
+  a.stride = kernels::act_row_bytes(a.type, F);
   if (W.ffn_down_exps.slots) {
-    row_at = ws_.row_act_type.get(size_t(std::max<int64_t>(n_rows, 1)));
-    std::fill_n(row_at, n_rows, uint8_t(at));
-    for (int64_t e = 0; e < X; ++e) {
-      if (!W.ffn_down_exps.replaced(e) || ws_.expert_tokens[size_t(e)].empty()) continue;
-      const kernels::ActType ate = kernels::act_type(W.ffn_down_exps.matrix(e).type, prec_);
-      stride = std::max(stride, kernels::act_row_bytes(ate, F));
-      std::fill_n(row_at + first_row[e], ws_.expert_tokens[size_t(e)].size(), uint8_t(ate));
+    uint8_t* row_type = ws_.row_act_type.get(size_t(std::max<int64_t>(n_rows, 1)));
+    std::fill_n(row_type, n_rows, uint8_t(a.type));
+    for (int64_t e = 0; e < hp_.n_expert; ++e) {
+      if (!W.ffn_down_exps.replaced(e) || (*groups.tokens)[size_t(e)].empty()) continue;
+      const kernels::ActType te = kernels::act_type(W.ffn_down_exps.matrix(e).type, prec_);
+      a.stride = std::max(a.stride, kernels::act_row_bytes(te, F));
+      std::fill_n(row_type + groups.first_row[e], (*groups.tokens)[size_t(e)].size(), uint8_t(te));
     }
+    a.row_type = row_type;
   }
-  uint8_t* act = ws_.down_act.get(stride * size_t(std::max<int64_t>(n_rows, 1)));
+  a.rows = ws_.down_act.get(a.stride * size_t(std::max<int64_t>(n_rows, 1)));
   uint8_t* row_local = nullptr;  // with remote experts: whether row r is computed here
-  if (remote) {
+  if (m_.experts_) {
     row_local = ws_.row_local.get(size_t(std::max<int64_t>(n_rows, 1)));
-    for (int64_t e = 0; e < X; ++e)
-      std::fill_n(row_local + first_row[e], ws_.expert_tokens[size_t(e)].size(), uint8_t(local(e)));
+    for (int64_t e = 0; e < hp_.n_expert; ++e)
+      std::fill_n(row_local + groups.first_row[e], (*groups.tokens)[size_t(e)].size(), uint8_t(computes_here(il, e)));
   }
   for_each_row(n_rows, pool_, 32, [&](int64_t r) {
     if (row_local && !row_local[r]) return;
-    kernels::swiglu_convert(row_at ? kernels::ActType(row_at[r]) : at, gu + r * F, gu + (n_rows + r) * F, F,
-                            L.clamp_exp, 1, F, act + size_t(r) * stride);
+    const kernels::ActType t = a.row_type ? kernels::ActType(a.row_type[r]) : a.type;
+    kernels::swiglu_convert(t, gu + r * F, gu + (n_rows + r) * F, F, L.clamp_exp, 1, F, a.rows + size_t(r) * a.stride);
   });
-  kernels::ActType sat = kernels::ActType::F32;
-  size_t sstride = 0;
-  uint8_t* sact = nullptr;
   if (has_shared) {
-    sat = kernels::act_type(W.ffn_down_shexp.type, prec_);
-    sstride = kernels::act_row_bytes(sat, FS);
-    sact = ws_.shared_act.get(sstride * size_t(T));
+    a.shared_type = kernels::act_type(W.ffn_down_shexp.type, prec_);
+    a.shared_stride = kernels::act_row_bytes(a.shared_type, FS);
+    a.shared = ws_.shared_act.get(a.shared_stride * size_t(T));
     for_each_row(T, pool_, 16, [&](int64_t t) {
-      kernels::swiglu_convert(sat, sgu + t * FS, sgu + (T + t) * FS, FS, L.clamp_shexp, 1, FS, sact + size_t(t) * sstride);
+      kernels::swiglu_convert(a.shared_type, sgu + t * FS, sgu + (T + t) * FS, FS, L.clamp_shexp, 1, FS,
+                              a.shared + size_t(t) * a.shared_stride);
     });
   }
+  return a;
+}
 
-  float* down = ws_.down.get(size_t(std::max<int64_t>(n_rows, 1) * E));
-  float* shared_out = ws_.shared_out.get(size_t(T * E));
+// Down products of every routed expert computed here and of the shared expert (one
+// parallel section): a row per (token, slot) pair, and one per token for the shared expert.
+ForwardPass::ExpertOutputs ForwardPass::expert_down(int il, const ExpertGroups& groups, const ExpertActs& acts) {
+  const LayerWeights& W = weights_->layers[size_t(il)];
+  const int64_t E = hp_.n_embd, T = T_;
+  ExpertOutputs out;
+  out.down = ws_.down.get(size_t(std::max<int64_t>(groups.n_rows, 1) * E));
   ws_.jobs.clear();
-  {
-    int64_t row = 0;
-    for (int64_t e = 0; e < X; ++e) {
-      const int64_t n = int64_t(ws_.expert_tokens[size_t(e)].size());
-      if (n == 0) continue;
-      if (!local(e)) {
-        row += n;
-        continue;
-      }
-      const WeightMatrix wd = W.ffn_down_exps.matrix(e);
-      kernels::ActRows x;
-      x.type = kernels::act_type(wd.type, prec_);
-      x.data = act + size_t(row) * stride;
-      x.stride = stride;
-      x.n_tok = n;
-      add_job(wd, x, down + row * E, E);
-      row += n;
-    }
-  }
-  if (has_shared) {
+  for (int64_t e = 0; e < hp_.n_expert; ++e) {
+    const int64_t n = int64_t((*groups.tokens)[size_t(e)].size());
+    if (n == 0 || !computes_here(il, e)) continue;
     kernels::ActRows x;
-    x.type = sat;
-    x.data = sact;
-    x.stride = sstride;
+    x.type = acts.row_type ? kernels::ActType(acts.row_type[groups.first_row[e]]) : acts.type;
+    x.data = acts.rows + size_t(groups.first_row[e]) * acts.stride;
+    x.stride = acts.stride;
+    x.n_tok = n;
+    add_job(W.ffn_down_exps.matrix(e), x, out.down + groups.first_row[e] * E, E);
+  }
+  if (acts.shared) {
+    out.shared = ws_.shared_out.get(size_t(T * E));
+    kernels::ActRows x;
+    x.type = acts.shared_type;
+    x.data = acts.shared;
+    x.stride = acts.shared_stride;
     x.n_tok = T;
-    add_job(W.ffn_down_shexp, x, shared_out, E);
+    add_job(W.ffn_down_shexp, x, out.shared, E);
   }
   run_matmuls(ws_.jobs, pool_);
-  if (remote) remote->finish(il, *remote_tokens, first_row, down);
+  return out;
+}
 
-  // Weighted sum in top-k order (the order llama.cpp adds them in), then the shared expert.
+// Weighted sum of each token's expert rows in top-k order (the order llama.cpp adds them
+// in), then the shared expert's row; into ws.tmp, the FFN output.
+void ForwardPass::combine_experts(int il, const MoeRoute& route, const ExpertGroups& groups,
+                                  const ExpertOutputs& outputs) {
+  const int64_t E = hp_.n_embd, K = route.K, T = T_;
   float* out = ws_.tmp.get(size_t(T * E));
   for_each_row(T, pool_, 16, [&](int64_t t) {
     float* o = out + t * E;
     std::fill(o, o + E, 0.0f);
-    for (int64_t k = 0; k < n_kept[t]; ++k)
-      kernels::axpy_f32(w[t * K + k], down + int64_t(slot_row[t * K + k]) * E, o, E);
+    for (int64_t k = 0; k < route.n_kept[t]; ++k)
+      kernels::axpy_f32(route.w[t * K + k], outputs.down + int64_t(groups.slot_row[t * K + k]) * E, o, E);
   });
   dump("ffn_moe_out", il, out, T * E);
-  if (has_shared) {
-    dump("ffn_shared_out", il, shared_out, T * E);
-    for (int64_t i = 0; i < T * E; ++i) out[i] += shared_out[i];
+  if (outputs.shared) {
+    dump("ffn_shared_out", il, outputs.shared, T * E);
+    for (int64_t i = 0; i < T * E; ++i) out[i] += outputs.shared[i];
   }
 }
 

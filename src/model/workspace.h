@@ -5,6 +5,7 @@
 #include <cstdint>
 #include <vector>
 
+#include "attention/attention.h"
 #include "tensor/kernels.h"
 #include "tensor/tensor.h"
 
@@ -63,12 +64,11 @@ struct Workspace {
   Scratch<uint8_t> row_local;             // expert parallelism: row computed in this process
   Scratch<uint8_t> row_act_type;          // per routed row: its down activation format (replaced experts)
   std::vector<std::vector<int32_t>> remote_tokens;  // expert_tokens without experts kept local
-  Scratch<uint8_t> o_act, down_act, shared_act;
+  Scratch<uint8_t> down_act, shared_act;
   ActCache acts;                          // of the current normed input (attention or FFN)
   ActCache o_acts;
   ActCache final_acts;
   std::vector<MatJob> jobs;
-  Scratch<int32_t> expert_count;
   struct RopeKey {
     int32_t n_rot;
     float base;
@@ -76,6 +76,7 @@ struct Workspace {
   };
   std::vector<RopeKey> rope_keys;          // rotary settings tabulated in this pass
   std::vector<Scratch<float>> rope_tables;
+  AttentionScratch attention;
 };
 
 }  // namespace step35

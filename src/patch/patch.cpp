@@ -1,5 +1,7 @@
 #include "patch/patch.h"
 
+#include <unistd.h>
+
 #include <cerrno>
 #include <cstdio>
 #include <cstring>
@@ -166,10 +168,19 @@ void Patch::write(const std::string& path) const {
   }
   for (const Slice& s : slices)
     w.add_tensor(stored_name(s), uint32_t(s.type), {s.n_in, s.n_out}, s.data);
+  // Written under a name of its own and renamed into place: whoever reads the path (a
+  // server told to hot-swap it, another run writing the same patch) finds the old file or
+  // the whole new one, never a partial write.
+  const std::string partial = path + ".partial." + std::to_string(::getpid());
   try {
-    w.write(path);
+    w.write(partial);
   } catch (const gguf::Error& e) {
     throw PatchError(e.what());
+  }
+  if (std::rename(partial.c_str(), path.c_str()) != 0) {
+    const int err = errno;
+    std::remove(partial.c_str());
+    throw PatchError(path + ": cannot write: " + std::strerror(err));
   }
 }
 

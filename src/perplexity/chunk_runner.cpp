@@ -4,8 +4,9 @@
 
 namespace step35::perplexity {
 
-ChunkRunner::ChunkRunner(const Model& model, int32_t n_ctx, int32_t max_batch, Precision precision)
-    : model_(model), n_ctx_(n_ctx), session_(model, n_ctx, std::min(max_batch, n_ctx), precision) {}
+ChunkRunner::ChunkRunner(const Model& model, int32_t n_ctx, int32_t max_batch, Precision precision,
+                         KvTypes kv_types)
+    : model_(model), n_ctx_(n_ctx), session_(model, n_ctx, std::min(max_batch, n_ctx), precision, false, 0, kv_types) {}
 
 const std::vector<float>& ChunkRunner::run(const int32_t* tokens, ThreadPool& pool) {
   input_.assign(tokens, tokens + n_ctx_);

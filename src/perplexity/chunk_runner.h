@@ -14,8 +14,9 @@ namespace step35::perplexity {
 
 class ChunkRunner {
  public:
-  // max_batch: most tokens per forward pass.
-  ChunkRunner(const Model& model, int32_t n_ctx, int32_t max_batch, Precision precision);
+  // max_batch: most tokens per forward pass; kv_types: the KV cache types (llama-perplexity's
+  // -ctk / -ctv).
+  ChunkRunner(const Model& model, int32_t n_ctx, int32_t max_batch, Precision precision, KvTypes kv_types);
 
   int32_t n_ctx() const { return n_ctx_; }
   int32_t n_vocab() const { return model_.hparams().n_vocab; }

@@ -2,19 +2,17 @@
 // body is mapped to the OpenAI chat shape and planned like a chat request; the answer is
 // a message of content blocks (thinking, text, tool_use), streamed as Anthropic's named
 // SSE events.
-#include <chrono>
-
 #include "server/api_error.h"
 #include "server/chat_plan.h"
 #include "server/generation.h"
 #include "server/request_validation.h"
 #include "server/server_context.h"
 #include "server/sse.h"
+#include "server/streaming.h"
 
 namespace step35::server {
 
 using nlohmann::json;
-using Clock = std::chrono::steady_clock;
 
 namespace {
 
@@ -35,87 +33,67 @@ std::string block_text(const json& content, const std::string& where) {
   return out;
 }
 
-
 const char* stop_reason(const GenerateEvent& ev, const ChoiceText& t) {
   if (t.stopped()) return "stop_sequence";
   if (!t.tool_calls().empty() && ev.reason == FinishReason::Stop) return "tool_use";
   return ev.reason == FinishReason::Stop ? "end_turn" : "max_tokens";
 }
 
-void throw_if_failed(const GenerateEvent& ev) {
-  if (ev.reason == FinishReason::Timeout) throw ApiError(408, "the request timed out");
-  if (ev.reason == FinishReason::Error) throw ApiError(500, "generation failed: " + ev.error);
-}
-
 }  // namespace
 
-// The Anthropic body as an OpenAI chat body.
-json anthropic_to_openai(const json& body) {
-  Fields f(body);
-  f.only({"model", "messages", "system", "max_tokens", "stop_sequences", "temperature", "top_p", "top_k", "stream",
-          "tools", "tool_choice", "metadata", "thinking"});
-  json out = json::object();
-  if (auto model = f.string("model")) out["model"] = *model;
-  const auto max_tokens = f.integer("max_tokens", 1, INT32_MAX);
-  if (!max_tokens) throw ApiError(400, "'max_tokens' is required", "max_tokens");
-  out["max_tokens"] = *max_tokens;
-  for (const char* k : {"temperature", "top_p", "top_k", "stream"})
-    if (f.has(k)) out[k] = f.raw(k);
-  if (!f.has("temperature")) out["temperature"] = 1.0;
-  auto stops = f.strings_or_string("stop_sequences", 4);
-  if (!stops.empty()) out["stop"] = stops;
-  json messages = json::array();
-  if (f.has("system")) messages.push_back({{"role", "system"}, {"content", block_text(f.raw("system"), "system")}});
-  const json* msgs = f.array("messages");
-  if (!msgs || msgs->empty()) throw ApiError(400, "'messages' must be a non-empty array", "messages");
-  for (size_t i = 0; i < msgs->size(); ++i) {
-    const std::string where = "messages[" + std::to_string(i) + "]";
-    Fields m((*msgs)[i], where + ".");
-    m.only({"role", "content"});
-    const std::string role = m.choice("role", {"user", "assistant"}).value_or("");
-    if (role.empty()) throw ApiError(400, "'" + where + ".role' is required", where + ".role");
-    if (!m.has("content")) throw ApiError(400, "'" + where + ".content' is required", where + ".content");
-    const json& content = m.raw("content");
-    if (content.is_string()) {
-      messages.push_back({{"role", role}, {"content", content}});
-      continue;
-    }
-    if (!content.is_array()) throw ApiError(400, "'" + where + ".content' must be a string or an array", where + ".content");
-    std::string text, thinking;
-    json calls = json::array();
-    for (const json& b : content) {
-      const std::string type = b.is_object() ? b.value("type", "") : "";
-      if (type == "text") {
-        text += b.value("text", "");
-      } else if (type == "thinking" && role == "assistant") {
-        thinking += b.value("thinking", "");
-      } else if (type == "tool_use" && role == "assistant") {
-        if (!b.contains("name") || !b["name"].is_string() || !b.contains("input") || !b["input"].is_object())
-          throw ApiError(400, "'" + where + "': tool_use blocks need a name and an input object", where);
-        calls.push_back({{"id", b.value("id", "")}, {"type", "function"},
-                         {"function", {{"name", b["name"]}, {"arguments", b["input"].dump()}}}});
-      } else if (type == "tool_result" && role == "user") {
-        if (!text.empty()) {
-          messages.push_back({{"role", "user"}, {"content", text}});
-          text.clear();
-        }
-        const json rc = b.contains("content") ? b["content"] : json("");
-        messages.push_back({{"role", "tool"}, {"tool_call_id", b.value("tool_use_id", "")},
-                            {"content", block_text(rc, where + ".tool_result.content")}});
-      } else {
-        throw ApiError(400, "'" + where + "': unsupported content block type '" + type + "' for role " + role, where);
+namespace {
+
+// One Anthropic message in chat messages: text blocks join, thinking becomes the
+// assistant's reasoning, tool_use blocks its calls, each tool_result a tool message.
+void add_message(const json& message, const std::string& where, json& messages) {
+  Fields m(message, where + ".");
+  m.only({"role", "content"});
+  const std::string role = m.choice("role", {"user", "assistant"}).value_or("");
+  if (role.empty()) throw ApiError(400, "'" + where + ".role' is required", where + ".role");
+  if (!m.has("content")) throw ApiError(400, "'" + where + ".content' is required", where + ".content");
+  const json& content = m.raw("content");
+  if (content.is_string()) {
+    messages.push_back({{"role", role}, {"content", content}});
+    return;
+  }
+  if (!content.is_array()) throw ApiError(400, "'" + where + ".content' must be a string or an array", where + ".content");
+  std::string text, thinking;
+  json calls = json::array();
+  for (const json& b : content) {
+    const std::string type = b.is_object() ? b.value("type", "") : "";
+    if (type == "text") {
+      text += b.value("text", "");
+    } else if (type == "thinking" && role == "assistant") {
+      thinking += b.value("thinking", "");
+    } else if (type == "tool_use" && role == "assistant") {
+      if (!b.contains("name") || !b["name"].is_string() || !b.contains("input") || !b["input"].is_object())
+        throw ApiError(400, "'" + where + "': tool_use blocks need a name and an input object", where);
+      calls.push_back({{"id", b.value("id", "")}, {"type", "function"},
+                       {"function", {{"name", b["name"]}, {"arguments", b["input"].dump()}}}});
+    } else if (type == "tool_result" && role == "user") {
+      if (!text.empty()) {
+        messages.push_back({{"role", "user"}, {"content", text}});
+        text.clear();
       }
-    }
-    if (role == "assistant") {
-      json a = {{"role", "assistant"}, {"content", text}};
-      if (!thinking.empty()) a["reasoning_content"] = thinking;
-      if (!calls.empty()) a["tool_calls"] = calls;
-      messages.push_back(a);
-    } else if (!text.empty()) {
-      messages.push_back({{"role", "user"}, {"content", text}});
+      const json rc = b.contains("content") ? b["content"] : json("");
+      messages.push_back({{"role", "tool"}, {"tool_call_id", b.value("tool_use_id", "")},
+                          {"content", block_text(rc, where + ".tool_result.content")}});
+    } else {
+      throw ApiError(400, "'" + where + "': unsupported content block type '" + type + "' for role " + role, where);
     }
   }
-  out["messages"] = messages;
+  if (role == "assistant") {
+    json a = {{"role", "assistant"}, {"content", text}};
+    if (!thinking.empty()) a["reasoning_content"] = thinking;
+    if (!calls.empty()) a["tool_calls"] = calls;
+    messages.push_back(a);
+  } else if (!text.empty()) {
+    messages.push_back({{"role", "user"}, {"content", text}});
+  }
+}
+
+// tools and tool_choice in chat terms (disable_parallel_tool_use: one call at most).
+void tool_fields(const Fields& f, json& out) {
   if (const json* tools = f.array("tools")) {
     json t = json::array();
     for (const json& tool : *tools) {
@@ -131,6 +109,7 @@ json anthropic_to_openai(const json& body) {
     Fields c(*tc, "tool_choice.");
     c.only({"type", "name", "disable_parallel_tool_use"});
     const std::string type = c.choice("type", {"auto", "any", "tool", "none"}).value_or("auto");
+    if (c.boolean("disable_parallel_tool_use").value_or(false)) out["parallel_tool_calls"] = false;
     if (type == "any") out["tool_choice"] = "required";
     if (type == "none") out["tool_choice"] = "none";
     if (type == "auto") out["tool_choice"] = "auto";
@@ -140,135 +119,230 @@ json anthropic_to_openai(const json& body) {
       out["tool_choice"] = {{"type", "function"}, {"function", {{"name", *name}}}};
     }
   }
+}
+
+// Extended thinking: a budget for the reasoning, or none at all.
+void thinking_field(const Fields& f, json& out) {
+  const json* thinking = f.object("thinking");
+  if (!thinking) return;
+  Fields t(*thinking, "thinking.");
+  t.only({"type", "budget_tokens"});
+  const std::string type = t.choice("type", {"enabled", "disabled", "adaptive"}).value_or("");
+  if (type.empty()) throw ApiError(400, "'thinking.type' is required", "thinking.type");
+  if (type == "disabled") out["reasoning_budget"] = 0;
+  if (type == "enabled") {
+    const auto budget = t.integer("budget_tokens", 1, INT32_MAX);
+    if (!budget) throw ApiError(400, "'thinking.budget_tokens' is required with type 'enabled'", "thinking.budget_tokens");
+    out["reasoning_budget"] = *budget;
+  }
+}
+
+}  // namespace
+
+// The Anthropic body as an OpenAI chat body.
+json anthropic_to_openai(const json& body, bool counting) {
+  Fields f(body);
+  if (counting) {
+    f.only({"model", "messages", "system", "tools", "tool_choice", "thinking", "mcp_servers"});
+  } else {
+    f.only({"model", "messages", "system", "max_tokens", "stop_sequences", "temperature", "top_p", "top_k", "stream",
+            "tools", "tool_choice", "metadata", "thinking", "service_tier"});
+  }
+  json out = json::object();
+  if (auto model = f.string("model")) out["model"] = *model;
+  const auto max_tokens = f.integer("max_tokens", 1, INT32_MAX);
+  if (!max_tokens && !counting) throw ApiError(400, "'max_tokens' is required", "max_tokens");
+  if (max_tokens) out["max_tokens"] = *max_tokens;
+  // Accepted and ignored (docs/server.md).
+  f.object("metadata");
+  f.string("service_tier");
+  f.array("mcp_servers");
+  thinking_field(f, out);
+  for (const char* k : {"temperature", "top_p", "top_k", "stream"})
+    if (f.has(k)) out[k] = f.raw(k);
+  auto stops = f.strings_or_string("stop_sequences", 4);
+  if (!stops.empty()) out["stop"] = stops;
+  json messages = json::array();
+  if (f.has("system")) messages.push_back({{"role", "system"}, {"content", block_text(f.raw("system"), "system")}});
+  const json* msgs = f.array("messages");
+  if (!msgs || msgs->empty()) throw ApiError(400, "'messages' must be a non-empty array", "messages");
+  for (size_t i = 0; i < msgs->size(); ++i) add_message((*msgs)[i], "messages[" + std::to_string(i) + "]", messages);
+  // A last assistant message is a prefill: the answer continues it.
+  if (msgs->back().is_object() && msgs->back().value("role", "") == "assistant") {
+    out["continue_final_message"] = true;
+    out["add_generation_prompt"] = false;
+  }
+  out["messages"] = messages;
+  tool_fields(f, out);
   return out;
 }
 
-void handle_messages(ServerContext& ctx, const json& body, httplib::Response& res) {
-  ChatPlan plan = plan_chat(ctx, anthropic_to_openai(body));
-  const Tokenizer& tok = ctx.tokenizer();
-  auto run = std::make_shared<GenerationRun>(*ctx.engine, replicate(plan.request, 1));
-  auto texts = std::make_shared<std::vector<ChoiceText>>();
-  OutputParserOptions po;
-  po.in_reasoning = plan.in_reasoning;
-  po.call_id_prefix = random_id("toolu_") + "_";
-  texts->emplace_back(tok, plan.stops, plan.tools, po);
-  const auto deadline = Clock::now() + std::chrono::duration_cast<Clock::duration>(
-                                           std::chrono::duration<double>(ctx.options.timeout_s + 5));
-  const std::string id = random_id("msg_");
+namespace {
 
-  if (!plan.stream) {
-    GenerateEvent final_ev;
-    const bool ok = drive(
-        *run, *texts, deadline, [](int, const GenerateEvent&, const TextDelta&) { return true; },
-        [&](int, const GenerateEvent& ev, const TextDelta&) {
-          final_ev = ev;
-          ctx.metrics.observe_generation(ev);
-          return true;
-        });
-    if (!ok) throw ApiError(408, "the request timed out");
-    throw_if_failed(final_ev);
-    const ChoiceText& t = (*texts)[0];
-    json content = json::array();
-    if (!t.reasoning().empty()) content.push_back({{"type", "thinking"}, {"thinking", t.reasoning()}, {"signature", ""}});
+// Anthropic's named events: message_start, content blocks opened as their kind of output
+// starts and closed when another kind begins (thinking, then text, then one tool_use block
+// per call), an error event for a failed generation, message_delta and message_stop.
+class MessageStream final : public EventWriter {
+ public:
+  MessageStream(std::string id, std::string model, int n_prompt)
+      : id_(std::move(id)), model_(std::move(model)), n_prompt_(n_prompt) {}
+
+  bool begin(httplib::DataSink& sink) override {
+    return write(sink, "message_start",
+                 {{"type", "message_start"},
+                  {"message", {{"id", id_}, {"type", "message"}, {"role", "assistant"}, {"model", model_},
+                               {"content", json::array()}, {"stop_reason", nullptr}, {"stop_sequence", nullptr},
+                               {"usage", {{"input_tokens", n_prompt_}, {"output_tokens", 0}}}}}});
+  }
+
+  bool token(httplib::DataSink& sink, int, const GenerateEvent&, const TextDelta& d) override { return emit(sink, d); }
+
+  bool done(httplib::DataSink& sink, int, const GenerateEvent& ev, const TextDelta& d, const ChoiceText& t) override {
+    final_ = ev;
+    text_ = &t;
+    return emit(sink, d);
+  }
+
+  bool end(httplib::DataSink& sink) override {
+    if (!close_block(sink)) return false;
+    if (final_.reason == FinishReason::Error || final_.reason == FinishReason::Timeout) {
+      const bool timeout = final_.reason == FinishReason::Timeout;
+      if (!write(sink, "error", {{"type", "error"},
+                                 {"error", {{"type", timeout ? "timeout_error" : "api_error"},
+                                            {"message", timeout ? "the request timed out" : final_.error}}}}))
+        return false;
+    }
+    if (!write(sink, "message_delta",
+               {{"type", "message_delta"},
+                {"delta", {{"stop_reason", stop_reason(final_, *text_)},
+                           {"stop_sequence", text_->stopped() ? json(text_->matched_stop()) : json(nullptr)}}},
+                {"usage", {{"output_tokens", final_.n_generated}}}}))
+      return false;
+    return write(sink, "message_stop", {{"type", "message_stop"}});
+  }
+
+ private:
+  static bool write(httplib::DataSink& sink, const char* event, const json& payload) {
+    return sse_write(sink, sse_event(event, payload));
+  }
+  bool close_block(httplib::DataSink& sink) {
+    if (open_kind_.empty()) return true;
+    open_kind_.clear();
+    return write(sink, "content_block_stop", {{"type", "content_block_stop"}, {"index", block_}});
+  }
+  bool open_block(httplib::DataSink& sink, const std::string& kind, const json& start) {
+    if (!close_block(sink)) return false;
+    open_kind_ = kind;
+    ++block_;
+    return write(sink, "content_block_start", {{"type", "content_block_start"}, {"index", block_}, {"content_block", start}});
+  }
+  bool delta(httplib::DataSink& sink, const json& d) {
+    return write(sink, "content_block_delta", {{"type", "content_block_delta"}, {"index", block_}, {"delta", d}});
+  }
+  bool emit(httplib::DataSink& sink, const TextDelta& d) {
+    if (!d.reasoning.empty()) {
+      if (open_kind_ != "thinking" && !open_block(sink, "thinking", {{"type", "thinking"}, {"thinking", ""}})) return false;
+      if (!delta(sink, {{"type", "thinking_delta"}, {"thinking", d.reasoning}})) return false;
+    }
+    if (!d.content.empty()) {
+      if (open_kind_ != "text" && !open_block(sink, "text", {{"type", "text"}, {"text", ""}})) return false;
+      if (!delta(sink, {{"type", "text_delta"}, {"text", d.content}})) return false;
+    }
+    for (const OutputDelta& o : d.tool_calls) {
+      if (o.kind == OutputDelta::Kind::ToolCallStart) {
+        if (!open_block(sink, "tool_use",
+                        {{"type", "tool_use"}, {"id", o.tool_id}, {"name", o.tool_name}, {"input", json::object()}}))
+          return false;
+      } else if (!delta(sink, {{"type", "input_json_delta"}, {"partial_json", o.text}})) {
+        return false;
+      }
+    }
+    return true;
+  }
+
+  std::string id_, model_;
+  int n_prompt_;
+  int block_ = -1;
+  std::string open_kind_;  // "thinking" | "text" | "tool_use" | ""
+  GenerateEvent final_;
+  const ChoiceText* text_ = nullptr;  // set with final_
+};
+
+}  // namespace
+
+nlohmann::ordered_json anthropic_ordered_chat(const json& chat, const nlohmann::ordered_json& anthropic) {
+  using ordered_json = nlohmann::ordered_json;
+  ordered_json out = ordered_json::object();
+  out["messages"] = chat.contains("messages") ? ordered_json(chat["messages"]) : ordered_json::array();
+  // Tools: one per Anthropic tool, in its order (tool_fields checked them).
+  if (chat.contains("tools") && anthropic.contains("tools") && anthropic["tools"].is_array()) {
+    ordered_json tools = ordered_json::array();
+    for (const ordered_json& t : anthropic["tools"]) {
+      ordered_json fn = ordered_json::object();
+      fn["name"] = t["name"];
+      fn["description"] = t.contains("description") && t["description"].is_string() ? t["description"] : ordered_json("");
+      fn["parameters"] = t.contains("input_schema") ? t["input_schema"] : ordered_json::object();
+      tools.push_back({{"type", "function"}, {"function", std::move(fn)}});
+    }
+    out["tools"] = std::move(tools);
+  }
+  // Tool-call arguments: add_message turns the tool_use blocks into calls one for one, in
+  // order, so the k-th call's arguments are the k-th block's input.
+  std::vector<const ordered_json*> inputs;
+  if (anthropic.contains("messages") && anthropic["messages"].is_array())
+    for (const ordered_json& m : anthropic["messages"])
+      if (m.is_object() && m.contains("content") && m["content"].is_array())
+        for (const ordered_json& b : m["content"])
+          if (b.is_object() && b.value("type", "") == "tool_use" && b.contains("input")) inputs.push_back(&b["input"]);
+  size_t k = 0;
+  for (ordered_json& m : out["messages"])
+    if (m.contains("tool_calls"))
+      for (ordered_json& call : m["tool_calls"])
+        if (k < inputs.size()) call["function"]["arguments"] = *inputs[k++];
+  return out;
+}
+
+void handle_messages(ServerContext& ctx, const json& body, HttpExchange& ex) {
+  const json chat = anthropic_to_openai(body);
+  const nlohmann::ordered_json ordered = ex.ordered_body ? anthropic_ordered_chat(chat, *ex.ordered_body) : nullptr;
+  ChatPlan plan = plan_chat(ctx, chat, ex.ordered_body ? &ordered : nullptr);
+  const Tokenizer& tok = ctx.tokenizer();
+  std::vector<ChoiceText> texts;
+  texts.emplace_back(tok, plan.text_options(random_id("toolu_") + "_", 0));
+  auto gen = std::make_shared<Generation>(ctx, ex, plan.request, 1, std::move(texts));
+  const std::string id = random_id("msg_");
+  if (plan.stream)
+    return stream(gen, ex, std::make_shared<MessageStream>(id, plan.model, int(plan.request.prompt.size())));
+  const GenerateEvent final_ev = gen->collect(ex, [](int, const GenerateEvent&, const TextDelta&) { return true; })[0];
+  const ChoiceText& t = gen->text(0);
+  json content = json::array();
+  if (!t.reasoning().empty()) content.push_back({{"type", "thinking"}, {"thinking", t.reasoning()}, {"signature", ""}});
+  if (t.truncated_call()) {
+    // Cut off inside a tool call: the output is text, not a call (stop_reason max_tokens).
+    content.push_back({{"type", "text"}, {"text", t.text_after_reasoning()}});
+  } else {
     if (!t.content().empty()) content.push_back({{"type", "text"}, {"text", t.content()}});
     for (const ParsedToolCall& c : t.tool_calls())
       content.push_back({{"type", "tool_use"}, {"id", c.id}, {"name", c.name}, {"input", json::parse(c.arguments)}});
-    set_json(res, {{"id", id},
-                   {"type", "message"},
-                   {"role", "assistant"},
-                   {"model", plan.model},
-                   {"content", content},
-                   {"stop_reason", stop_reason(final_ev, t)},
-                   {"stop_sequence", t.stopped() ? json(t.matched_stop()) : json(nullptr)},
-                   {"usage", {{"input_tokens", final_ev.n_prompt}, {"output_tokens", final_ev.n_generated},
-                              {"cache_read_input_tokens", final_ev.n_cached}}}});
-    return;
   }
+  set_json(ex.res, {{"id", id},
+                    {"type", "message"},
+                    {"role", "assistant"},
+                    {"model", plan.model},
+                    {"content", content},
+                    {"stop_reason", stop_reason(final_ev, t)},
+                    {"stop_sequence", t.stopped() ? json(t.matched_stop()) : json(nullptr)},
+                    {"usage", {{"input_tokens", final_ev.n_prompt}, {"output_tokens", final_ev.n_generated},
+                               {"cache_read_input_tokens", final_ev.n_cached}}}});
+}
 
-  auto first = std::make_shared<ChoiceEvent>();
-  if (!run->next(*first, deadline)) throw ApiError(408, "the request timed out");
-  if (first->event.done) throw_if_failed(first->event);
-  set_event_stream(ctx, res, [&ctx, plan, run, texts, first, deadline, id](httplib::DataSink& sink) {
-    // Content blocks are opened as their kind of output starts and closed when another
-    // kind begins: thinking, then text, then one tool_use block per call.
-    int block = -1;
-    std::string open_kind;  // "thinking" | "text" | "tool_use" | ""
-    auto write = [&](const char* event, const json& payload) { return sse_write(sink, sse_event(event, payload)); };
-    auto close_block = [&] {
-      if (open_kind.empty()) return true;
-      open_kind.clear();
-      return write("content_block_stop", {{"type", "content_block_stop"}, {"index", block}});
-    };
-    auto open_block = [&](const std::string& kind, const json& start) {
-      if (!close_block()) return false;
-      open_kind = kind;
-      ++block;
-      return write("content_block_start", {{"type", "content_block_start"}, {"index", block}, {"content_block", start}});
-    };
-    auto emit = [&](const TextDelta& d) {
-      if (!d.reasoning.empty()) {
-        if (open_kind != "thinking" && !open_block("thinking", {{"type", "thinking"}, {"thinking", ""}})) return false;
-        if (!write("content_block_delta", {{"type", "content_block_delta"}, {"index", block},
-                                           {"delta", {{"type", "thinking_delta"}, {"thinking", d.reasoning}}}}))
-          return false;
-      }
-      if (!d.content.empty()) {
-        if (open_kind != "text" && !open_block("text", {{"type", "text"}, {"text", ""}})) return false;
-        if (!write("content_block_delta", {{"type", "content_block_delta"}, {"index", block},
-                                           {"delta", {{"type", "text_delta"}, {"text", d.content}}}}))
-          return false;
-      }
-      for (const OutputDelta& o : d.tool_calls) {
-        if (o.kind == OutputDelta::Kind::ToolCallStart) {
-          if (!open_block("tool_use", {{"type", "tool_use"}, {"id", o.tool_id}, {"name", o.tool_name}, {"input", json::object()}}))
-            return false;
-        } else if (!write("content_block_delta", {{"type", "content_block_delta"}, {"index", block},
-                                                  {"delta", {{"type", "input_json_delta"}, {"partial_json", o.text}}}})) {
-          return false;
-        }
-      }
-      return true;
-    };
-    GenerateEvent final_ev;
-    auto on_token = [&](int, const GenerateEvent&, const TextDelta& d) { return emit(d); };
-    auto on_done = [&](int, const GenerateEvent& ev, const TextDelta& d) {
-      final_ev = ev;
-      ctx.metrics.observe_generation(ev);
-      return emit(d);
-    };
-    bool ok = write("message_start", {{"type", "message_start"},
-                                      {"message", {{"id", id}, {"type", "message"}, {"role", "assistant"},
-                                                   {"model", plan.model}, {"content", json::array()},
-                                                   {"stop_reason", nullptr}, {"stop_sequence", nullptr},
-                                                   {"usage", {{"input_tokens", int(plan.request.prompt.size())},
-                                                              {"output_tokens", 0}}}}}});
-    ChoiceText& t = (*texts)[0];
-    if (ok) {
-      if (!first->event.done) {
-        const TextDelta d = t.push(first->event.token);
-        ok = on_token(0, first->event, d);
-        if (d.stop_matched) run->stop(0);
-      } else {
-        run->mark_done(0);
-        ok = on_done(0, first->event, t.finish());
-      }
-    }
-    if (ok) ok = drive(*run, *texts, deadline, on_token, on_done);
-    if (ok) ok = close_block();
-    if (ok && (final_ev.reason == FinishReason::Error || final_ev.reason == FinishReason::Timeout))
-      ok = write("error", {{"type", "error"},
-                           {"error", {{"type", final_ev.reason == FinishReason::Timeout ? "timeout_error" : "api_error"},
-                                      {"message", final_ev.reason == FinishReason::Timeout ? "the request timed out"
-                                                                                           : final_ev.error}}}});
-    if (ok)
-      ok = write("message_delta", {{"type", "message_delta"},
-                                   {"delta", {{"stop_reason", stop_reason(final_ev, t)},
-                                              {"stop_sequence", t.stopped() ? json(t.matched_stop()) : json(nullptr)}}},
-                                   {"usage", {{"output_tokens", final_ev.n_generated}}}});
-    if (ok) write("message_stop", {{"type", "message_stop"}});
-    if (!ok) run->cancel_all();
-    sink.done();
-  });
+// POST /v1/messages/count_tokens: the prompt the request would run, counted.
+void handle_count_tokens(ServerContext& ctx, const json& body, HttpExchange& ex) {
+  json chat = anthropic_to_openai(body, true);
+  chat["max_tokens"] = 1;
+  const nlohmann::ordered_json ordered = ex.ordered_body ? anthropic_ordered_chat(chat, *ex.ordered_body) : nullptr;
+  const ChatPlan plan = plan_chat(ctx, chat, ex.ordered_body ? &ordered : nullptr);
+  set_json(ex.res, {{"input_tokens", plan.request.prompt.size()}});
 }
 
 }  // namespace step35::server

@@ -4,8 +4,8 @@
 // weights they started with, installs the new set (Model::set_replacements, which also
 // reaches the expert-parallel ranks before their next work), and starts the queued
 // requests on it. POST /v1/step35/hotswap/revert takes the last swap back ({"all": true}:
-// every swap, back to the patches the server started with). Admin only: with --api-key the
-// key is required (as everywhere), without one only loopback clients may swap.
+// every swap, back to the patches the server started with). Admin only: with API keys set
+// one is required (as everywhere), without any only loopback clients may swap.
 #include <cmath>
 
 #include "gguf/gguf.h"
@@ -21,7 +21,7 @@ using json = nlohmann::json;
 
 void require_admin(const ServerContext& ctx, const httplib::Request& req) {
   // The endpoint wrapper has checked the API key when there is one.
-  if (!ctx.options.api_key.empty()) return;
+  if (!ctx.options.api_keys.empty()) return;
   const std::string& a = req.remote_addr;
   if (a == "127.0.0.1" || a == "::1" || a == "::ffff:127.0.0.1") return;
   throw ApiError(403, "hot-swap is an admin operation: start the server with --api-key, or call it from this host", "",
@@ -56,9 +56,9 @@ void install(ServerContext& ctx, std::vector<MatrixReplacement> all) {
 
 }  // namespace
 
-void handle_hotswap(ServerContext& ctx, const httplib::Request& req, httplib::Response& res) {
-  require_admin(ctx, req);
-  const json body = parse_body(req.body);
+void handle_hotswap(ServerContext& ctx, const std::string& body_text, HttpExchange& ex) {
+  require_admin(ctx, ex.req);
+  const json body = parse_body(body_text);
   if (!body.is_object()) throw ApiError(400, "the body must be a JSON object", "patch");
   // The deployment guides' form also names the expert; a patch carries its own (layer,
   // expert) slices, so a separate id could only contradict it: refuse it rather than ignore it.
@@ -115,17 +115,23 @@ void handle_hotswap(ServerContext& ctx, const httplib::Request& req, httplib::Re
     hs.stack = stack;
     ++hs.swaps;
   }
-  set_json(res, {{"status", "ok"},
-                 {"patch", path},
-                 {"slices", next.patch->slices.size()},
-                 {"bytes", next.patch->data_bytes()},
-                 {"weights_version", ctx.model->weights()->version},
-                 {"active", active_list(stack)}});
+  const uint64_t version = ctx.model->weights()->version;
+  ctx.log.event("hotswap",
+                "hot-swapped " + path + " (" + std::to_string(next.patch->slices.size()) + " slices; weights version " +
+                    std::to_string(version) + ", " + std::to_string(stack.size()) + " active)",
+                {{"patch", path}, {"slices", next.patch->slices.size()}, {"weights_version", version},
+                 {"active", stack.size()}});
+  set_json(ex.res, {{"status", "ok"},
+                    {"patch", path},
+                    {"slices", next.patch->slices.size()},
+                    {"bytes", next.patch->data_bytes()},
+                    {"weights_version", version},
+                    {"active", active_list(stack)}});
 }
 
-void handle_hotswap_revert(ServerContext& ctx, const httplib::Request& req, httplib::Response& res) {
-  require_admin(ctx, req);
-  const json body = req.body.empty() ? json::object() : parse_body(req.body);
+void handle_hotswap_revert(ServerContext& ctx, const std::string& body_text, HttpExchange& ex) {
+  require_admin(ctx, ex.req);
+  const json body = body_text.empty() ? json::object() : parse_body(body_text);
   if (!body.is_object()) throw ApiError(400, "the body must be a JSON object (or empty)");
   Fields(body).only({"all"});
   if (body.contains("all") && !body["all"].is_boolean()) throw ApiError(400, "'all' must be true or false", "all");
@@ -151,17 +157,53 @@ void handle_hotswap_revert(ServerContext& ctx, const httplib::Request& req, http
     hs.stack = kept;
     ++hs.reverts;
   }
-  set_json(res, {{"status", "ok"},
-                 {"reverted", reverted},
-                 {"weights_version", ctx.model->weights()->version},
-                 {"active", active_list(kept)}});
+  const uint64_t version = ctx.model->weights()->version;
+  ctx.log.event("hotswap_revert",
+                "reverted " + std::to_string(reverted.size()) + " hot-swap" + (reverted.size() == 1 ? "" : "s") +
+                    " (weights version " + std::to_string(version) + ", " + std::to_string(kept.size()) + " active)",
+                {{"reverted", reverted}, {"weights_version", version}, {"active", kept.size()}});
+  set_json(ex.res, {{"status", "ok"},
+                    {"reverted", reverted},
+                    {"weights_version", version},
+                    {"active", active_list(kept)}});
 }
 
-void handle_hotswap_list(ServerContext& ctx, const httplib::Request& req, httplib::Response& res) {
-  require_admin(ctx, req);
+void handle_hotswap_list(ServerContext& ctx, HttpExchange& ex) {
+  require_admin(ctx, ex.req);
   HotSwapState& hs = ctx.hotswap;
   std::lock_guard<std::mutex> lock(hs.mu);
-  set_json(res, {{"weights_version", ctx.model->weights()->version}, {"active", active_list(hs.stack)}});
+  set_json(ex.res, {{"weights_version", ctx.model->weights()->version}, {"active", active_list(hs.stack)}});
+}
+
+void apply_startup_patches(ServerContext& ctx) {
+  std::vector<std::shared_ptr<const patch::Patch>> patches;
+  try {
+    patches = patch::load_and_apply(*ctx.model, ctx.options.patches);
+  } catch (const patch::PatchError& e) {
+    throw std::runtime_error(std::string("--patch: ") + e.what());
+  } catch (const gguf::Error& e) {
+    throw std::runtime_error(std::string("--patch: ") + e.what());
+  }
+  HotSwapState& hs = ctx.hotswap;
+  {
+    std::lock_guard<std::mutex> lock(hs.mu);
+    hs.startup = ctx.model->weights()->replacements;
+    hs.have_startup = true;
+  }
+  size_t slices = 0;
+  uint64_t bytes = 0;
+  json files = json::array();
+  for (size_t i = 0; i < patches.size(); ++i) {
+    slices += patches[i]->slices.size();
+    bytes += patches[i]->data_bytes();
+    files.push_back({{"patch", ctx.options.patches[i]}, {"base_hash", patch::hash_hex(patches[i]->base_hash())}});
+  }
+  std::string names;
+  for (const std::string& path : ctx.options.patches) names += (names.empty() ? "" : ", ") + path;
+  ctx.log.event("patches",
+                "patches applied: " + names + " (" + std::to_string(slices) + " slices, " +
+                    std::to_string(bytes) + " bytes)",
+                {{"patches", files}, {"slices", slices}, {"bytes", bytes}});
 }
 
 std::string hotswap_metrics(ServerContext& ctx) {

@@ -91,6 +91,8 @@ std::string ServerMetrics::render(const EngineStats& s, bool ready) const {
   metric(out, "step35_kv_blocks_cached", "gauge", "idle KV blocks kept for prefix reuse (evictable)", double(s.kv_blocks_cached));
   metric(out, "step35_kv_blocks_free", "gauge", "KV blocks neither used nor cached",
          double(s.kv_blocks_total - s.kv_blocks_used - s.kv_blocks_cached));
+  metric(out, "step35_kv_bytes_total", "gauge", "bytes of the KV pool (in its cache types)", double(s.kv_pool_bytes));
+  metric(out, "step35_kv_bytes_used", "gauge", "bytes of the KV blocks held by running sequences", double(s.kv_bytes_used));
   metric(out, "step35_prefix_cache_lookups_total", "counter", "requests that looked up the prefix cache", double(s.prefix_lookups));
   metric(out, "step35_prefix_cache_hits_total", "counter", "lookups that reused at least one block", double(s.prefix_hits));
   metric(out, "step35_prefix_cache_hit_rate", "gauge", "hits / lookups",
@@ -114,7 +116,7 @@ std::string ServerMetrics::render(const EngineStats& s, bool ready) const {
   for (int which = 0; which < 3; ++which) {
     const PositionSeries& ps = series[which];
     out += std::string("# HELP ") + ps.name + " " + ps.help + "\n# TYPE " + ps.name + " " + ps.type + "\n";
-    for (int k = 1; k <= 3; ++k) {
+    for (int k = 1; k <= kMaxDrafts; ++k) {
       const double drafted = double(s.mtp_drafted[k]), accepted = double(s.mtp_accepted[k]);
       const double value = which == 0 ? drafted : which == 1 ? accepted : (drafted > 0 ? accepted / drafted : 0.0);
       out += std::string(ps.name) + "{position=\"" + std::to_string(k) + "\"} " + num(value) + "\n";

@@ -1,5 +1,6 @@
 // POST /v1/completions: a prompt string (or token ids) continued as is, no chat template.
-#include <chrono>
+#include <algorithm>
+#include <numeric>
 
 #include "server/api_error.h"
 #include "server/chat_plan.h"
@@ -7,11 +8,11 @@
 #include "server/request_validation.h"
 #include "server/server_context.h"
 #include "server/sse.h"
+#include "server/streaming.h"
 
 namespace step35::server {
 
 using nlohmann::json;
-using Clock = std::chrono::steady_clock;
 
 namespace {
 
@@ -36,9 +37,10 @@ std::vector<int32_t> prompt_tokens(const ServerContext& ctx, const json& prompt)
   throw ApiError(400, "'prompt' must be a string, an array of token ids, or a one-element array of either", "prompt");
 }
 
-json completion_logprobs(const Tokenizer& tok, const std::vector<GenerateEvent>& events) {
+// OpenAI's completions logprobs; text_offset counts from the start of the returned text,
+// so an echoed prompt (`offset` bytes) comes first.
+json completion_logprobs(const Tokenizer& tok, const std::vector<GenerateEvent>& events, size_t offset) {
   json tokens = json::array(), lps = json::array(), tops = json::array(), offsets = json::array();
-  size_t offset = 0;
   for (const GenerateEvent& ev : events) {
     const std::string piece = tok.token_to_piece(ev.token, false);
     tokens.push_back(piece);
@@ -60,22 +62,24 @@ void read_response_fields(ServerContext& ctx, Fields& f, ResponsePlan& plan) {
   plan.stream = f.boolean("stream").value_or(false);
   if (const json* so = f.object("stream_options")) {
     Fields s(*so, "stream_options.");
-    s.only({"include_usage"});
+    s.only({"include_usage", "include_obfuscation"});
     plan.include_usage = s.boolean("include_usage").value_or(false);
+    s.boolean("include_obfuscation");  // accepted and ignored: no obfuscation padding is sent
   }
   plan.stops = f.strings_or_string("stop", 4);
 }
 
 CompletionsPlan plan_completions(ServerContext& ctx, const json& body) {
   Fields f(body);
-  f.only({"model", "prompt", "stream", "stream_options", "max_tokens", "temperature", "top_p", "top_k", "min_p", "seed",
-          "stop", "n", "presence_penalty", "frequency_penalty", "repetition_penalty", "repeat_last_n", "logprobs",
-          "echo", "user", "ignore_eos"});
+  f.only({"model", "prompt", "stream", "stream_options", "max_tokens", "temperature", "top_p", "top_k", "min_p",
+          "typical_p", "seed", "stop", "n", "best_of", "presence_penalty", "frequency_penalty", "repetition_penalty",
+          "repeat_last_n", "logprobs", "logit_bias", "echo", "suffix", "user", "ignore_eos", "min_tokens",
+          "cache_prompt", "service_tier", "metadata", "store"});
   if (!f.has("prompt")) throw ApiError(400, "'prompt' is required", "prompt");
   CompletionsPlan plan;
   GenerateRequest& r = plan.request;
   r.prompt = prompt_tokens(ctx, f.raw("prompt"));
-  r.sampling = sampling_from(f);
+  r.sampling = sampling_from(f, ctx.options.sampling, int32_t(ctx.tokenizer().n_vocab()));
   const int64_t ctx_max = ctx.engine->options().n_ctx;
   r.max_tokens = int32_t(f.integer("max_tokens", 0, ctx_max).value_or(16));
   read_response_fields(ctx, f, plan);
@@ -84,133 +88,134 @@ CompletionsPlan plan_completions(ServerContext& ctx, const json& body) {
   r.n_top_logprobs = std::max(n_logprobs, 0);
   plan.echo = f.boolean("echo").value_or(false);
   if (plan.echo && plan.stream) throw ApiError(400, "'echo' is not supported with 'stream'", "echo");
+  plan.best_of = int(f.integer("best_of", 1, ctx.options.max_n).value_or(plan.n));
+  if (plan.best_of < plan.n) throw ApiError(400, "'best_of' must be at least 'n'", "best_of");
+  if (plan.best_of > plan.n && plan.stream)
+    throw ApiError(400, "'best_of' larger than 'n' cannot be streamed (the best are known only at the end)", "best_of");
   r.ignore_eos = f.boolean("ignore_eos").value_or(false);
-  f.string("user");
+  r.min_tokens = int32_t(f.integer("min_tokens", 0, ctx_max).value_or(0));
+  // Accepted and ignored (docs/server.md): Step 3.5 has no fill-in-the-middle format for
+  // `suffix`; the others have no meaning here.
+  f.string("suffix");
+  for (const char* k : {"user", "service_tier"}) f.string(k);
+  for (const char* k : {"cache_prompt", "store"}) f.boolean(k);
+  f.object("metadata");
   r.timeout_s = ctx.options.timeout_s;
   return plan;
 }
 
-void handle_completions(ServerContext& ctx, const json& body, httplib::Response& res) {
-  CompletionsPlan plan = plan_completions(ctx, body);
-  GenerateRequest& r = plan.request;
-  const int n = plan.n;
-  const bool stream = plan.stream, include_usage = plan.include_usage, echo = plan.echo;
-  const auto& stops = plan.stops;
-  const std::string& model = plan.model;
-  const Tokenizer& tok = ctx.tokenizer();
-  const std::string echo_text = echo ? tok.decode(r.prompt, false) : "";
-  if (r.max_tokens == 0) {
-    // Nothing to generate: answer with the prompt's usage (and its echo).
-    json choices = json::array();
-    for (int i = 0; i < n; ++i)
-      choices.push_back({{"index", i}, {"text", echo_text}, {"logprobs", nullptr}, {"finish_reason", "length"}});
-    set_json(res, {{"id", random_id("cmpl-")}, {"object", "text_completion"}, {"created", unix_time()},
-                   {"model", model}, {"choices", choices},
-                   {"usage", {{"prompt_tokens", r.prompt.size()}, {"completion_tokens", 0},
-                              {"total_tokens", r.prompt.size()}}}});
-    return;
-  }
-  auto run = std::make_shared<GenerationRun>(*ctx.engine, replicate(r, n));
-  auto texts = std::make_shared<std::vector<ChoiceText>>();
-  for (int i = 0; i < n; ++i) texts->emplace_back(tok, stops);
-  const auto deadline = Clock::now() + std::chrono::duration_cast<Clock::duration>(
-                                           std::chrono::duration<double>(ctx.options.timeout_s + 5));
-  const std::string id = random_id("cmpl-");
-  const int64_t created = unix_time();
-  auto usage = [](int32_t p, int32_t cached, int64_t c) {
-    return json{{"prompt_tokens", p}, {"completion_tokens", c}, {"total_tokens", p + c},
-                {"prompt_tokens_details", {{"cached_tokens", cached}}}};
-  };
 
-  if (!stream) {
-    std::vector<std::vector<GenerateEvent>> events(static_cast<size_t>(n));
-    std::vector<GenerateEvent> finals(static_cast<size_t>(n));
-    const bool ok = drive(
-        *run, *texts, deadline,
-        [&](int i, const GenerateEvent& ev, const TextDelta&) {
-          if (r.want_logprobs && !tok.is_eog(ev.token)) events[size_t(i)].push_back(ev);
-          return true;
-        },
-        [&](int i, const GenerateEvent& ev, const TextDelta&) {
-          finals[size_t(i)] = ev;
-          ctx.metrics.observe_generation(ev);
-          return true;
-        });
-    if (!ok) throw ApiError(408, "the request timed out");
-    json choices = json::array();
-    int32_t n_prompt = 0, n_cached = 0;
-    int64_t n_completion = 0;
-    for (int i = 0; i < n; ++i) {
-      const GenerateEvent& ev = finals[size_t(i)];
-      if (ev.reason == FinishReason::Timeout) throw ApiError(408, "the request timed out");
-      if (ev.reason == FinishReason::Error) throw ApiError(500, "generation failed: " + ev.error);
-      const ChoiceText& t = (*texts)[size_t(i)];
-      choices.push_back({{"index", i},
-                         {"text", echo_text + t.content()},
-                         {"logprobs", r.want_logprobs ? completion_logprobs(tok, events[size_t(i)]) : json(nullptr)},
-                         {"finish_reason", openai_finish_reason(ev, t.stopped())}});
-      n_prompt = ev.n_prompt;
-      n_cached = std::max(n_cached, ev.n_cached);
-      n_completion += ev.n_generated;
+namespace {
+
+class CompletionStream final : public EventWriter {
+ public:
+  CompletionStream(const Tokenizer& tok, const CompletionsPlan& plan, std::string id, int64_t created)
+      : tok_(tok), model_(plan.model), include_usage_(plan.include_usage), want_logprobs_(plan.request.want_logprobs),
+        id_(std::move(id)), created_(created), offsets_(size_t(plan.n), 0) {}
+
+  bool token(httplib::DataSink& sink, int i, const GenerateEvent& ev, const TextDelta& d) override {
+    const bool lp = want_logprobs_ && !tok_.is_eog(ev.token);
+    if (d.content.empty() && !lp) return true;
+    json logprobs = nullptr;
+    if (lp) {
+      logprobs = completion_logprobs(tok_, {ev}, offsets_[size_t(i)]);
+      offsets_[size_t(i)] += tok_.token_to_piece(ev.token, false).size();
     }
-    set_json(res, {{"id", id}, {"object", "text_completion"}, {"created", created}, {"model", model},
-                   {"choices", choices}, {"usage", usage(n_prompt, n_cached, n_completion)}});
-    return;
+    return sse_write(sink, sse_data(chunk(i, d.content, std::move(logprobs), nullptr)));
   }
 
-  auto first = std::make_shared<ChoiceEvent>();
-  if (!run->next(*first, deadline)) throw ApiError(408, "the request timed out");
-  if (first->event.done && first->event.reason == FinishReason::Timeout) throw ApiError(408, "the request timed out");
-  if (first->event.done && first->event.reason == FinishReason::Error)
-    throw ApiError(500, "generation failed: " + first->event.error);
-  const bool want_logprobs = r.want_logprobs;
-  set_event_stream(ctx, res, [&ctx, run, texts, first, deadline, id, created, model, include_usage, want_logprobs,
-                         usage](httplib::DataSink& sink) {
-    const Tokenizer& tok = ctx.tokenizer();
-    auto chunk = [&](int i, const std::string& text, json logprobs, json finish) {
-      json c = {{"id", id}, {"object", "text_completion"}, {"created", created}, {"model", model},
-                {"choices", json::array({{{"index", i}, {"text", text}, {"logprobs", logprobs}, {"finish_reason", finish}}})}};
-      if (include_usage) c["usage"] = nullptr;
-      return c;
-    };
-    int32_t n_prompt = 0, n_cached = 0;
-    int64_t n_completion = 0;
-    auto on_token = [&](int i, const GenerateEvent& ev, const TextDelta& d) {
-      const bool lp = want_logprobs && !tok.is_eog(ev.token);
-      if (d.content.empty() && !lp) return true;
-      return sse_write(sink, sse_data(chunk(i, d.content, lp ? completion_logprobs(tok, {ev}) : json(nullptr), nullptr)));
-    };
-    auto on_done = [&](int i, const GenerateEvent& ev, const TextDelta& d) {
-      ctx.metrics.observe_generation(ev);
-      n_prompt = ev.n_prompt;
-      n_cached = std::max(n_cached, ev.n_cached);
-      n_completion += ev.n_generated;
-      return sse_write(sink, sse_data(chunk(i, d.content, nullptr, openai_finish_reason(ev, (*texts)[size_t(i)].stopped()))));
-    };
-    bool ok;
-    ChoiceText& t = (*texts)[size_t(first->index)];
-    if (!first->event.done) {
-      const TextDelta d = t.push(first->event.token);
-      ok = on_token(first->index, first->event, d);
-      if (d.stop_matched) run->stop(first->index);
-    } else {
-      run->mark_done(first->index);
-      ok = on_done(first->index, first->event, t.finish());
-    }
-    if (ok) ok = drive(*run, *texts, deadline, on_token, on_done);
-    if (!ok) {
-      run->cancel_all();
-      sink.done();
-      return;
-    }
-    if (include_usage) {
-      json u = {{"id", id}, {"object", "text_completion"}, {"created", created}, {"model", model},
-                {"choices", json::array()}, {"usage", usage(n_prompt, n_cached, n_completion)}};
+  bool done(httplib::DataSink& sink, int i, const GenerateEvent& ev, const TextDelta& d, const ChoiceText& t) override {
+    usage_.add(ev);
+    return sse_write(sink, sse_data(chunk(i, d.content, nullptr, openai_finish_reason(ev, t))));
+  }
+
+  bool end(httplib::DataSink& sink) override {
+    if (include_usage_) {
+      const json u = {{"id", id_}, {"object", "text_completion"}, {"created", created_}, {"model", model_},
+                      {"choices", json::array()}, {"usage", usage_.openai()}};
       sse_write(sink, sse_data(u));
     }
     sse_write(sink, sse_done());
-    sink.done();
+    return true;
+  }
+
+ private:
+  json chunk(int i, const std::string& text, json logprobs, json finish) const {
+    json c = {{"id", id_}, {"object", "text_completion"}, {"created", created_}, {"model", model_},
+              {"choices", json::array({{{"index", i}, {"text", text}, {"logprobs", logprobs}, {"finish_reason", finish}}})}};
+    if (include_usage_) c["usage"] = nullptr;
+    return c;
+  }
+
+  const Tokenizer& tok_;
+  std::string model_;
+  bool include_usage_, want_logprobs_;
+  std::string id_;
+  int64_t created_;
+  std::vector<size_t> offsets_;  // text_offset of each choice's next token
+  Usage usage_;
+};
+
+}  // namespace
+
+void handle_completions(ServerContext& ctx, const json& body, HttpExchange& ex) {
+  CompletionsPlan plan = plan_completions(ctx, body);
+  GenerateRequest& r = plan.request;
+  const Tokenizer& tok = ctx.tokenizer();
+  const std::string echo_text = plan.echo ? tok.decode(r.prompt, false) : "";
+  if (r.max_tokens == 0) {
+    // Nothing to generate: answer with the prompt's usage (and its echo).
+    json choices = json::array();
+    for (int i = 0; i < plan.n; ++i)
+      choices.push_back({{"index", i}, {"text", echo_text}, {"logprobs", nullptr}, {"finish_reason", "length"}});
+    set_json(ex.res, {{"id", random_id("cmpl-")}, {"object", "text_completion"}, {"created", unix_time()},
+                      {"model", plan.model}, {"choices", choices},
+                      {"usage", {{"prompt_tokens", r.prompt.size()}, {"completion_tokens", 0},
+                                 {"total_tokens", r.prompt.size()}}}});
+    return;
+  }
+  // best_of ranks the candidates by the log-probability of their tokens.
+  const bool show_logprobs = r.want_logprobs;
+  const int candidates = plan.best_of;
+  if (candidates > plan.n) r.want_logprobs = true;
+  std::vector<ChoiceText> texts;
+  for (int i = 0; i < candidates; ++i) {
+    ChoiceTextOptions o;
+    o.stops = plan.stops;
+    texts.emplace_back(tok, std::move(o));
+  }
+  auto gen = std::make_shared<Generation>(ctx, ex, r, candidates, std::move(texts));
+  const std::string id = random_id("cmpl-");
+  const int64_t created = unix_time();
+  // (best_of > n cannot stream: plan_completions refused it.)
+  if (plan.stream) return stream(gen, ex, std::make_shared<CompletionStream>(tok, plan, id, created));
+  std::vector<std::vector<GenerateEvent>> events(static_cast<size_t>(candidates));
+  std::vector<double> score(static_cast<size_t>(candidates), 0.0);
+  const std::vector<GenerateEvent> finals = gen->collect(ex, [&](int i, const GenerateEvent& ev, const TextDelta&) {
+    if (r.want_logprobs && !tok.is_eog(ev.token)) {
+      events[size_t(i)].push_back(ev);
+      score[size_t(i)] += ev.logprob;
+    }
+    return true;
   });
+  std::vector<int> order(static_cast<size_t>(candidates));
+  std::iota(order.begin(), order.end(), 0);
+  if (candidates > plan.n)
+    std::stable_sort(order.begin(), order.end(), [&](int a, int b) { return score[size_t(a)] > score[size_t(b)]; });
+  Usage usage;
+  for (const GenerateEvent& ev : finals) usage.add(ev);  // every candidate counts
+  json choices = json::array();
+  for (int k = 0; k < plan.n; ++k) {
+    const int i = order[size_t(k)];
+    const ChoiceText& t = gen->text(i);
+    choices.push_back({{"index", k},
+                       {"text", echo_text + t.content()},
+                       {"logprobs", show_logprobs ? completion_logprobs(tok, events[size_t(i)], echo_text.size())
+                                                  : json(nullptr)},
+                       {"finish_reason", openai_finish_reason(finals[size_t(i)], t)}});
+  }
+  set_json(ex.res, {{"id", id}, {"object", "text_completion"}, {"created", created}, {"model", plan.model},
+                    {"choices", choices}, {"usage", usage.openai()}});
 }
 
 }  // namespace step35::server

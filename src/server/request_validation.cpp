@@ -1,6 +1,9 @@
 #include "server/request_validation.h"
 
+#include <algorithm>
+#include <cerrno>
 #include <cmath>
+#include <cstdlib>
 #include <random>
 
 #include "server/api_error.h"
@@ -18,6 +21,14 @@ json parse_body(const std::string& body) {
   }
   if (!j.is_object()) throw ApiError(400, "the request body must be a JSON object");
   return j;
+}
+
+nlohmann::ordered_json parse_body_ordered(const std::string& body) {
+  try {
+    return nlohmann::ordered_json::parse(body);
+  } catch (const nlohmann::ordered_json::exception& e) {
+    throw ApiError(400, std::string("the request body is not valid JSON: ") + e.what());
+  }
 }
 
 Fields::Fields(const json& obj, std::string prefix) : obj_(obj), prefix_(std::move(prefix)) {
@@ -130,19 +141,39 @@ std::vector<std::string> Fields::strings_or_string(const char* key, size_t max) 
   return out;
 }
 
-SamplingParams sampling_from(const Fields& f) {
-  SamplingParams sp;
-  sp.temperature = float(f.number("temperature", 0.0, 2.0).value_or(1.0));
-  sp.top_p = float(f.number("top_p", 0.0, 1.0).value_or(1.0));
-  sp.top_k = int32_t(f.integer("top_k", 0, 1 << 20).value_or(0));
-  sp.min_p = float(f.number("min_p", 0.0, 1.0).value_or(0.0));
-  sp.presence_penalty = float(f.number("presence_penalty", -2.0, 2.0).value_or(0.0));
-  sp.frequency_penalty = float(f.number("frequency_penalty", -2.0, 2.0).value_or(0.0));
-  sp.repeat_penalty = float(f.number("repetition_penalty", 0.0, 10.0).value_or(1.0));
-  // OpenAI's penalties apply to everything generated so far; llama.cpp-style windows are
-  // an extension.
+SamplingParams sampling_from(const Fields& f, const SamplingParams& defaults, int32_t n_vocab) {
+  SamplingParams sp = defaults;
+  sp.temperature = float(f.number("temperature", 0.0, 2.0).value_or(defaults.temperature));
+  sp.top_p = float(f.number("top_p", 0.0, 1.0).value_or(defaults.top_p));
+  sp.top_k = int32_t(f.integer("top_k", 0, 1 << 20).value_or(defaults.top_k));
+  sp.min_p = float(f.number("min_p", 0.0, 1.0).value_or(defaults.min_p));
+  sp.typical_p = float(f.number("typical_p", 0.0, 1.0).value_or(defaults.typical_p));
+  if (f.has("logit_bias")) {
+    const nlohmann::json& lb = f.raw("logit_bias");
+    if (!lb.is_object())
+      throw ApiError(400, "'" + f.name("logit_bias") + "' must be an object of token id -> bias", f.name("logit_bias"));
+    for (auto it = lb.begin(); it != lb.end(); ++it) {
+      const std::string& key = it.key();
+      char* end = nullptr;
+      errno = 0;
+      const long long id = std::strtoll(key.c_str(), &end, 10);
+      if (key.empty() || *end != '\0' || errno != 0 || id < 0 || id >= n_vocab)
+        throw ApiError(400, "'" + f.name("logit_bias") + "' key '" + key + "' is not a token id in [0, " +
+                                std::to_string(n_vocab) + ")", f.name("logit_bias"));
+      if (!it.value().is_number() || !(it.value().get<double>() >= -100.0 && it.value().get<double>() <= 100.0))
+        throw ApiError(400, "'" + f.name("logit_bias") + "' values must be numbers between -100 and 100",
+                       f.name("logit_bias"));
+      sp.logit_bias.emplace_back(int32_t(id), float(it.value().get<double>()));
+    }
+  }
+  sp.presence_penalty = float(f.number("presence_penalty", -2.0, 2.0).value_or(defaults.presence_penalty));
+  sp.frequency_penalty = float(f.number("frequency_penalty", -2.0, 2.0).value_or(defaults.frequency_penalty));
+  sp.repeat_penalty = float(f.number("repetition_penalty", 0.0, 10.0).value_or(defaults.repeat_penalty));
+  // OpenAI's penalties apply to everything generated so far (the last 4096 tokens here);
+  // llama.cpp-style windows are an extension.
   sp.repeat_last_n = int32_t(f.integer("repeat_last_n", 0, 1 << 20).value_or(
-      sp.presence_penalty != 0 || sp.frequency_penalty != 0 ? 4096 : 64));
+      sp.presence_penalty != 0 || sp.frequency_penalty != 0 ? std::max(4096, defaults.repeat_last_n)
+                                                              : defaults.repeat_last_n));
   if (auto seed = f.integer("seed", INT64_MIN, INT64_MAX)) {
     sp.seed = uint64_t(*seed);
   } else {

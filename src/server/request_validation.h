@@ -12,11 +12,15 @@
 #include <nlohmann/json.hpp>
 
 #include "engine/sampler.h"
+#include "server/server.h"
 
 namespace step35::server {
 
 // Parses a request body as one JSON object (ApiError 400 otherwise).
 nlohmann::json parse_body(const std::string& body);
+// The same body with its objects in the client's key order (call after parse_body, which
+// reports the errors).
+nlohmann::ordered_json parse_body_ordered(const std::string& body);
 
 // Typed access to one JSON object's members; every error is an ApiError(400) naming
 // the member (with `prefix`, e.g. "stream_options.").
@@ -45,8 +49,10 @@ class Fields {
 };
 
 // The sampling fields common to the OpenAI endpoints: temperature, top_p, top_k, min_p,
-// seed, presence/frequency/repetition penalties. Defaults follow OpenAI (temperature 1,
-// top_p 1) with top_k/min_p off. A random seed when none is given.
-SamplingParams sampling_from(const Fields& f);
+// typical_p, seed, presence/frequency/repetition penalties and their window, logit_bias
+// ({"token id": bias -100..100}, ids checked against `n_vocab`). What a request leaves out
+// comes from `defaults` (the server's flags; OpenAI's values unless set). A random seed
+// when none is given.
+SamplingParams sampling_from(const Fields& f, const SamplingParams& defaults, int32_t n_vocab);
 
 }  // namespace step35::server

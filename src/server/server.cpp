@@ -2,16 +2,25 @@
 
 #include <pthread.h>
 #include <signal.h>
+#include <sys/socket.h>
 
+#include <cerrno>
 #include <chrono>
+#include <condition_variable>
 #include <cstdio>
+#include <cstdlib>
+#include <cstring>
+#include <map>
 #include <random>
 #include <thread>
 
+#include "chat/step35_format.h"
 #include "server/api_error.h"
 #include "server/chat_plan.h"
 #include "server/request_validation.h"
 #include "server/server_context.h"
+#include "server/streaming.h"
+#include "tensor/dtype.h"
 
 namespace step35::server {
 
@@ -22,21 +31,29 @@ void set_json(httplib::Response& res, const json& body, int status) {
   res.set_content(body.dump(-1, ' ', false, json::error_handler_t::replace), "application/json");
 }
 
-void set_event_stream(ServerContext& ctx, httplib::Response& res, std::function<void(httplib::DataSink&)> produce) {
+void set_event_stream(ServerContext& ctx, HttpExchange& ex, std::function<void(httplib::DataSink&)> produce) {
+  httplib::Response& res = ex.res;
   res.status = 200;
   res.set_header("Cache-Control", "no-cache");
   res.set_header("X-Accel-Buffering", "no");
-  // A stream still being written counts as in flight (graceful shutdown waits for it).
+  // A stream still being written counts as in flight (graceful shutdown waits for it), and
+  // its access line is written when it ends.
   ++ctx.in_flight;
+  ex.trace->streaming = true;
+  ex.trace->status = 200;
   auto produce_ptr = std::make_shared<std::function<void(httplib::DataSink&)>>(std::move(produce));
+  std::shared_ptr<RequestTrace> trace = ex.trace;
   res.set_chunked_content_provider(
       "text/event-stream",
       [produce_ptr](size_t, httplib::DataSink& sink) {
         (*produce_ptr)(sink);
         return true;
       },
-      [&ctx, produce_ptr](bool) {
+      [&ctx, produce_ptr, trace](bool) {
         produce_ptr->operator=(nullptr);  // drops the generation run (cancelling what is left)
+        const double ms =
+            std::chrono::duration<double, std::milli>(std::chrono::steady_clock::now() - trace->start).count();
+        ctx.log.access(trace->method, trace->path, trace->status, trace->prompt_tokens, trace->completion_tokens, ms);
         --ctx.in_flight;
       });
 }
@@ -53,6 +70,11 @@ int64_t unix_time() {
   return std::chrono::duration_cast<std::chrono::seconds>(std::chrono::system_clock::now().time_since_epoch()).count();
 }
 
+std::chrono::steady_clock::time_point generation_deadline(const ServerContext& ctx) {
+  using Clock = std::chrono::steady_clock;
+  return Clock::now() + std::chrono::duration_cast<Clock::duration>(std::chrono::duration<double>(ctx.options.timeout_s + 5));
+}
+
 namespace {
 
 // Compares without an early exit, so the time taken does not reveal the key's prefix.
@@ -63,16 +85,35 @@ bool same_secret(const std::string& a, const std::string& b) {
 }
 
 bool authorised(const ServerContext& ctx, const httplib::Request& req) {
-  if (ctx.options.api_key.empty()) return true;
+  if (ctx.options.api_keys.empty()) return true;
   const std::string auth = req.get_header_value("Authorization");
   static const std::string kBearer = "Bearer ";
-  if (auth.compare(0, kBearer.size(), kBearer) == 0 && same_secret(auth.substr(kBearer.size()), ctx.options.api_key))
-    return true;
-  return req.has_header("x-api-key") && same_secret(req.get_header_value("x-api-key"), ctx.options.api_key);
+  const std::string given = auth.compare(0, kBearer.size(), kBearer) == 0 ? auth.substr(kBearer.size())
+                            : req.has_header("x-api-key")                  ? req.get_header_value("x-api-key")
+                                                                           : std::string();
+  if (given.empty()) return false;
+  bool ok = false;
+  for (const std::string& key : ctx.options.api_keys) ok |= same_secret(given, key);  // every key, no early exit
+  return ok;
+}
+
+// CORS: a request from an allowed origin gets the headers that let a browser read the
+// answer. `--cors '*'` allows any origin.
+void add_cors(const ServerContext& ctx, const httplib::Request& req, httplib::Response& res) {
+  if (ctx.options.cors_origins.empty() || !req.has_header("Origin")) return;
+  const std::string origin = req.get_header_value("Origin");
+  for (const std::string& allowed : ctx.options.cors_origins) {
+    if (allowed == "*" || allowed == origin) {
+      res.set_header("Access-Control-Allow-Origin", allowed == "*" ? "*" : origin);
+      res.set_header("Vary", "Origin");
+      res.set_header("Access-Control-Expose-Headers", "Retry-After, WWW-Authenticate");
+      return;
+    }
+  }
 }
 
 // OpenAI's error shape, or Anthropic's ({"type":"error","error":{"type","message"}}) on
-// the Anthropic endpoint.
+// the Anthropic endpoints.
 void send_error(httplib::Response& res, const ApiError& e, bool anthropic) {
   if (e.retry_after_s > 0) res.set_header("Retry-After", std::to_string(e.retry_after_s));
   if (e.status() == 401) res.set_header("WWW-Authenticate", "Bearer");
@@ -84,41 +125,93 @@ void send_error(httplib::Response& res, const ApiError& e, bool anthropic) {
   }
 }
 
-using Body = std::function<void(const httplib::Request&, httplib::Response&)>;
+using Body = std::function<void(HttpExchange&, const std::string& body)>;
 
-// Every endpoint goes through here: authentication, readiness, error mapping, metrics.
-httplib::Server::Handler endpoint(ServerContext& ctx, const std::string& name, bool needs_model, bool needs_auth,
-                                  Body body) {
-  const bool anthropic = name == "/v1/messages";
-  return [&ctx, name, needs_model, needs_auth, body, anthropic](const httplib::Request& req, httplib::Response& res) {
-    ++ctx.in_flight;
-    try {
-      if (needs_auth && !authorised(ctx, req))
-        throw ApiError(401, "a valid API key is required (Authorization: Bearer KEY or x-api-key: KEY)");
-      if (needs_model && !ctx.ready) {
-        ApiError e(503, "the model is loading");
-        e.retry_after_s = 5;
-        throw e;
-      }
-      if (needs_model && ctx.draining) {
-        ApiError e(503, "the server is shutting down");
-        e.retry_after_s = 5;
-        throw e;
-      }
-      body(req, res);
-    } catch (const ApiError& e) {
-      send_error(res, e, anthropic);
-    } catch (const QueueFullError& e) {
-      ApiError a(503, e.what());
-      a.retry_after_s = 1;
-      send_error(res, a, anthropic);
-    } catch (const RequestError& e) {
-      send_error(res, ApiError(400, e.what()), anthropic);
-    } catch (const std::exception& e) {
-      send_error(res, ApiError(500, std::string("internal error: ") + e.what()), anthropic);
+struct EndpointSpec {
+  std::string name;       // for metrics
+  bool needs_model = true;
+  bool needs_auth = true;
+};
+
+// Every endpoint goes through here: CORS, authentication, readiness, error mapping,
+// metrics and the access log.
+void run_endpoint(ServerContext& ctx, const EndpointSpec& spec, const httplib::Request& req, httplib::Response& res,
+                  const std::string& body_text, bool body_ok, const Body& body) {
+  ++ctx.in_flight;
+  const bool anthropic = spec.name.rfind("/v1/messages", 0) == 0;
+  auto trace = std::make_shared<RequestTrace>();
+  trace->method = req.method;
+  trace->path = req.path;
+  HttpExchange ex{req, res, trace};
+  add_cors(ctx, req, res);
+  try {
+    if (!body_ok) {
+      if (res.status == 413)
+        throw ApiError(413, "the request body is larger than the server's limit of " +
+                                std::to_string(ctx.options.max_body_bytes) + " bytes (--max-body)");
+      throw ApiError(400, "the request body could not be read");
     }
-    ctx.metrics.count_request(name, res.status);
-    --ctx.in_flight;
+    if (spec.needs_auth && !authorised(ctx, req))
+      throw ApiError(401, "a valid API key is required (Authorization: Bearer KEY or x-api-key: KEY)");
+    if (spec.needs_model && !ctx.ready) {
+      ApiError e(503, "the model is loading");
+      e.retry_after_s = 5;
+      throw e;
+    }
+    if (spec.needs_model && ctx.draining) {
+      ApiError e(503, "the server is shutting down");
+      e.retry_after_s = 5;
+      throw e;
+    }
+    body(ex, body_text);
+  } catch (const ClientGone&) {
+    res.status = 499;  // nobody reads it (nginx's "client closed request", for the log)
+  } catch (const ApiError& e) {
+    send_error(res, e, anthropic);
+  } catch (const QueueFullError& e) {
+    ApiError a(503, e.what());
+    a.retry_after_s = 1;
+    send_error(res, a, anthropic);
+  } catch (const RequestError& e) {
+    send_error(res, ApiError(400, e.what()), anthropic);
+  } catch (const std::exception& e) {
+    send_error(res, ApiError(500, std::string("internal error: ") + e.what()), anthropic);
+  }
+  ctx.metrics.count_request(spec.name, res.status);
+  if (!trace->streaming || res.status != 200) {
+    trace->streaming = false;
+    const double ms = std::chrono::duration<double, std::milli>(std::chrono::steady_clock::now() - trace->start).count();
+    ctx.log.access(req.method, req.path, res.status, trace->prompt_tokens, trace->completion_tokens, ms);
+  }
+  --ctx.in_flight;
+}
+
+httplib::Server::Handler get_endpoint(ServerContext& ctx, EndpointSpec spec, Body body) {
+  return [&ctx, spec = std::move(spec), body = std::move(body)](const httplib::Request& req, httplib::Response& res) {
+    run_endpoint(ctx, spec, req, res, "", true, body);
+  };
+}
+
+// POST bodies are read here, through httplib's content reader: httplib's own reading
+// answers an application/x-www-form-urlencoded body (what `curl -d` sends) over 8 KiB with
+// 413 whatever --max-body says (a limit compiled into the library). Read here the limit is
+// --max-body for every content type, chunked bodies included.
+httplib::Server::HandlerWithContentReader post_endpoint(ServerContext& ctx, EndpointSpec spec, Body body) {
+  return [&ctx, spec = std::move(spec), body = std::move(body)](const httplib::Request& req, httplib::Response& res,
+                                                               const httplib::ContentReader& reader) {
+    std::string text;
+    bool too_large = false;
+    bool ok = reader([&](const char* data, size_t n) {
+      if (text.size() + n > ctx.options.max_body_bytes) {
+        too_large = true;
+        return false;
+      }
+      text.append(data, n);
+      return true;
+    });
+    if (too_large) res.status = 413;
+    if (!ok && res.status == 413) res.set_header("Connection", "close");  // the rest of the body is unread
+    run_endpoint(ctx, spec, req, res, text, ok, body);
   };
 }
 
@@ -130,68 +223,149 @@ json model_card(const ServerContext& ctx) {
           {"context_length", ctx.engine ? ctx.engine->options().n_ctx : 0}};
 }
 
-void add_routes(httplib::Server& svr, ServerContext& ctx) {
-  svr.Get("/health", endpoint(ctx, "/health", false, false, [&ctx](const httplib::Request&, httplib::Response& res) {
-            if (!ctx.ready) {
-              res.set_header("Retry-After", "5");
-              set_json(res, {{"status", "loading"}}, 503);
+// GET /props (llama-server's): the model, the context, the defaults a request gets.
+json props(const ServerContext& ctx) {
+  const EngineOptions& eo = ctx.engine->options();
+  const ServerOptions& o = ctx.options;
+  return {{"model", o.model_id},
+          {"model_path", o.model_path},
+          {"n_ctx", eo.n_ctx},
+          {"n_ctx_train", ctx.model->hparams().n_ctx_train},
+          {"total_slots", eo.n_parallel},
+          {"default_generation_settings",
+           {{"n_ctx", eo.n_ctx},
+            {"params",
+             {{"temperature", o.sampling.temperature},
+              {"top_p", o.sampling.top_p},
+              {"top_k", o.sampling.top_k},
+              {"min_p", o.sampling.min_p},
+              {"repeat_penalty", o.sampling.repeat_penalty},
+              {"repeat_last_n", o.sampling.repeat_last_n},
+              {"presence_penalty", o.sampling.presence_penalty},
+              {"frequency_penalty", o.sampling.frequency_penalty},
+              {"max_tokens", -1},
+              {"reasoning_budget", o.reasoning.budget},
+              {"reasoning_effort_budgets",
+               {{"low", o.reasoning.low}, {"medium", o.reasoning.medium}, {"high", o.reasoning.high}}},
+              {"timeout_s", o.timeout_s}}}}},
+          {"chat_template", ctx.chat_template->source_text()},
+          {"chat_format", ctx.chat_template->format() == ChatFormat::STEP35 ? "step35" : "chatml"},
+          {"mtp", eo.mtp_adaptive && eo.mtp > 0 ? json("auto") : json(eo.mtp)},
+          {"modalities", {{"vision", false}, {"audio", false}}},
+          {"build_info", "step35 serve"}};
+}
+
+// /health, /metrics, /v1/models, /props.
+void add_info_routes(httplib::Server& svr, ServerContext& ctx) {
+  svr.Get("/health", get_endpoint(ctx, {"/health", false, false}, [&ctx](HttpExchange& ex, const std::string&) {
+            const std::string error = ctx.load_error();
+            if (!error.empty()) {
+              set_json(ex.res, {{"status", "error"}, {"error", error}}, 500);
+            } else if (!ctx.ready) {
+              ex.res.set_header("Retry-After", "5");
+              set_json(ex.res, {{"status", "loading"}}, 503);
             } else if (ctx.draining) {
-              set_json(res, {{"status", "shutting_down"}}, 503);
+              set_json(ex.res, {{"status", "shutting_down"}}, 503);
             } else {
-              set_json(res, {{"status", "ok"}});
+              set_json(ex.res, {{"status", "ok"}});
             }
           }));
-  svr.Get("/metrics", endpoint(ctx, "/metrics", false, true, [&ctx](const httplib::Request&, httplib::Response& res) {
+  svr.Get("/metrics", get_endpoint(ctx, {"/metrics", false, true}, [&ctx](HttpExchange& ex, const std::string&) {
             const EngineStats s = ctx.ready ? ctx.engine->stats() : EngineStats{};
-            res.set_content(ctx.metrics.render(s, ctx.ready) + (ctx.ready ? hotswap_metrics(ctx) : ""),
-                            "text/plain; version=0.0.4");
+            ex.res.set_content(ctx.metrics.render(s, ctx.ready) + (ctx.ready ? hotswap_metrics(ctx) : ""),
+                               "text/plain; version=0.0.4");
           }));
-  auto models = [&ctx](const httplib::Request&, httplib::Response& res) {
-    set_json(res, {{"object", "list"}, {"data", json::array({model_card(ctx)})}});
+  auto models = [&ctx](HttpExchange& ex, const std::string&) {
+    set_json(ex.res, {{"object", "list"}, {"data", json::array({model_card(ctx)})}});
   };
-  svr.Get("/v1/models", endpoint(ctx, "/v1/models", true, true, models));
-  svr.Get(R"(/v1/models/(.+))", endpoint(ctx, "/v1/models/{id}", true, true,
-                                         [&ctx](const httplib::Request& req, httplib::Response& res) {
-                                           if (req.matches[1] != ctx.options.model_id)
-                                             throw ApiError(404, "no model '" + std::string(req.matches[1]) + "'", "model");
-                                           set_json(res, model_card(ctx));
-                                         }));
+  svr.Get("/v1/models", get_endpoint(ctx, {"/v1/models"}, models));
+  svr.Get(R"(/v1/models/(.+))", get_endpoint(ctx, {"/v1/models/{id}"}, [&ctx](HttpExchange& ex, const std::string&) {
+            if (ex.req.matches[1] != ctx.options.model_id)
+              throw ApiError(404, "no model '" + std::string(ex.req.matches[1]) + "'", "model");
+            set_json(ex.res, model_card(ctx));
+          }));
+  svr.Get("/props", get_endpoint(ctx, {"/props"}, [&ctx](HttpExchange& ex, const std::string&) {
+            set_json(ex.res, props(ctx));
+          }));
+}
+
+// A POST endpoint whose body goes through the chat template: its handler gets the parsed
+// body, and the same body in the client's key order as HttpExchange::ordered_body (what
+// the template renders, so tool definitions and arguments keep that order).
+using ChatBody = std::function<void(HttpExchange&, const json& body)>;
+httplib::Server::HandlerWithContentReader chat_endpoint(ServerContext& ctx, EndpointSpec spec, ChatBody handler) {
+  return post_endpoint(ctx, std::move(spec), [handler = std::move(handler)](HttpExchange& ex, const std::string& body) {
+    const json parsed = parse_body(body);
+    const nlohmann::ordered_json ordered = parse_body_ordered(body);
+    ex.ordered_body = &ordered;
+    handler(ex, parsed);
+  });
+}
+
+// The generation endpoints, the stored responses, /tokenize and /detokenize.
+void add_model_routes(httplib::Server& svr, ServerContext& ctx) {
   svr.Post("/v1/chat/completions",
-           endpoint(ctx, "/v1/chat/completions", true, true, [&ctx](const httplib::Request& req, httplib::Response& res) {
-             handle_chat(ctx, parse_body(req.body), nullptr, res);
+           chat_endpoint(ctx, {"/v1/chat/completions"}, [&ctx](HttpExchange& ex, const json& body) {
+             handle_chat(ctx, body, nullptr, ex);
            }));
-  svr.Post("/v1/completions",
-           endpoint(ctx, "/v1/completions", true, true, [&ctx](const httplib::Request& req, httplib::Response& res) {
-             handle_completions(ctx, parse_body(req.body), res);
+  svr.Post("/v1/completions", post_endpoint(ctx, {"/v1/completions"}, [&ctx](HttpExchange& ex, const std::string& body) {
+             handle_completions(ctx, parse_body(body), ex);
            }));
   svr.Post("/v1/step35/execute",
-           endpoint(ctx, "/v1/step35/execute", true, true, [&ctx](const httplib::Request& req, httplib::Response& res) {
-             handle_execute(ctx, parse_body(req.body), res);
+           chat_endpoint(ctx, {"/v1/step35/execute"}, [&ctx](HttpExchange& ex, const json& body) {
+             handle_execute(ctx, body, ex);
            }));
-  svr.Post("/v1/messages",
-           endpoint(ctx, "/v1/messages", true, true, [&ctx](const httplib::Request& req, httplib::Response& res) {
-             handle_messages(ctx, parse_body(req.body), res);
+  svr.Post("/v1/messages", chat_endpoint(ctx, {"/v1/messages"}, [&ctx](HttpExchange& ex, const json& body) {
+             handle_messages(ctx, body, ex);
            }));
-  svr.Post("/tokenize", endpoint(ctx, "/tokenize", true, true, [&ctx](const httplib::Request& req, httplib::Response& res) {
-             set_json(res, tokenize_response(ctx, parse_body(req.body)));
+  svr.Post("/v1/messages/count_tokens",
+           chat_endpoint(ctx, {"/v1/messages/count_tokens"}, [&ctx](HttpExchange& ex, const json& body) {
+             handle_count_tokens(ctx, body, ex);
            }));
-  svr.Post("/detokenize", endpoint(ctx, "/detokenize", true, true, [&ctx](const httplib::Request& req, httplib::Response& res) {
-             set_json(res, detokenize_response(ctx, parse_body(req.body)));
+  svr.Post("/v1/responses", chat_endpoint(ctx, {"/v1/responses"}, [&ctx](HttpExchange& ex, const json& body) {
+             handle_responses(ctx, body, ex);
            }));
-  svr.Post("/v1/step35/hotswap", endpoint(ctx, "/v1/step35/hotswap", true, true,
-                                          [&ctx](const httplib::Request& req, httplib::Response& res) {
-                                            handle_hotswap(ctx, req, res);
-                                          }));
-  svr.Post("/v1/step35/hotswap/revert", endpoint(ctx, "/v1/step35/hotswap/revert", true, true,
-                                                 [&ctx](const httplib::Request& req, httplib::Response& res) {
-                                                   handle_hotswap_revert(ctx, req, res);
-                                                 }));
-  svr.Get("/v1/step35/hotswap", endpoint(ctx, "/v1/step35/hotswap", true, true,
-                                         [&ctx](const httplib::Request& req, httplib::Response& res) {
-                                           handle_hotswap_list(ctx, req, res);
-                                         }));
-  // 404s, 413 (body limit) and other statuses httplib answers itself get the JSON error shape.
-  svr.set_error_handler([](const httplib::Request& req, httplib::Response& res) {
+  svr.Get(R"(/v1/responses/([^/]+))", get_endpoint(ctx, {"/v1/responses/{id}"}, [&ctx](HttpExchange& ex, const std::string&) {
+            const std::string id = ex.req.matches[1];
+            auto r = ctx.responses.response(id);
+            if (!r) throw ApiError(404, "no stored response '" + id + "'", "response_id");
+            set_json(ex.res, *r);
+          }));
+  svr.Delete(R"(/v1/responses/([^/]+))",
+             get_endpoint(ctx, {"/v1/responses/{id}"}, [&ctx](HttpExchange& ex, const std::string&) {
+               const std::string id = ex.req.matches[1];
+               if (!ctx.responses.erase(id)) throw ApiError(404, "no stored response '" + id + "'", "response_id");
+               set_json(ex.res, {{"id", id}, {"object", "response"}, {"deleted", true}});
+             }));
+  // llama-server's endpoint: the prompt a chat completion's body renders to.
+  svr.Post("/apply-template", chat_endpoint(ctx, {"/apply-template"}, [&ctx](HttpExchange& ex, const json& body) {
+             handle_apply_template(ctx, body, ex);
+           }));
+  svr.Post("/tokenize", post_endpoint(ctx, {"/tokenize"}, [&ctx](HttpExchange& ex, const std::string& body) {
+             set_json(ex.res, tokenize_response(ctx, parse_body(body)));
+           }));
+  svr.Post("/detokenize", post_endpoint(ctx, {"/detokenize"}, [&ctx](HttpExchange& ex, const std::string& body) {
+             set_json(ex.res, detokenize_response(ctx, parse_body(body)));
+           }));
+}
+
+// CORS preflights and the JSON shape of the errors httplib answers itself.
+void add_cors_and_errors(httplib::Server& svr, ServerContext& ctx) {
+  if (!ctx.options.cors_origins.empty()) {
+    // Preflight: no key needed (browsers send none), the methods and headers the API uses.
+    svr.Options(R"(.*)", [&ctx](const httplib::Request& req, httplib::Response& res) {
+      add_cors(ctx, req, res);
+      res.set_header("Access-Control-Allow-Methods", "GET, POST, DELETE, OPTIONS");
+      const std::string asked = req.get_header_value("Access-Control-Request-Headers");
+      res.set_header("Access-Control-Allow-Headers",
+                     asked.empty() ? "Authorization, Content-Type, x-api-key, anthropic-version" : asked);
+      res.set_header("Access-Control-Max-Age", "600");
+      res.status = 204;
+    });
+  }
+  // 404s, 405s and other statuses httplib answers itself get the JSON error shape.
+  svr.set_error_handler([&ctx](const httplib::Request& req, httplib::Response& res) {
+    add_cors(ctx, req, res);
     if (!res.body.empty()) return;
     std::string msg = res.status == 404   ? "no endpoint " + req.method + " " + req.path
                       : res.status == 413 ? "the request body is too large"
@@ -201,12 +375,281 @@ void add_routes(httplib::Server& svr, ServerContext& ctx) {
   });
 }
 
+// Expert hot-swap (server/hotswap.cpp): swap a patch in, take it back, list the active ones.
+void add_hotswap_routes(httplib::Server& svr, ServerContext& ctx) {
+  svr.Post("/v1/step35/hotswap",
+           post_endpoint(ctx, {"/v1/step35/hotswap"}, [&ctx](HttpExchange& ex, const std::string& body) {
+             handle_hotswap(ctx, body, ex);
+           }));
+  svr.Post("/v1/step35/hotswap/revert",
+           post_endpoint(ctx, {"/v1/step35/hotswap/revert"}, [&ctx](HttpExchange& ex, const std::string& body) {
+             handle_hotswap_revert(ctx, body, ex);
+           }));
+  svr.Get("/v1/step35/hotswap", get_endpoint(ctx, {"/v1/step35/hotswap"}, [&ctx](HttpExchange& ex, const std::string&) {
+            handle_hotswap_list(ctx, ex);
+          }));
+}
+
+void add_routes(httplib::Server& svr, ServerContext& ctx) {
+  add_info_routes(svr, ctx);
+  add_model_routes(svr, ctx);
+  add_hotswap_routes(svr, ctx);
+  add_cors_and_errors(svr, ctx);
+}
+
+std::string mib(double bytes) {
+  char buf[32];
+  std::snprintf(buf, sizeof buf, "%.1f MiB", bytes / (1 << 20));
+  return buf;
+}
+
+// --kv-mem against what the engine can use: at least one sequence of the context, at most
+// what the pool can index.
+void check_kv_memory(const Model& model, const EngineOptions& eo) {
+  if (eo.kv_bytes <= 0) return;
+  const KvBudget b = kv_budget(model, eo);
+  if (eo.kv_bytes < b.per_sequence_bytes)
+    throw std::runtime_error("--kv-mem " + std::to_string(eo.kv_bytes >> 20) + " MiB is less than one sequence of " +
+                             std::to_string(eo.n_ctx) + " tokens needs (" + mib(double(b.per_sequence_bytes)) +
+                             "): raise --kv-mem or lower -c");
+  if (eo.kv_bytes > b.max_pool_bytes)
+    throw std::runtime_error("--kv-mem " + std::to_string(eo.kv_bytes >> 20) +
+                             " MiB is more than the KV pool can index for this model (" +
+                             mib(double(b.max_pool_bytes)) + " at most)");
+}
+
+// What was loaded and how it will run, for the log.
+void log_startup_summary(ServerContext& ctx) {
+  const Model& m = *ctx.model;
+  const HParams& hp = m.hparams();
+  std::map<std::string, int> types;
+  uint64_t n_params = 0;
+  for (const auto& t : m.file().tensors()) {
+    const DTypeInfo* info = dtype_info(t.type);
+    ++types[info ? info->name : "type " + std::to_string(t.type)];
+    n_params += uint64_t(t.n_elements());
+  }
+  std::string type_text;
+  json type_json = json::object();
+  for (const auto& [name, count] : types) {
+    type_text += (type_text.empty() ? "" : ", ") + name + " x" + std::to_string(count);
+    type_json[name] = count;
+  }
+  int n_moe = 0;
+  for (int il = 0; il < hp.n_layer; ++il) n_moe += hp.layers[size_t(il)].is_moe;
+  const std::string name = m.file().opt_str("general.name").value_or(ctx.options.model_id);
+  std::string repack = "none";
+  if (m.repacked_bytes() > 0 || m.lazy_repack_bytes() > 0)
+    repack = mib(double(m.repacked_bytes())) + " at load" +
+             (m.lazy_repack_bytes() > 0 ? ", experts on first use (" + mib(double(m.lazy_repack_bytes())) + ")" : "");
+  char params_text[32];
+  if (n_params >= 1000000000)
+    std::snprintf(params_text, sizeof params_text, "%.1fB", double(n_params) / 1e9);
+  else
+    std::snprintf(params_text, sizeof params_text, "%.2fM", double(n_params) / 1e6);
+  ctx.log.event("model",
+                "model '" + name + "' (" + ctx.options.model_path + "): " + std::to_string(hp.n_layer) + " layers (" +
+                    std::to_string(n_moe) + " MoE, " + std::to_string(hp.n_expert) + " experts), " + params_text +
+                    " parameters, " + mib(double(m.weight_bytes())) + " mapped; tensor types: " + type_text +
+                    "; repacked: " + repack,
+                {{"name", name},
+                 {"path", ctx.options.model_path},
+                 {"layers", hp.n_layer},
+                 {"moe_layers", n_moe},
+                 {"experts", hp.n_expert},
+                 {"parameters", n_params},
+                 {"weight_bytes", m.weight_bytes()},
+                 {"tensor_types", type_json},
+                 {"repacked_bytes", m.repacked_bytes()},
+                 {"lazy_repack_bytes", m.lazy_repack_bytes()}});
+  const EngineOptions& eo = ctx.engine->options();
+  const EngineStats st = ctx.engine->stats();
+  const std::string mtp = !m.has_mtp()                ? "none in the model"
+                          : eo.mtp == 0                ? std::to_string(m.n_mtp_loaded()) + " blocks, off (--mtp 0)"
+                          : eo.mtp_adaptive            ? std::to_string(m.n_mtp_loaded()) + " blocks, auto (up to " +
+                                                             std::to_string(eo.mtp) + " drafts)"
+                                                       : std::to_string(m.n_mtp_loaded()) + " blocks, " +
+                                                             std::to_string(eo.mtp) + " drafts per step";
+  ctx.log.event("engine",
+                "KV pool " + mib(double(st.kv_pool_bytes)) + " (K " + dtype_name(eo.kv_types.k) + ", V " +
+                    dtype_name(eo.kv_types.v) + ") in " + std::to_string(st.kv_blocks_total) + " blocks; context " + std::to_string(eo.n_ctx) + " tokens per sequence (model: " +
+                    std::to_string(hp.n_ctx_train) + "), " + std::to_string(eo.n_parallel) + " in parallel, batch " +
+                    std::to_string(eo.n_batch) + ", " + std::to_string(eo.n_threads) + " threads; MTP: " + mtp +
+                    "; chat format: " + (ctx.chat_template->format() == ChatFormat::STEP35 ? "step35" : "chatml"),
+                {{"kv_pool_bytes", st.kv_pool_bytes},
+                 {"kv_blocks", st.kv_blocks_total},
+                 {"cache_type_k", dtype_name(eo.kv_types.k)},
+                 {"cache_type_v", dtype_name(eo.kv_types.v)},
+                 {"n_ctx", eo.n_ctx},
+                 {"n_ctx_train", hp.n_ctx_train},
+                 {"parallel", eo.n_parallel},
+                 {"batch", eo.n_batch},
+                 {"threads", eo.n_threads},
+                 {"mtp", mtp}});
+}
+
+// SIGTERM / SIGINT, taken by a watcher thread with sigtimedwait (they are blocked in every
+// thread). During the load nothing needs an orderly stop, so a signal ends the process at
+// once; once serving, the first signal starts the graceful shutdown and a second one ends
+// the process without waiting.
+class StopSignals {
+ public:
+  StopSignals(ServerContext& ctx, sigset_t set) : ctx_(ctx), set_(set), thread_([this] { watch(); }) {}
+  ~StopSignals() {
+    running_ = false;
+    thread_.join();
+  }
+  // Blocks until the first signal; returns it.
+  int wait() {
+    std::unique_lock<std::mutex> lk(mu_);
+    cv_.wait(lk, [&] { return signal_ != 0; });
+    return signal_;
+  }
+
+ private:
+  void watch() {
+    const timespec tick{0, 100 * 1000 * 1000};
+    while (running_) {
+      const int sig = sigtimedwait(&set_, nullptr, &tick);
+      if (sig <= 0) continue;
+      const char* name = sig == SIGTERM ? "SIGTERM" : "SIGINT";
+      if (!ctx_.ready) {
+        ctx_.log.event("stopped", std::string(name) + " during the model load: exiting", {{"signal", name}});
+        std::_Exit(0);
+      }
+      std::lock_guard<std::mutex> lk(mu_);
+      if (signal_ != 0) {
+        ctx_.log.event("stopped", std::string("second ") + name + ": exiting without waiting", {{"signal", name}});
+        std::_Exit(1);
+      }
+      signal_ = sig;
+      cv_.notify_all();
+    }
+  }
+
+  ServerContext& ctx_;
+  sigset_t set_;
+  std::atomic<bool> running_{true};
+  std::mutex mu_;
+  std::condition_variable cv_;
+  int signal_ = 0;
+  std::thread thread_;  // last: started once the rest is set up
+};
+
+// Runs the listener on its own thread and stops it on every path out.
+class Listener {
+ public:
+  explicit Listener(httplib::Server& svr) : svr_(svr), thread_([this] {
+    svr_.listen_after_bind();
+    ended_ = true;
+  }) {}
+  ~Listener() {
+    // stop() only works once the accept loop runs: wait for it to start (or to have failed).
+    while (!svr_.is_running() && !ended_) std::this_thread::sleep_for(std::chrono::milliseconds(1));
+    svr_.stop();
+    thread_.join();
+  }
+
+ private:
+  httplib::Server& svr_;
+  std::atomic<bool> ended_{false};
+  std::thread thread_;
+};
+
+// The HTTP settings: limits, timeouts, socket options, threads.
+void configure_http(httplib::Server& svr, const ServerOptions& options) {
+  svr.set_payload_max_length(options.max_body_bytes);
+  svr.set_read_timeout(30, 0);
+  svr.set_write_timeout(30, 0);
+  svr.set_keep_alive_max_count(1000);
+  svr.set_keep_alive_timeout(options.keep_alive_s);
+  // httplib's default sets SO_REUSEPORT, with which a second server binds the same port and
+  // the kernel splits the connections between the two. SO_REUSEADDR alone still allows a
+  // restart while old connections linger in TIME_WAIT, but not a second listener.
+  svr.set_socket_options([](socket_t sock) {
+    int yes = 1;
+    setsockopt(sock, SOL_SOCKET, SO_REUSEADDR, &yes, sizeof yes);
+  });
+  // One HTTP thread per request that can be running or queued, plus a few for
+  // health/metrics probes, so a full queue is answered with 503 rather than left hanging.
+  const int threads = options.http_threads > 0
+                          ? options.http_threads
+                          : std::min(512, options.engine.n_parallel * std::max(1, options.max_n) +
+                                              options.engine.max_queue + 8);
+  svr.new_task_queue = [threads] { return new httplib::ThreadPool(size_t(threads)); };
+}
+
+// Binds the port (0: any free one); returns it. Throws when it cannot.
+int bind_port(httplib::Server& svr, const ServerOptions& options) {
+  errno = 0;
+  const int port = options.port == 0 ? svr.bind_to_any_port(options.host) : options.port;
+  if (port <= 0 || (options.port != 0 && !svr.bind_to_port(options.host, options.port))) {
+    const bool in_use = errno == EADDRINUSE;
+    throw std::runtime_error("cannot listen on " + options.host + ":" + std::to_string(options.port) +
+                             (in_use ? ": the address is already in use (another server?)"
+                                     : " (in use, or not a local address)"));
+  }
+  return port;
+}
+
+// The engine's options for the loaded model: -c 0 is the model's context, more than the
+// model's is cut to it (and said so), --kv-mem is checked.
+EngineOptions engine_options(ServerContext& ctx, const EngineOptions& asked) {
+  EngineOptions eo = asked;
+  const int32_t n_ctx_train = ctx.model->hparams().n_ctx_train;
+  if (eo.n_ctx == 0) eo.n_ctx = n_ctx_train;
+  if (eo.n_ctx < 0) eo.n_ctx = std::min(EngineOptions{}.n_ctx, n_ctx_train);
+  if (eo.n_ctx > n_ctx_train) {
+    ctx.log.event("context", "context " + std::to_string(eo.n_ctx) + " (-c) is more than the model's " +
+                                 std::to_string(n_ctx_train) + ": using " + std::to_string(n_ctx_train),
+                  {{"asked", eo.n_ctx}, {"used", n_ctx_train}});
+    eo.n_ctx = n_ctx_train;
+  }
+  check_kv_memory(*ctx.model, eo);
+  // Not ready until one forward pass has run: otherwise the first request's TTFT
+  // includes faulting in the weights.
+  eo.warm_up = true;
+  return eo;
+}
+
+// The model, its chat template and the engine; a failure is kept for /health and thrown.
+void load(ServerContext& ctx, const ServerOptions& options) {
+  try {
+    Model::LoadOptions lo;
+    ctx.model = Model::load(options.model_path, lo);
+    // Test seam (tests/test_server_lifecycle.cpp): a load that takes this long, so that a
+    // test can signal a server that is still loading.
+    if (const char* delay = std::getenv("STEP35_TEST_LOAD_DELAY_MS"))
+      std::this_thread::sleep_for(std::chrono::milliseconds(std::atoll(delay)));
+    if (!options.patches.empty()) apply_startup_patches(ctx);
+    if (options.on_model_loaded) options.on_model_loaded(*ctx.model);
+    const Tokenizer& tok = ctx.model->tokenizer();
+    ctx.chat_template = std::make_unique<ChatTemplate>(
+        ChatTemplateSource::from_model(ctx.model->file(), tok, options.chat_template_file));
+    ctx.think_end = step35_format::think_end_token(tok);
+    ctx.engine = make_engine(*ctx.model, engine_options(ctx, options.engine));
+  } catch (const std::exception& e) {
+    ctx.set_load_error(e.what());
+    throw;
+  }
+}
+
+// Refuses new requests, lets the running ones finish for a while, then cancels the rest
+// (each gets its final event, so every handler returns).
+void drain(ServerContext& ctx, double grace_s) {
+  ctx.draining = true;
+  const auto grace_end = std::chrono::steady_clock::now() + std::chrono::milliseconds(int64_t(grace_s * 1000));
+  while (ctx.in_flight > 0 && std::chrono::steady_clock::now() < grace_end)
+    std::this_thread::sleep_for(std::chrono::milliseconds(20));
+  ctx.engine->shutdown();
+}
+
 }  // namespace
 
 int serve(const ServerOptions& options) {
-  // SIGTERM / SIGINT are taken by sigwait() below, never by a handler: blocked here, before
-  // any thread starts, so every thread inherits the mask. Writes to a client that left
-  // must fail with EPIPE, not kill the process.
+  // SIGTERM / SIGINT are taken by StopSignals, never by a handler: blocked here, before any
+  // thread starts, so every thread inherits the mask. Writes to a client that left must
+  // fail with EPIPE, not kill the process.
   sigset_t stop_signals;
   sigemptyset(&stop_signals);
   sigaddset(&stop_signals, SIGTERM);
@@ -216,71 +659,34 @@ int serve(const ServerOptions& options) {
 
   ServerContext ctx;
   ctx.options = options;
+  ctx.log.configure(options.log_format, options.access_log);
   if (ctx.options.model_id.empty()) {
     const std::string& p = options.model_path;
     ctx.options.model_id = p.substr(p.find_last_of('/') == std::string::npos ? 0 : p.find_last_of('/') + 1);
   }
+  StopSignals signals(ctx, stop_signals);
   httplib::Server svr;
-  svr.set_payload_max_length(options.max_body_bytes);
-  svr.set_read_timeout(30, 0);
-  svr.set_write_timeout(30, 0);
-  svr.set_keep_alive_max_count(1000);
-  svr.set_keep_alive_timeout(options.keep_alive_s);
-  // One HTTP thread per request that can be running or queued, plus a few for
-  // health/metrics probes, so a full queue is answered with 503 rather than left hanging.
-  const int threads = options.http_threads > 0
-                          ? options.http_threads
-                          : std::min(512, options.engine.n_parallel * std::max(1, options.max_n) +
-                                              options.engine.max_queue + 8);
-  svr.new_task_queue = [threads] { return new httplib::ThreadPool(size_t(threads)); };
+  configure_http(svr, options);
   add_routes(svr, ctx);
-  // Port 0: any free port (printed below).
-  const int port = options.port == 0 ? svr.bind_to_any_port(options.host) : options.port;
-  if (port <= 0 || (options.port != 0 && !svr.bind_to_port(options.host, options.port)))
-    throw std::runtime_error("cannot listen on " + options.host + ":" + std::to_string(options.port) +
-                             " (in use, or not a local address)");
-  std::thread http([&svr] { svr.listen_after_bind(); });
-  std::fprintf(stderr, "step35 serve: listening on http://%s:%d (loading %s)\n", options.host.c_str(), port,
-               options.model_path.c_str());
-  try {
-    Model::LoadOptions lo;
-    ctx.model = Model::load(options.model_path, lo);
-    if (options.on_model_loaded) options.on_model_loaded(*ctx.model);
-    const Tokenizer& tok = ctx.model->tokenizer();
-    ctx.chat_template = std::make_unique<ChatTemplate>(
-        ctx.model->file().opt_str("tokenizer.chat_template").value_or(""),
-        tok.bos() >= 0 ? tok.token_to_piece(tok.bos()) : "");
-    ctx.think_end = tok.find_token("</think>");
-    EngineOptions eo = options.engine;
-    if (eo.n_ctx <= 0) eo.n_ctx = std::min(4096, ctx.model->hparams().n_ctx_train);
-    // Not ready until one forward pass has run: otherwise the first request's TTFT
-    // includes faulting in the weights.
-    eo.warm_up = true;
-    ctx.engine = make_engine(*ctx.model, eo);
-  } catch (...) {
-    svr.stop();
-    http.join();
-    throw;
+  const int port = bind_port(svr, options);
+  {
+    Listener listener(svr);  // stops listening on every way out of this block
+    ctx.log.event("listening",
+                  "listening on http://" + options.host + ":" + std::to_string(port) + " (loading " +
+                      options.model_path + ")",
+                  {{"host", options.host}, {"port", port}, {"model_path", options.model_path}});
+    load(ctx, options);  // a failure: the caller prints the reason
+    log_startup_summary(ctx);
+    ctx.ready = true;
+    ctx.log.event("ready", "ready: http://" + options.host + ":" + std::to_string(port) + " serves '" +
+                               ctx.options.model_id + "'",
+                  {{"model", ctx.options.model_id}, {"port", port}});
+    const int sig = signals.wait();
+    const char* name = sig == SIGTERM ? "SIGTERM" : "SIGINT";
+    ctx.log.event("stopping", std::string(name) + " received, shutting down", {{"signal", name}});
+    drain(ctx, options.shutdown_grace_s);
   }
-  ctx.ready = true;
-  std::fprintf(stderr, "step35 serve: ready (model '%s', context %d, %d parallel, %d threads)\n",
-               ctx.options.model_id.c_str(), ctx.engine->options().n_ctx, ctx.engine->options().n_parallel,
-               ctx.engine->options().n_threads);
-
-  int sig = 0;
-  sigwait(&stop_signals, &sig);
-  std::fprintf(stderr, "step35 serve: %s received, shutting down\n", sig == SIGTERM ? "SIGTERM" : "SIGINT");
-  // Refuse new requests, let the running ones finish for a while, then cancel the rest
-  // (each gets its final event, so every handler returns) and stop listening.
-  ctx.draining = true;
-  const auto grace_end = std::chrono::steady_clock::now() +
-                         std::chrono::milliseconds(int64_t(options.shutdown_grace_s * 1000));
-  while (ctx.in_flight > 0 && std::chrono::steady_clock::now() < grace_end)
-    std::this_thread::sleep_for(std::chrono::milliseconds(20));
-  ctx.engine->shutdown();
-  svr.stop();
-  http.join();
-  std::fprintf(stderr, "step35 serve: stopped\n");
+  ctx.log.event("stopped", "stopped");
   return 0;
 }
 

@@ -33,9 +33,9 @@ ExecuteOptions take_execute_options(ServerContext& ctx, json& body) {
   return exec;
 }
 
-void handle_execute(ServerContext& ctx, json body, httplib::Response& res) {
+void handle_execute(ServerContext& ctx, json body, HttpExchange& ex) {
   ExecuteOptions exec = take_execute_options(ctx, body);
-  handle_chat(ctx, std::move(body), &exec, res);
+  handle_chat(ctx, std::move(body), &exec, ex);
   if (!exec.routing_hint.empty()) ctx.metrics.count_routing(exec.routing_hint != "vision_language");
 }
 

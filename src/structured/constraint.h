@@ -21,6 +21,10 @@ class TokenConstraint {
   virtual bool complete() const = 0;
   // An independent copy in the same state (for n > 1 choices).
   virtual std::unique_ptr<TokenConstraint> clone() const = 0;
+  // Whether the constraint decides where the text ends (a grammar allows end of generation
+  // only once it is complete), so that ignore_eos or min_tokens would contradict it. A
+  // constraint that only steers part of the text (a reasoning budget) says false.
+  virtual bool decides_end() const { return true; }
 };
 
 }  // namespace step35

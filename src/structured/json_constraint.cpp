@@ -1,11 +1,12 @@
-// The structured-output entry points: schemas and tool calls compiled into grammars
+// The structured-output entry points: schemas compiled into grammars
 // (json_schema_compile.cpp) and applied to a tokenizer's vocabulary (grammar_constraint),
-// and the reasoning wrapper that leaves <think> ... </think> free.
+// and the wrapper that leaves text free until a trigger token (reasoning before </think>).
 #include "structured/json_constraint.h"
 
 #include <cmath>
 #include <stdexcept>
 
+#include "structured/gbnf.h"
 #include "structured/grammar_constraint.h"
 #include "structured/json_schema.h"
 
@@ -16,19 +17,10 @@ std::unique_ptr<TokenConstraint> make_json_constraint(const nlohmann::json& sche
   return std::make_unique<grammar::GrammarConstraint>(std::move(grammar), grammar::TokenTrie::of(tok));
 }
 
-std::unique_ptr<TokenConstraint> make_tool_call_constraint(const nlohmann::json& tools, const std::string& only_name,
-                                                           const Tokenizer& tok) {
-  auto trie = grammar::TokenTrie::of(tok);
-  auto has_special = [&](const std::string& text) {
-    for (int32_t t : trie->specials())
-      if (trie->piece(t) == text) return true;
-    return false;
-  };
-  auto grammar = grammar::compile_tool_calls(tools, only_name, has_special);
-  return std::make_unique<grammar::GrammarConstraint>(std::move(grammar), std::move(trie));
+std::unique_ptr<TokenConstraint> make_gbnf_constraint(std::string_view gbnf, const Tokenizer& tok) {
+  auto grammar = grammar::compile_gbnf(gbnf);
+  return std::make_unique<grammar::GrammarConstraint>(std::move(grammar), grammar::TokenTrie::of(tok));
 }
-
-bool tool_parameter_is_raw_string(const nlohmann::json& schema) { return grammar::parameter_is_raw_string(schema); }
 
 namespace {
 
@@ -92,12 +84,6 @@ std::unique_ptr<TokenConstraint> make_after_token_constraint(int32_t trigger, in
   std::vector<int32_t> eog;
   if (auto* g = dynamic_cast<grammar::GrammarConstraint*>(inner.get())) eog = g->eog_tokens();
   return std::make_unique<AfterTokenConstraint>(trigger, max_free, std::move(inner), std::move(eog));
-}
-
-std::string json_schema_validate(const nlohmann::json& schema, const nlohmann::json& value) {
-  if (grammar::json_depth(schema, grammar::kMaxDocumentDepth) > grammar::kMaxDocumentDepth)
-    return "the schema nests deeper than " + std::to_string(grammar::kMaxDocumentDepth) + " levels";
-  return grammar::validate_value(schema, schema, value);
 }
 
 }  // namespace step35

@@ -1,11 +1,13 @@
-// JSON Schema -> grammar compiler and validator (internal; the public entry points are in
-// json_constraint.h). The supported subset, the whitespace policy and the limits are
-// described in docs/structured-output.md.
+// JSON Schema -> grammar compiler and validator. The entry points for structured output are
+// in json_constraint.h; the pieces below also let another format embed schema values in a
+// grammar of its own (the chat format's tool calls, src/chat/tool_calls.cpp). The supported
+// subset, the whitespace policy and the limits are described in docs/structured-output.md.
 #pragma once
 
-#include <functional>
 #include <memory>
 #include <string>
+#include <string_view>
+#include <vector>
 
 #include <nlohmann/json.hpp>
 
@@ -27,14 +29,55 @@ constexpr size_t kMaxGrammarNodes = size_t(1) << 20;  // ~16 MB of nodes while c
 // malformed, too large or unsatisfiable.
 std::shared_ptr<const Grammar> compile_json_schema(const json& schema);
 
-// One or more Step 3.5 tool calls (see json_constraint.h). has_special(text) says
-// whether the vocabulary has a special token spelled `text` (tags may then be that token).
-std::shared_ptr<const Grammar> compile_tool_calls(const json& tools, const std::string& only_name,
-                                                  const std::function<bool(const std::string&)>& has_special);
-
 // True when a tool parameter with this schema is written as raw text (string-only
 // schemas), false when it is written as JSON. Never throws.
 bool parameter_is_raw_string(const json& schema);
+
+// Throws std::invalid_argument when `doc` (a schema, or a document holding schemas, named
+// `what` in the message) nests deeper than kMaxDocumentDepth.
+void check_document(const json& doc, const char* what);
+
+// Schema values as parts of a larger grammar on one Builder: the rules they share
+// (whitespace, strings, any value) are made once.
+class SchemaValues {
+ public:
+  explicit SchemaValues(Builder& b);
+  ~SchemaValues();
+  SchemaValues(const SchemaValues&) = delete;
+  SchemaValues& operator=(const SchemaValues&) = delete;
+
+  // Bounded whitespace (compile_json_schema's policy), then `next`.
+  uint32_t ws_then(uint32_t next);
+  // One JSON value matching `schema`, whose $refs resolve in `root`, then `next`. Throws
+  // std::invalid_argument naming the keyword and path, as compile_json_schema does.
+  uint32_t value(const json& root, const json& schema, const std::string& path, uint32_t next);
+  // The text of a string-only `schema` (parameter_is_raw_string) as it is: no quotes or
+  // escapes, on one line; then `next`. Enum values containing `forbidden` are left out
+  // (the caller's format could not read them back). kNoNode when the schema allows any
+  // text: the caller writes that with its own rule.
+  uint32_t raw_string(const json& root, const json& schema, const std::string& path, std::string_view forbidden,
+                      uint32_t next);
+
+ private:
+  struct Impl;
+  std::unique_ptr<Impl> impl_;
+};
+
+// The members of an object schema ($ref, allOf and const folded): the "required" names
+// first in their order, then the other properties in key order; a required name without
+// a property schema takes any value. `shape` says when the schema is no plain object
+// schema (members then empty). Throws std::invalid_argument for a malformed schema.
+struct ObjectMember {
+  std::string key;
+  json schema;
+  bool required = false;
+};
+struct ObjectMembers {
+  enum class Shape : uint8_t { Object, False, NotObject, Choice /* anyOf / oneOf at its top */ };
+  Shape shape = Shape::Object;
+  std::vector<ObjectMember> members;
+};
+ObjectMembers object_members(const json& schema, const std::string& path);
 
 // Validation against `schema`, with $ref resolved in `root` (whose nesting the caller
 // has checked against kMaxDocumentDepth). "" when valid, else a one-line reason (also for

@@ -1,5 +1,5 @@
-// JSON Schema (and Step 3.5 tool calls) compiled into grammars. Supported subset and
-// policies: docs/structured-output.md.
+// JSON Schema compiled into grammars, alone or as parts of a larger grammar (the chat
+// format's tool calls, src/chat/). Supported subset and policies: docs/structured-output.md.
 #include <algorithm>
 #include <cmath>
 #include <limits>
@@ -916,12 +916,12 @@ class SchemaCompiler {
   std::map<std::string, uint32_t> refs_;
 };
 
+}  // namespace
+
 void check_document(const json& doc, const char* what) {
   if (json_depth(doc, kMaxDocumentDepth) > kMaxDocumentDepth)
     throw std::invalid_argument(std::string(what) + " nests deeper than " + std::to_string(kMaxDocumentDepth) + " levels");
 }
-
-}  // namespace
 
 bool is_annotation_keyword(const std::string& key) {
   static const std::set<std::string> a = {"title",    "description", "default",         "examples",        "example",
@@ -1056,142 +1056,67 @@ bool parameter_is_raw_string(const json& schema) {
   }
 }
 
-std::shared_ptr<const Grammar> compile_tool_calls(const json& tools, const std::string& only_name,
-                                                  const std::function<bool(const std::string&)>& has_special) {
-  if (!tools.is_array() || tools.empty()) throw std::invalid_argument("tools must be a non-empty array");
-  check_document(tools, "the tools");
-  Builder b(kMaxGrammarNodes);
-  Library lib(b);
-  std::map<std::string, uint32_t> symbols;
-  auto tag = [&](const std::string& text, uint32_t next) {
-    if (!has_special || !has_special(text)) return b.literal(text, next);
-    auto it = symbols.find(text);
-    if (it == symbols.end()) it = symbols.emplace(text, b.add_symbol(text)).first;
-    return b.alt({b.literal(text, next), b.special(it->second, next)});
-  };
-  auto check_name = [](const std::string& name, const std::string& what) {
-    if (name.empty() || name.find('>') != std::string::npos || name.find('\n') != std::string::npos ||
-        name.find('<') != std::string::npos)
-      throw std::invalid_argument(what + " '" + name + "' cannot be written in a tool call (empty, or contains '<', '>' or a newline)");
-    try {
-      (void)json(name).dump();
-    } catch (const json::exception&) {
-      throw std::invalid_argument(what + " is not valid UTF-8");
-    }
-  };
-
-  const uint32_t calls_loop = b.placeholder();  // after a complete call
-  std::vector<uint32_t> functions;
-  std::vector<std::unique_ptr<SchemaCompiler>> compilers;
-  std::set<std::string> seen;
-  for (size_t ti = 0; ti < tools.size(); ++ti) {
-    const json& t = tools[ti];
-    const std::string tpath = "tools[" + std::to_string(ti) + "]";
-    if (!t.is_object()) throw std::invalid_argument(tpath + " must be an object");
-    if (t.contains("type") && t["type"] != "function") throw std::invalid_argument(tpath + ": only type 'function' is supported");
-    const json& fn = t.contains("function") ? t["function"] : t;
-    if (!fn.is_object() || !fn.contains("name") || !fn["name"].is_string())
-      throw std::invalid_argument(tpath + ": missing function name");
-    const std::string name = fn["name"].get<std::string>();
-    if (!only_name.empty() && name != only_name) continue;
-    check_name(name, tpath + ": function name");
-    if (!seen.insert(name).second) throw std::invalid_argument(tpath + ": duplicate function name '" + name + "'");
-    static const json kEmptyObject = json::object();
-    const json& params = fn.contains("parameters") && !fn["parameters"].is_null() ? fn["parameters"] : kEmptyObject;
-    compilers.push_back(std::make_unique<SchemaCompiler>(b, lib, params));
-    SchemaCompiler& sc = *compilers.back();
-    const std::string ppath = tpath + ".parameters#";
-    const json n = normalize(params, params, ppath, 0);
-    if (n.is_boolean() && !n.get<bool>()) throw std::invalid_argument(tpath + ": parameters schema is false");
-    if (n.is_object() && n.contains("type") && type_intersection(type_set(n, ppath), {"object"}).empty())
-      throw std::invalid_argument(tpath + ": parameters must be an object schema");
-    if (n.is_object() && (n.contains("anyOf") || n.contains("oneOf")))
-      throw std::invalid_argument(tpath + ": unsupported: anyOf/oneOf at the top of tool parameters");
-    const json* props = n.is_object() ? get_schema_map(n, "properties", ppath) : nullptr;
-    const std::vector<std::string> required = n.is_object() ? get_required(n, ppath) : std::vector<std::string>{};
-    struct Param {
-      std::string key;
-      const json* schema;
-      bool required;
-    };
-    std::vector<Param> list;  // "required" order first, then key order (as JSON objects)
-    static const json kAny = true;
-    for (const std::string& k : required)
-      list.push_back({k, props && props->contains(k) ? &(*props)[k] : &kAny, true});
-    if (props)
-      for (auto it = props->begin(); it != props->end(); ++it)
-        if (std::find(required.begin(), required.end(), it.key()) == required.end())
-          list.push_back({it.key(), &it.value(), false});
-
-    const uint32_t end_call = tag("</function>", b.byte('\n', tag("</tool_call>", calls_loop)));
-    uint32_t cur = end_call;
-    for (size_t i = list.size(); i > 0; --i) {
-      const Param& p = list[i - 1];
-      check_name(p.key, tpath + ": parameter name");
-      const std::string vpath = path_join(ppath + "/properties", p.key);
-      const uint32_t after = b.byte('\n', cur);  // "\n" after </parameter>
-      uint32_t val;
-      if (parameter_is_raw_string(*p.schema)) {
-        const json sn = normalize(params, *p.schema, vpath, 1);
-        const uint32_t closing = b.byte('\n', tag("</parameter>", after));
-        if (sn.contains("enum")) {
-          json rest = sn;
-          rest.erase("enum");
-          std::vector<uint32_t> opts;
-          for (const json& v : sn["enum"]) {
-            if (!v.is_string() || !validate_value(params, rest, v).empty()) continue;
-            const std::string text = v.get<std::string>();
-            if (text.find("\n</parameter>") != std::string::npos) continue;  // could not be read back
-            opts.push_back(b.literal(text, closing));
-          }
-          val = b.alt(std::move(opts));
-        } else if (sn.contains("minLength") || sn.contains("maxLength") || sn.contains("pattern") ||
-                   (sn.contains("format") && sn["format"].is_string() && format_pattern(sn["format"].get<std::string>()))) {
-          val = sc.string_body(sn, vpath, TextMode::RawLine, closing);
-        } else {
-          // Free text up to the first "\n</parameter>" (a KMP automaton over that
-          // terminator: after a mismatch only a '\n' can restart a partial match).
-          static const std::string term = "\n</parameter>";
-          std::vector<uint32_t> state(term.size());
-          for (uint32_t& s : state) s = b.placeholder();
-          for (size_t k = 0; k < term.size(); ++k) {
-            const uint32_t on_match = k + 1 == term.size() ? after : state[k + 1];
-            std::vector<uint32_t> opts{b.byte(uint8_t(term[k]), on_match)};
-            CpSet other = cp_minus(cp_all(), {{0, 0}, {uint32_t(uint8_t(term[k])), uint32_t(uint8_t(term[k]))}});
-            if (term[k] != '\n') {
-              opts.push_back(b.byte('\n', state[1]));
-              other = cp_minus(other, {{'\n', '\n'}});
-            }
-            opts.push_back(emit_char_set(b, other, TextMode::Raw, state[0]));
-            if (k == 1 && has_special && has_special("</parameter>")) {
-              auto it = symbols.find("</parameter>");
-              if (it == symbols.end()) it = symbols.emplace("</parameter>", b.add_symbol("</parameter>")).first;
-              opts.push_back(b.special(it->second, after));
-            }
-            b.set_options(state[k], std::move(opts));
-          }
-          val = state[0];
-        }
-      } else {
-        val = sc.value(*p.schema, vpath, b.byte('\n', tag("</parameter>", after)), 1);
-      }
-      const uint32_t param = tag("<parameter=", b.literal(p.key + ">\n", val));
-      cur = p.required ? param : b.alt({param, cur});
-    }
-    functions.push_back(b.literal(name + ">\n", cur));
+struct SchemaValues::Impl {
+  explicit Impl(Builder& builder) : b(builder), lib(builder) {}
+  SchemaCompiler& compiler(const json& root) {
+    auto it = compilers.find(&root);
+    if (it == compilers.end()) it = compilers.emplace(&root, std::make_unique<SchemaCompiler>(b, lib, root)).first;
+    return *it->second;
   }
-  if (functions.empty())
-    throw std::invalid_argument(only_name.empty() ? "no tools" : "the function '" + only_name + "' is not among the tools");
-  const uint32_t call = tag("<tool_call>", b.byte('\n', tag("<function=", b.alt(functions))));
-  // Between calls: nothing, or one or two newlines; after the last: bounded whitespace.
-  b.set_options(calls_loop, {call, b.byte('\n', b.alt({call, b.byte('\n', call)})), lib.ws_then(b.ret())});
-  const uint32_t root = b.add_rule("tool calls");
-  b.set_entry(root, lib.ws_then(call));
-  try {
-    return b.finish(root);
-  } catch (const EmptyLanguage&) {
-    throw std::invalid_argument("no tool call can satisfy the tool schemas (a required parameter can never be written)");
+  Builder& b;
+  Library lib;
+  std::map<const json*, std::unique_ptr<SchemaCompiler>> compilers;  // by root document ($ref targets)
+};
+
+SchemaValues::SchemaValues(Builder& b) : impl_(std::make_unique<Impl>(b)) {}
+SchemaValues::~SchemaValues() = default;
+
+uint32_t SchemaValues::ws_then(uint32_t next) { return impl_->lib.ws_then(next); }
+
+uint32_t SchemaValues::value(const json& root, const json& schema, const std::string& path, uint32_t next) {
+  return impl_->compiler(root).value(schema, path, next, 1);
+}
+
+uint32_t SchemaValues::raw_string(const json& root, const json& schema, const std::string& path,
+                                  std::string_view forbidden, uint32_t next) {
+  Builder& b = impl_->b;
+  const json n = normalize(root, schema, path, 1);
+  if (n.contains("enum")) {
+    json rest = n;
+    rest.erase("enum");
+    std::vector<uint32_t> opts;
+    for (const json& v : n["enum"]) {
+      if (!v.is_string() || !validate_value(root, rest, v).empty()) continue;
+      const std::string text = v.get<std::string>();
+      if (!forbidden.empty() && text.find(forbidden) != std::string::npos) continue;  // could not be read back
+      opts.push_back(b.literal(text, next));
+    }
+    return b.alt(std::move(opts));
   }
+  const bool constrained = n.contains("minLength") || n.contains("maxLength") || n.contains("pattern") ||
+                           (n.contains("format") && n["format"].is_string() &&
+                            format_pattern(n["format"].get<std::string>()));
+  if (!constrained) return kNoNode;
+  return impl_->compiler(root).string_body(n, path, TextMode::RawLine, next);
+}
+
+ObjectMembers object_members(const json& schema, const std::string& path) {
+  ObjectMembers out;
+  const json n = normalize(schema, schema, path, 0);
+  if (n.is_boolean() && !n.get<bool>()) return out.shape = ObjectMembers::Shape::False, out;
+  if (n.is_object() && n.contains("type") && type_intersection(type_set(n, path), {"object"}).empty())
+    return out.shape = ObjectMembers::Shape::NotObject, out;
+  if (n.is_object() && (n.contains("anyOf") || n.contains("oneOf")))
+    return out.shape = ObjectMembers::Shape::Choice, out;
+  const json* props = n.is_object() ? get_schema_map(n, "properties", path) : nullptr;
+  const std::vector<std::string> required = n.is_object() ? get_required(n, path) : std::vector<std::string>{};
+  for (const std::string& k : required)
+    out.members.push_back({k, props && props->contains(k) ? (*props)[k] : json(true), true});
+  if (props)
+    for (auto it = props->begin(); it != props->end(); ++it)
+      if (std::find(required.begin(), required.end(), it.key()) == required.end())
+        out.members.push_back({it.key(), it.value(), false});
+  return out;
 }
 
 }  // namespace step35::grammar

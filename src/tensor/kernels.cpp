@@ -122,6 +122,12 @@ const IsaKernels& active() {
   return *g_table.load();
 }
 
+}  // namespace
+
+const IsaKernels& active_table() { return active(); }
+
+namespace {
+
 VecDotFn vec_dot_for(DType t) {
   const unsigned id = unsigned(t);
   if (id >= 40) return nullptr;

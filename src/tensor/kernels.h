@@ -117,7 +117,9 @@ void scale_f32(float a, float* y, int64_t n);
 // Σ x[i]² (accumulated in double, returned as F32).
 float sum_squares_f32(const float* x, int64_t n);
 
-// Attention over one block of keys (the forward pass's online softmax):
+// Attention over the KV cache has kernels of its own (tensor/kv_kernels.h). These three
+// serve attention over F32 rows held in full, as the training's forward and backward passes
+// keep them (src/train):
 // s[r*s_stride + j] = scale · (q_r · k_j) for the n_q query rows q_r = q + r*q_stride and
 // the n_k key rows k_j = k + j*k_stride, all of length d.
 void attn_scores(const float* q, int64_t q_stride, int64_t n_q, const float* k, int64_t k_stride, int64_t n_k,

@@ -63,9 +63,18 @@ struct IsaKernels {
   // out[i] = SiLU(gate[i]) * up[i], both clamped to `limit` when limit > 1e-6 (§2.5/§2.6),
   // with exp_poly (kernels_exp.h): every level gives the same bits.
   void (*swiglu_f32)(const float* gate, const float* up, float limit, float* out, int64_t n) = nullptr;
+  // Attention over one KV cache block of one head (kv_kernels.h: attn_scores, attn_exp_sum,
+  // attn_accumulate).
+  void (*kv_scores)(DType t, const uint8_t* q, size_t q_stride, int64_t n_q, const uint8_t* block, int32_t bs,
+                    int32_t n_k, int64_t d, float scale, float* s, int64_t s_stride) = nullptr;
+  float (*kv_exp_sum)(float* s, int64_t n, float m) = nullptr;
+  void (*kv_accumulate)(DType t, const float* p, int64_t p_stride, int64_t n_q, const uint8_t* block, int32_t n_k,
+                        int64_t d, float* acc, int64_t acc_stride) = nullptr;
 };
 
 const IsaKernels& scalar_kernels();
+// The table of the level in use (kernels.cpp).
+const IsaKernels& active_table();
 const IsaKernels& avx2_kernels();    // only callable where the CPU has AVX2+FMA+F16C
 const IsaKernels& avx512_kernels();  // only where it has AVX-512 F/BW/VL/DQ + VNNI + BF16
 
@@ -73,5 +82,12 @@ const IsaKernels& avx512_kernels();  // only where it has AVX-512 F/BW/VL/DQ + V
 void quantize_act_q8_0(const float* x, ActQ8_0* y, int64_t n);
 void quantize_act_q8_1(const float* x, ActQ8_1* y, int64_t n);
 void quantize_act_q8_K(const float* x, ActQ8_K* y, int64_t n);
+
+// Scalar references of the KV attention kernels (kv_kernels_ref.cpp).
+void ref_kv_scores(DType t, const uint8_t* q, size_t q_stride, int64_t n_q, const uint8_t* block, int32_t bs,
+                   int32_t n_k, int64_t d, float scale, float* s, int64_t s_stride);
+float ref_kv_exp_sum(float* s, int64_t n, float m);
+void ref_kv_accumulate(DType t, const float* p, int64_t p_stride, int64_t n_q, const uint8_t* block, int32_t n_k,
+                       int64_t d, float* acc, int64_t acc_stride);
 
 }  // namespace step35::kernels

@@ -483,6 +483,9 @@ IsaKernels make_scalar() {
   k.exp_shift_sum = ref_exp_shift_sum;
   k.accumulate_rows = ref_accumulate_rows;
   k.swiglu_f32 = ref_swiglu_f32;
+  k.kv_scores = ref_kv_scores;
+  k.kv_exp_sum = ref_kv_exp_sum;
+  k.kv_accumulate = ref_kv_accumulate;
   return k;
 }
 

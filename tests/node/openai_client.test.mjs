@@ -1,12 +1,15 @@
 // The official `openai` npm client against `step35 serve`: chat (plain, streamed, tools,
-// json_schema), completions, models, errors as the client's exception classes, the
-// step35 execute endpoint, and a clean SIGTERM exit. Starts the server itself and kills
-// it on every path.
-// usage: node openai_client.test.mjs STEP35_BINARY MODEL.gguf PORT
+// streamed tool calls, json_schema), the Responses API (plain, streamed, function tools,
+// previous_response_id), completions, models, errors as the client's exception classes,
+// the step35 execute endpoint, and a clean SIGTERM exit. Starts the server itself and
+// kills it on every path.
+// usage: node openai_client.test.mjs STEP35_BINARY MODEL.gguf
+// The server takes a free port (--port 0) and the test reads it from the server's
+// "listening on" line, so runs in parallel (other worktrees, other builds) never collide.
 import { spawn } from 'node:child_process';
 import assert from 'node:assert/strict';
 
-const [binary, model, port] = process.argv.slice(2);
+const [binary, model] = process.argv.slice(2);
 let OpenAI;
 try {
   ({ default: OpenAI } = await import('openai'));
@@ -15,8 +18,19 @@ try {
   process.exit(77);
 }
 
-const server = spawn(binary, ['serve', '-m', model, '--port', port, '-t', '1', '--api-key', 'node-key'],
-                     { stdio: ['ignore', 'inherit', 'inherit'] });
+const server = spawn(binary, ['serve', '-m', model, '--port', '0', '-t', '1', '--api-key', 'node-key'],
+                     { stdio: ['ignore', 'inherit', 'pipe'] });
+// The server's log goes on to ours; its first line names the port it listens on.
+let port = null;
+let logged = '';
+server.stderr.on('data', (chunk) => {
+  process.stderr.write(chunk);
+  if (port === null) {
+    logged += chunk.toString();
+    const m = logged.match(/listening on http:\/\/[^:\s]+:(\d+)/);
+    if (m) port = Number(m[1]);
+  }
+});
 let exited = null;
 server.on('exit', (code, signal) => { exited = { code, signal }; });
 const killServer = () => { if (exited === null) server.kill('SIGKILL'); };
@@ -24,6 +38,10 @@ process.on('exit', killServer);
 process.on('uncaughtException', (e) => { console.error(e); killServer(); process.exit(1); });
 process.on('unhandledRejection', (e) => { console.error(e); killServer(); process.exit(1); });
 
+for (let i = 0; port === null; ++i) {
+  if (i > 200 || exited) throw new Error('server did not start listening');
+  await new Promise((r) => setTimeout(r, 50));
+}
 const base = `http://127.0.0.1:${port}`;
 for (let i = 0; ; ++i) {
   try {
@@ -98,6 +116,75 @@ await assert.rejects(client.chat.completions.create({ model: 'm', messages, temp
                      (e) => e instanceof OpenAI.BadRequestError);
 const anonymous = new OpenAI({ baseURL: `${base}/v1`, apiKey: 'wrong', maxRetries: 0 });
 await assert.rejects(anonymous.models.list(), (e) => e instanceof OpenAI.AuthenticationError);
+
+// A streamed forced tool call: the arguments arrive in several deltas that add up to the
+// same call, and the SDK's stream helper assembles it.
+const toolStream = await client.chat.completions.create({
+  model: 'm', messages, temperature: 0, max_tokens: 200, tools, tool_choice: 'required', stream: true,
+});
+const argumentDeltas = [];
+let streamedName = null;
+for await (const chunk of toolStream) {
+  for (const c of chunk.choices) {
+    for (const tc of c.delta.tool_calls ?? []) {
+      if (tc.function?.name) streamedName = tc.function.name;
+      if (tc.function?.arguments) argumentDeltas.push(tc.function.arguments);
+    }
+  }
+}
+assert.equal(streamedName, 'get_weather');
+assert.ok(argumentDeltas.length >= 3, `arguments in ${argumentDeltas.length} deltas`);
+assert.deepEqual(JSON.parse(argumentDeltas.join('')), args);
+const helper = client.chat.completions.stream({
+  model: 'm', messages, temperature: 0, max_tokens: 200, tools, tool_choice: 'required',
+});
+const assembled = await helper.finalChatCompletion();
+assert.deepEqual(JSON.parse(assembled.choices[0].message.tool_calls[0].function.arguments), args);
+
+// The Responses API: plain (the same greedy text as chat), streamed (events through the
+// SDK's helper and raw), function tools, and a function result sent back by
+// previous_response_id.
+const response = await client.responses.create({ model: 'm', input: 'Hello there', max_output_tokens: 16, temperature: 0 });
+assert.equal(response.object, 'response');
+assert.equal(response.status, 'incomplete');
+assert.equal(response.output_text, chat.choices[0].message.content);
+assert.equal(response.usage.output_tokens, 16);
+const responseStream = client.responses.stream({ model: 'm', input: 'Hello there', max_output_tokens: 16, temperature: 0 });
+let responseDeltas = '';
+responseStream.on('response.output_text.delta', (e) => { responseDeltas += e.delta; });
+let incomplete = null;
+responseStream.on('response.incomplete', (e) => { incomplete = e.response; });
+const finalResponse = await responseStream.finalResponse();
+assert.equal(responseDeltas, response.output_text);
+assert.equal(finalResponse.output.at(-1).content[0].text, response.output_text);  // assembled from the deltas
+assert.equal(incomplete.incomplete_details.reason, 'max_output_tokens');
+const rawEvents = await client.responses.create({ model: 'm', input: 'Hello there', max_output_tokens: 4, stream: true });
+const eventTypes = [];
+for await (const e of rawEvents) eventTypes.push(e.type);
+assert.equal(eventTypes[0], 'response.created');
+assert.equal(eventTypes.at(-1), 'response.incomplete');
+const responseTools = [{ type: 'function', name: 'get_weather', parameters: tools[0].function.parameters, strict: false }];
+const functionResponse = await client.responses.create({
+  model: 'm', input: 'weather?', tools: responseTools, tool_choice: 'required', temperature: 0, max_output_tokens: 200,
+});
+const functionCall = functionResponse.output.find((o) => o.type === 'function_call');
+assert.equal(functionCall.name, 'get_weather');
+assert.deepEqual(JSON.parse(functionCall.arguments), args);
+const functionStream = client.responses.stream({
+  model: 'm', input: 'weather?', tools: responseTools, tool_choice: 'required', temperature: 0, max_output_tokens: 200,
+});
+let functionDeltas = 0;
+functionStream.on('response.function_call_arguments.delta', () => { ++functionDeltas; });
+const streamedFunction = (await functionStream.finalResponse()).output.find((o) => o.type === 'function_call');
+assert.ok(functionDeltas >= 3, `arguments in ${functionDeltas} deltas`);
+assert.equal(streamedFunction.arguments, functionCall.arguments);
+const followUp = await client.responses.create({
+  model: 'm', previous_response_id: functionResponse.id, tools: responseTools, max_output_tokens: 4,
+  input: [{ type: 'function_call_output', call_id: functionCall.call_id, output: 'sunny' }],
+});
+assert.ok(followUp.usage.input_tokens > functionResponse.usage.input_tokens);  // the stored turn and the result
+const retrieved = await client.responses.retrieve(functionResponse.id);
+assert.equal(retrieved.id, functionResponse.id);
 
 // SIGTERM: exit status 0.
 server.kill('SIGTERM');

@@ -14,7 +14,9 @@
 #   * greedy `run` of a text prompt with --mtp 0, 1, 2 and 3 (a model without MTP blocks
 #     records the refusal), a --chat run, and a seeded sampling run with --mtp 0 and 2;
 #   * `serve` with --mtp 0 and 2: two greedy chat completions sent together, and one seeded
-#     completion with sampling (the continuous-batching engine's path).
+#     completion with sampling (the continuous-batching engine's path); then streamed chat
+#     (with usage), completions (streamed, with logprobs; and whole) and Anthropic messages
+#     (streamed and whole), with their random ids and timestamps left out.
 # Runs with 2 threads; about two minutes on two cores.
 set -euo pipefail
 
@@ -38,6 +40,17 @@ capture() {
   local rc=0
   "$@" >"$file" 2>/dev/null || rc=$?
   echo "exit status $rc" >>"$file"
+}
+
+# An event stream with the JSON of each data line minus its random id and timestamp.
+without_ids() {
+  while IFS= read -r line; do
+    if [[ "$line" == "data: {"* ]]; then
+      echo "data: $(jq -c 'del(.id, .created) | if .message then .message |= del(.id) else . end' <<<"${line#data: }")"
+    else
+      echo "$line"
+    fi
+  done
 }
 
 serve_snapshot() {  # step35 model mtp out-file
@@ -73,10 +86,21 @@ serve_snapshot() {  # step35 model mtp out-file
   curl -s "$url" -H 'Content-Type: application/json' -d "$greedy2" >"$b" &
   local cb=$!
   wait "$ca" "$cb"
+  local base="http://127.0.0.1:$port"
+  local chat_stream='{"messages":[{"role":"user","content":"Stream this."}],"temperature":0,"max_tokens":24,"stream":true,"stream_options":{"include_usage":true}}'
+  local completion='{"prompt":"Once upon a time","temperature":0,"max_tokens":24,"logprobs":2}'
+  local completion_stream='{"prompt":"Once upon a time","temperature":0,"max_tokens":24,"logprobs":1,"stream":true}'
+  local message='{"model":"m","max_tokens":24,"temperature":0,"messages":[{"role":"user","content":"Hi"}]}'
+  local message_stream='{"model":"m","max_tokens":24,"temperature":0,"stream":true,"messages":[{"role":"user","content":"Hi"}]}'
   {
     jq -c '{choices, usage}' "$a"
     jq -c '{choices, usage}' "$b"
     curl -s "$url" -H 'Content-Type: application/json' -d "$sampled" | jq -c '{choices, usage}'
+    curl -sN "$url" -H 'Content-Type: application/json' -d "$chat_stream" | without_ids
+    curl -s "$base/v1/completions" -H 'Content-Type: application/json' -d "$completion" | jq -c 'del(.id, .created)'
+    curl -sN "$base/v1/completions" -H 'Content-Type: application/json' -d "$completion_stream" | without_ids
+    curl -s "$base/v1/messages" -H 'Content-Type: application/json' -d "$message" | jq -c 'del(.id)'
+    curl -sN "$base/v1/messages" -H 'Content-Type: application/json' -d "$message_stream" | without_ids
   } >"$out"
   kill -TERM "$pid"
   wait "$pid" 2>/dev/null || true

@@ -1,0 +1,548 @@
+// Methods of str, dict, list and tuple values as templates call them ('x'.strip(),
+// d.items(), ...). The immutable sandbox allows everything that does not modify its
+// object; the methods that would (list.append, dict.update, ...) are reported Unsafe.
+#include <algorithm>
+
+#include "jinja/builtins.h"
+#include "jinja/error.h"
+#include "jinja/format.h"
+#include "jinja/interpreter.h"
+#include "jinja/operators.h"
+#include "jinja/text.h"
+
+namespace step35::jinja {
+
+namespace {
+
+[[noreturn]] void type_error(std::string message) { throw Error(ErrorKind::Type, std::move(message)); }
+
+constexpr std::string_view kStrMethods[] = {
+    "capitalize", "casefold", "center",     "count",        "endswith",  "find",       "format",    "index",
+    "isalnum",    "isalpha",  "isdecimal",  "isdigit",      "islower",   "isnumeric",  "isspace",   "isupper",
+    "join",       "ljust",    "lower",      "lstrip",       "partition", "removeprefix", "removesuffix",
+    "replace",    "rfind",    "rindex",     "rjust",        "rpartition", "rsplit",    "rstrip",    "split",
+    "splitlines", "startswith", "strip",    "swapcase",     "title",     "upper",      "zfill"};
+constexpr std::string_view kDictSafe[] = {"copy", "get", "items", "keys", "values"};
+constexpr std::string_view kDictUnsafe[] = {"clear", "pop", "popitem", "setdefault", "update"};
+constexpr std::string_view kListSafe[] = {"copy", "count", "index"};
+constexpr std::string_view kListUnsafe[] = {"append", "clear", "extend", "insert", "pop", "remove", "reverse", "sort"};
+
+template <size_t N>
+bool listed(const std::string_view (&names)[N], std::string_view name) {
+  return std::find(std::begin(names), std::end(names), name) != std::end(names);
+}
+
+void no_keywords(std::string_view method, const Arguments& args) {
+  if (!args.keyword.empty()) type_error(std::string(method) + "() takes no keyword arguments");
+}
+
+void arity(std::string_view method, const Arguments& args, size_t min, size_t max) {
+  no_keywords(method, args);
+  const size_t n = args.positional.size();
+  if (n < min || n > max) {
+    if (max == 0) type_error(std::string(method) + "() takes no arguments (" + std::to_string(n) + " given)");
+    type_error(std::string(method) + "() takes " + (min == max ? "exactly " : "at most ") + std::to_string(max) +
+               " argument(s) (" + std::to_string(n) + " given)");
+  }
+}
+
+const std::string& string_argument(std::string_view method, const Value& v) {
+  if (!v.is_string()) {
+    type_error(std::string(method) + "() argument must be str, not " + v.python_type());
+  }
+  return v.string_value();
+}
+
+// The text's code point boundaries (empty when the text is ASCII: byte = code point).
+struct CodePoints {
+  explicit CodePoints(const std::string& s) : ascii(text::is_ascii(s)) {
+    if (!ascii) offsets = text::code_point_offsets(s);
+    length = ascii ? s.size() : offsets.size() - 1;
+  }
+  size_t byte_of(size_t index) const { return ascii ? index : offsets[index]; }
+  size_t index_of(size_t byte) const {
+    if (ascii) return byte;
+    return static_cast<size_t>(std::lower_bound(offsets.begin(), offsets.end(), byte) - offsets.begin());
+  }
+  bool ascii;
+  std::vector<size_t> offsets;
+  size_t length;
+};
+
+// Python's optional start/end arguments of find/count/startswith, as byte offsets.
+void range_arguments(std::string_view method, const Arguments& args, size_t first, const CodePoints& cp,
+                     size_t& begin, size_t& end) {
+  int64_t start = 0, stop = static_cast<int64_t>(cp.length);
+  const int64_t n = static_cast<int64_t>(cp.length);
+  const auto read = [&](size_t i, int64_t& out) {
+    if (args.positional.size() <= i || args.positional[i].is_none()) return;
+    const Value& v = args.positional[i];
+    if (!v.is_int() && !v.is_bool()) {
+      type_error(std::string("slice indices must be integers or None or have an __index__ method (") + std::string(method) + ")");
+    }
+    out = v.is_bool() ? v.bool_value() : v.int_value();
+    if (out < 0) out = std::max<int64_t>(0, out + n);
+    out = std::min(out, n);
+  };
+  read(first, start);
+  read(first + 1, stop);
+  if (stop < start) stop = start;
+  begin = cp.byte_of(static_cast<size_t>(start));
+  end = cp.byte_of(static_cast<size_t>(stop));
+}
+
+Value same_kind(const Value& self, std::string s) {
+  return self.is_markup() ? Value::markup(std::move(s)) : Value::string(std::move(s));
+}
+
+std::string pad_to(const std::string& s, int64_t width, const std::string& fill, char align) {
+  const int64_t length = static_cast<int64_t>(text::length(s));
+  if (width <= length) return s;
+  const int64_t missing = width - length;
+  int64_t left = 0;
+  if (align == '>') left = missing;
+  if (align == '^') left = missing / 2 + (missing & width & 1);  // CPython's center rounding
+  std::string out;
+  for (int64_t i = 0; i < left; ++i) out += fill;
+  out += s;
+  for (int64_t i = 0; i < missing - left; ++i) out += fill;
+  return out;
+}
+
+Value split(const Value& self, const Arguments& args, bool from_right, Interpreter& interp) {
+  const char* method = from_right ? "rsplit" : "split";
+  const std::vector<Value> bound = bind_arguments(method, args, {{"sep", Value::none()}, {"maxsplit", Value::integer(-1)}});
+  if (!bound[1].is_int() && !bound[1].is_bool()) {
+    type_error(std::string("'") + bound[1].python_type() + "' object cannot be interpreted as an integer");
+  }
+  int64_t maxsplit = bound[1].is_bool() ? bound[1].bool_value() : bound[1].int_value();
+  if (maxsplit < 0) maxsplit = INT64_MAX;
+  const std::string& s = self.string_value();
+  interp.charge(s.size() / 64 + 1);
+  std::vector<std::string> parts;
+  if (bound[0].is_none()) {
+    // Runs of whitespace separate; leading and trailing whitespace gives no empty parts.
+    std::vector<std::pair<size_t, size_t>> words;  // byte ranges
+    size_t pos = 0;
+    while (pos < s.size()) {
+      size_t next = pos;
+      if (text::is_space(text::next_code_point(s, next))) {
+        pos = next;
+        continue;
+      }
+      const size_t begin = pos;
+      while (pos < s.size()) {
+        next = pos;
+        if (text::is_space(text::next_code_point(s, next))) break;
+        pos = next;
+      }
+      words.emplace_back(begin, pos);
+      if ((words.size() & 1023) == 0) interp.check_list_size(words.size());
+    }
+    if (static_cast<int64_t>(words.size()) > maxsplit) {
+      // Splitting stops after maxsplit words; the remainder stays whole, whitespace and all.
+      const size_t keep = static_cast<size_t>(maxsplit);
+      if (!from_right) {
+        for (size_t i = 0; i < keep; ++i) parts.push_back(s.substr(words[i].first, words[i].second - words[i].first));
+        parts.push_back(s.substr(words[keep].first));
+      } else {
+        const size_t first_whole = words.size() - keep;
+        parts.push_back(s.substr(0, words[first_whole - 1].second));
+        for (size_t i = first_whole; i < words.size(); ++i) {
+          parts.push_back(s.substr(words[i].first, words[i].second - words[i].first));
+        }
+      }
+    } else {
+      for (const auto& [begin, end] : words) parts.push_back(s.substr(begin, end - begin));
+    }
+  } else {
+    const std::string& sep = string_argument(method, bound[0]);
+    if (sep.empty()) type_error("empty separator");
+    if (!from_right) {
+      size_t pos = 0;
+      int64_t splits = 0;
+      while (splits < maxsplit) {
+        const size_t at = s.find(sep, pos);
+        if (at == std::string::npos) break;
+        parts.push_back(s.substr(pos, at - pos));
+        if ((parts.size() & 1023) == 0) interp.check_list_size(parts.size());
+        pos = at + sep.size();
+        ++splits;
+      }
+      parts.push_back(s.substr(pos));
+    } else {
+      size_t end = s.size();
+      int64_t splits = 0;
+      std::vector<std::string> reversed;
+      while (splits < maxsplit && end >= sep.size()) {
+        const size_t at = s.rfind(sep, end - sep.size());
+        if (at == std::string::npos) break;
+        reversed.push_back(s.substr(at + sep.size(), end - at - sep.size()));
+        if ((reversed.size() & 1023) == 0) interp.check_list_size(reversed.size());
+        end = at;
+        ++splits;
+      }
+      reversed.push_back(s.substr(0, end));
+      parts.assign(reversed.rbegin(), reversed.rend());
+    }
+  }
+  interp.check_list_size(parts.size());
+  interp.charge(parts.size());
+  std::vector<Value> items;
+  items.reserve(parts.size());
+  for (std::string& part : parts) items.push_back(same_kind(self, std::move(part)));
+  return Value::list(std::move(items));
+}
+
+Value splitlines(Interpreter& interp, const Value& self, const Arguments& args) {
+  const std::vector<Value> bound = bind_arguments("splitlines", args, {{"keepends", Value::boolean(false)}});
+  const bool keep = bound[0].truthy();
+  const std::string& s = self.string_value();
+  std::vector<Value> lines;
+  size_t begin = 0, pos = 0;
+  while (pos < s.size()) {
+    size_t next = pos;
+    const uint32_t cp = text::next_code_point(s, next);
+    const bool is_break = cp == '\n' || cp == '\r' || cp == 0x0B || cp == 0x0C || (cp >= 0x1C && cp <= 0x1E) ||
+                          cp == 0x85 || cp == 0x2028 || cp == 0x2029;
+    if (!is_break) {
+      pos = next;
+      continue;
+    }
+    if (cp == '\r' && next < s.size() && s[next] == '\n') ++next;
+    lines.push_back(same_kind(self, s.substr(begin, (keep ? next : pos) - begin)));
+    if ((lines.size() & 1023) == 0) interp.check_list_size(lines.size());
+    begin = pos = next;
+  }
+  if (begin < s.size()) lines.push_back(same_kind(self, s.substr(begin)));
+  interp.check_list_size(lines.size());
+  interp.charge(lines.size());
+  return Value::list(std::move(lines));
+}
+
+bool all_code_points(const std::string& s, bool (*predicate)(uint32_t)) {
+  if (s.empty()) return false;
+  for (size_t pos = 0; pos < s.size();)
+    if (!predicate(text::next_code_point(s, pos))) return false;
+  return true;
+}
+
+bool is_digit_cp(uint32_t cp) { return cp >= '0' && cp <= '9'; }
+bool is_alpha_cp(uint32_t cp) { return text::is_word(cp) && !is_digit_cp(cp) && cp != '_'; }
+bool is_alnum_cp(uint32_t cp) { return text::is_word(cp) && cp != '_'; }
+
+Value format_lookup(const Value& object, const Value& key, bool as_attribute) {
+  if (as_attribute) return get_attribute(object, std::make_shared<const std::string>(key.string_value()));
+  return get_item(object, key);
+}
+
+Value str_method(Interpreter& interp, const Value& self, std::string_view name, Arguments& args) {
+  const std::string& s = self.string_value();
+  const auto& a = args.positional;
+  if (name == "upper") {
+    arity(name, args, 0, 0);
+    return same_kind(self, text::upper(s));
+  }
+  if (name == "lower" || name == "casefold") {
+    arity(name, args, 0, 0);
+    return same_kind(self, text::lower(s));
+  }
+  if (name == "title") {
+    arity(name, args, 0, 0);
+    return same_kind(self, text::python_title(s));
+  }
+  if (name == "capitalize") {
+    arity(name, args, 0, 0);
+    return same_kind(self, text::python_capitalize(s));
+  }
+  if (name == "swapcase") {
+    arity(name, args, 0, 0);
+    std::string out;
+    for (size_t pos = 0; pos < s.size();) {
+      const uint32_t cp = text::next_code_point(s, pos);
+      text::append_utf8(out, text::is_upper_cp(cp) ? text::to_lower_cp(cp) : text::to_upper_cp(cp));
+    }
+    return same_kind(self, std::move(out));
+  }
+  if (name == "strip" || name == "lstrip" || name == "rstrip") {
+    arity(name, args, 0, 1);
+    const bool left = name != "rstrip", right = name != "lstrip";
+    if (a.empty() || a[0].is_none()) return same_kind(self, std::string(text::strip(s, left, right)));
+    return same_kind(self, std::string(text::strip_chars(s, string_argument(name, a[0]), left, right)));
+  }
+  if (name == "split") return split(self, args, false, interp);
+  if (name == "rsplit") return split(self, args, true, interp);
+  if (name == "splitlines") return splitlines(interp, self, args);
+  if (name == "startswith" || name == "endswith") {
+    arity(name, args, 1, 3);
+    const CodePoints cp(s);
+    size_t begin, end;
+    range_arguments(name, args, 1, cp, begin, end);
+    const std::string_view window = std::string_view(s).substr(begin, end - begin);
+    std::vector<Value> candidates;
+    if (a[0].is_list() && a[0].list_flavor() == ListFlavor::Tuple) {
+      candidates = a[0].items();
+    } else if (a[0].is_string()) {
+      candidates.push_back(a[0]);
+    } else {
+      type_error(std::string(name) + " first arg must be str or a tuple of str, not " + a[0].python_type());
+    }
+    for (const Value& c : candidates) {
+      if (!c.is_string()) {
+        type_error(std::string("tuple for ") + std::string(name) + " must only contain str, not " + c.python_type());
+      }
+      const std::string& affix = c.string_value();
+      if (affix.size() > window.size()) continue;
+      const bool match = name == "startswith" ? window.substr(0, affix.size()) == affix
+                                              : window.substr(window.size() - affix.size()) == affix;
+      if (match) return Value::boolean(true);
+    }
+    return Value::boolean(false);
+  }
+  if (name == "find" || name == "rfind" || name == "index" || name == "rindex" || name == "count") {
+    arity(name, args, 1, 3);
+    const std::string& needle = string_argument(name, a[0]);
+    const CodePoints cp(s);
+    size_t begin, end;
+    range_arguments(name, args, 1, cp, begin, end);
+    const std::string_view window = std::string_view(s).substr(begin, end - begin);
+    if (name == "count") {
+      if (needle.empty()) return Value::integer(static_cast<int64_t>(cp.index_of(end) - cp.index_of(begin) + 1));
+      int64_t n = 0;
+      for (size_t at = window.find(needle); at != std::string_view::npos; at = window.find(needle, at + needle.size())) ++n;
+      return Value::integer(n);
+    }
+    const bool reverse = name == "rfind" || name == "rindex";
+    const size_t at = reverse ? window.rfind(needle) : window.find(needle);
+    if (at == std::string_view::npos) {
+      if (name == "index" || name == "rindex") type_error("substring not found");
+      return Value::integer(-1);
+    }
+    return Value::integer(static_cast<int64_t>(cp.index_of(begin + at)));
+  }
+  if (name == "replace") {
+    no_keywords(name, args);
+    if (a.size() < 2 || a.size() > 3) type_error("replace() takes 2 or 3 arguments");
+    std::string old_text = string_argument(name, a[0]);
+    std::string new_text = string_argument(name, a[1]);
+    if (self.is_markup()) {
+      if (!a[0].is_markup()) old_text = html_escape_text(old_text);
+      if (!a[1].is_markup()) new_text = html_escape_text(new_text);
+    }
+    int64_t count = -1;
+    if (a.size() == 3) {
+      if (!a[2].is_int()) type_error(std::string("'") + a[2].python_type() + "' object cannot be interpreted as an integer");
+      count = a[2].int_value();
+    }
+    interp.charge(s.size() / 64 + 1);
+    std::string out;
+    if (old_text.empty()) {
+      // Python inserts the replacement before every code point and at the end.
+      int64_t done = 0;
+      for (size_t pos = 0; pos <= s.size();) {
+        if (count < 0 || done < count) {
+          out += new_text;
+          ++done;
+        }
+        if (pos == s.size()) break;
+        const size_t start = pos;
+        text::next_code_point(s, pos);
+        out.append(s, start, pos - start);
+        interp.check_value_size(out.size());
+      }
+    } else {
+      size_t pos = 0;
+      int64_t done = 0;
+      while (count < 0 || done < count) {
+        const size_t at = s.find(old_text, pos);
+        if (at == std::string::npos) break;
+        out.append(s, pos, at - pos);
+        out += new_text;
+        interp.check_value_size(out.size());
+        pos = at + old_text.size();
+        ++done;
+      }
+      out.append(s, pos, std::string::npos);
+    }
+    interp.check_value_size(out.size());
+    return same_kind(self, std::move(out));
+  }
+  if (name == "join") {
+    arity(name, args, 1, 1);
+    const std::vector<Value> items = iterate(interp, a[0]);
+    interp.charge(items.size());
+    std::string out;
+    for (size_t i = 0; i < items.size(); ++i) {
+      if (!items[i].is_string()) {
+        type_error("sequence item " + std::to_string(i) + ": expected str instance, " + items[i].python_type() + " found");
+      }
+      if (i != 0) out += s;
+      out += items[i].string_value();
+      interp.check_value_size(out.size());
+    }
+    return same_kind(self, std::move(out));
+  }
+  if (name == "format") {
+    std::string out = str_format(s, args, format_lookup);
+    interp.check_value_size(out.size());
+    return same_kind(self, std::move(out));
+  }
+  if (name == "center" || name == "ljust" || name == "rjust") {
+    arity(name, args, 1, 2);
+    if (!a[0].is_int()) type_error(std::string("'") + a[0].python_type() + "' object cannot be interpreted as an integer");
+    std::string fill = " ";
+    if (a.size() == 2) {
+      fill = string_argument(name, a[1]);
+      if (text::length(fill) != 1) type_error("The fill character must be exactly one character long");
+    }
+    interp.check_value_size(static_cast<size_t>(std::max<int64_t>(0, a[0].int_value())));
+    return same_kind(self, pad_to(s, a[0].int_value(), fill, name == "center" ? '^' : name == "ljust" ? '<' : '>'));
+  }
+  if (name == "zfill") {
+    arity(name, args, 1, 1);
+    if (!a[0].is_int()) type_error(std::string("'") + a[0].python_type() + "' object cannot be interpreted as an integer");
+    interp.check_value_size(static_cast<size_t>(std::max<int64_t>(0, a[0].int_value())));
+    const int64_t length = static_cast<int64_t>(text::length(s));
+    if (a[0].int_value() <= length) return self;
+    const size_t sign = !s.empty() && (s[0] == '+' || s[0] == '-') ? 1 : 0;
+    return same_kind(self, s.substr(0, sign) + std::string(static_cast<size_t>(a[0].int_value() - length), '0') + s.substr(sign));
+  }
+  if (name == "partition" || name == "rpartition") {
+    arity(name, args, 1, 1);
+    const std::string& sep = string_argument(name, a[0]);
+    if (sep.empty()) type_error("empty separator");
+    const size_t at = name == "partition" ? s.find(sep) : s.rfind(sep);
+    if (at == std::string::npos) {
+      if (name == "partition") return Value::tuple({self, same_kind(self, ""), same_kind(self, "")});
+      return Value::tuple({same_kind(self, ""), same_kind(self, ""), self});
+    }
+    return Value::tuple({same_kind(self, s.substr(0, at)), same_kind(self, sep), same_kind(self, s.substr(at + sep.size()))});
+  }
+  if (name == "removeprefix" || name == "removesuffix") {
+    arity(name, args, 1, 1);
+    const std::string& affix = string_argument(name, a[0]);
+    if (name == "removeprefix" && s.compare(0, affix.size(), affix) == 0) return same_kind(self, s.substr(affix.size()));
+    if (name == "removesuffix" && !affix.empty() && s.size() >= affix.size() &&
+        s.compare(s.size() - affix.size(), affix.size(), affix) == 0) {
+      return same_kind(self, s.substr(0, s.size() - affix.size()));
+    }
+    return self;
+  }
+  if (name == "isdigit" || name == "isdecimal" || name == "isnumeric") {
+    arity(name, args, 0, 0);
+    return Value::boolean(all_code_points(s, is_digit_cp));
+  }
+  if (name == "isalpha") {
+    arity(name, args, 0, 0);
+    return Value::boolean(all_code_points(s, is_alpha_cp));
+  }
+  if (name == "isalnum") {
+    arity(name, args, 0, 0);
+    return Value::boolean(all_code_points(s, is_alnum_cp));
+  }
+  if (name == "isspace") {
+    arity(name, args, 0, 0);
+    return Value::boolean(all_code_points(s, text::is_space));
+  }
+  if (name == "isupper" || name == "islower") {
+    arity(name, args, 0, 0);
+    bool cased = false;
+    for (size_t pos = 0; pos < s.size();) {
+      const uint32_t cp = text::next_code_point(s, pos);
+      if (text::is_upper_cp(cp)) {
+        if (name == "islower") return Value::boolean(false);
+        cased = true;
+      } else if (text::is_lower_cp(cp)) {
+        if (name == "isupper") return Value::boolean(false);
+        cased = true;
+      }
+    }
+    return Value::boolean(cased);
+  }
+  type_error("str has no method " + std::string(name));
+}
+
+Value dict_method(Interpreter& interp, const Value& self, std::string_view name, Arguments& args) {
+  const Dict& d = self.dict_value();
+  interp.charge(d.size());
+  if (name == "get") {
+    arity(name, args, 1, 2);
+    const Value& key = args.positional[0];
+    if (!is_hashable(key)) type_error(std::string("unhashable type: '") + key.python_type() + "'");
+    if (const Value* v = d.find(key)) return *v;
+    return args.positional.size() == 2 ? args.positional[1] : Value::none();
+  }
+  arity(name, args, 0, 0);
+  if (name == "copy") {
+    auto copy = std::make_shared<Dict>(d);
+    return Value::dict(std::move(copy));
+  }
+  std::vector<Value> items;
+  items.reserve(d.size());
+  if (name == "items") {
+    for (const auto& [key, value] : d.entries()) items.push_back(Value::tuple({key, value}));
+    return Value::list(std::move(items), ListFlavor::DictItems);
+  }
+  if (name == "keys") {
+    for (const auto& entry : d.entries()) items.push_back(entry.first);
+    return Value::list(std::move(items), ListFlavor::DictKeys);
+  }
+  for (const auto& entry : d.entries()) items.push_back(entry.second);
+  return Value::list(std::move(items), ListFlavor::DictValues);
+}
+
+Value list_method(Interpreter& interp, const Value& self, std::string_view name, Arguments& args) {
+  const std::vector<Value>& items = self.items();
+  interp.charge(items.size());
+  if (name == "copy") {
+    arity(name, args, 0, 0);
+    return Value::list(items, self.list_flavor());
+  }
+  if (name == "count") {
+    arity(name, args, 1, 1);
+    int64_t n = 0;
+    for (const Value& v : items)
+      if (equals(v, args.positional[0])) ++n;
+    return Value::integer(n);
+  }
+  arity(name, args, 1, 3);
+  for (size_t i = 0; i < items.size(); ++i)
+    if (equals(items[i], args.positional[0])) return Value::integer(static_cast<int64_t>(i));
+  type_error(self.list_flavor() == ListFlavor::Tuple ? "tuple.index(x): x not in tuple"
+                                                       : args.positional[0].repr() + " is not in list");
+}
+
+}  // namespace
+
+MethodAccess find_method(const Value& self, std::string_view name) {
+  switch (self.kind()) {
+    case ValueKind::String: return listed(kStrMethods, name) ? MethodAccess::Safe : MethodAccess::None;
+    case ValueKind::Dict:
+      if (listed(kDictSafe, name)) return MethodAccess::Safe;
+      if (listed(kDictUnsafe, name)) return MethodAccess::Unsafe;
+      return MethodAccess::None;
+    case ValueKind::List:
+      switch (self.list_flavor()) {
+        case ListFlavor::List:
+          if (listed(kListSafe, name)) return MethodAccess::Safe;
+          if (listed(kListUnsafe, name)) return MethodAccess::Unsafe;
+          return MethodAccess::None;
+        case ListFlavor::Tuple:
+        case ListFlavor::Range:
+          return name == "count" || name == "index" ? MethodAccess::Safe : MethodAccess::None;
+        default: return MethodAccess::None;
+      }
+    default: return MethodAccess::None;
+  }
+}
+
+Value call_method(Interpreter& interp, const Value& self, std::string_view name, Arguments& args) {
+  switch (self.kind()) {
+    case ValueKind::String: return str_method(interp, self, name, args);
+    case ValueKind::Dict: return dict_method(interp, self, name, args);
+    case ValueKind::List: return list_method(interp, self, name, args);
+    default: type_error(std::string("'") + self.python_type() + "' object has no method " + std::string(name));
+  }
+}
+
+}  // namespace step35::jinja
