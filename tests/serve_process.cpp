@@ -30,13 +30,25 @@ bool loopback_port_free(int port) {
 
 ServeProcess::ServeProcess(std::vector<std::string> serve_args, int port_first, int port_last,
                            const std::string& log_prefix) {
+  start({}, std::move(serve_args), port_first, port_last, log_prefix);
+}
+
+ServeProcess::ServeProcess(std::vector<std::string> launcher, std::vector<std::string> serve_args, int port_first,
+                           int port_last, const std::string& log_prefix) {
+  launched_ = !launcher.empty();
+  start(std::move(launcher), std::move(serve_args), port_first, port_last, log_prefix);
+}
+
+void ServeProcess::start(std::vector<std::string> launcher, std::vector<std::string> serve_args, int port_first,
+                         int port_last, const std::string& log_prefix) {
   // Successive servers of one test binary take successive ports (a port just released may
   // still be in TIME_WAIT); the pid offset keeps parallel test binaries apart.
   static int next = -1;
   if (next < 0) next = port_first + int(getpid() % ((port_last - port_first) * 4 / 5));
   do port_ = next++; while (!loopback_port_free(port_) && next < port_last);
 
-  std::vector<std::string> args = {step35_binary(), "serve"};
+  std::vector<std::string> args = launcher;
+  args.insert(args.end(), {step35_binary(), "serve"});
   args.insert(args.end(), serve_args.begin(), serve_args.end());
   args.insert(args.end(), {"--port", std::to_string(port_)});
   log_ = tmp_dir() + "/" + log_prefix + "_" + std::to_string(port_) + ".log";
@@ -46,7 +58,7 @@ ServeProcess::ServeProcess(std::vector<std::string> serve_args, int port_first, 
     std::vector<char*> argv;
     for (auto& a : args) argv.push_back(a.data());
     argv.push_back(nullptr);
-    execv(argv[0], argv.data());
+    execvp(argv[0], argv.data());
     _exit(127);
   }
   httplib::Client c("127.0.0.1", port_);
@@ -60,6 +72,7 @@ ServeProcess::ServeProcess(std::vector<std::string> serve_args, int port_first, 
 }
 
 ServeProcess::~ServeProcess() {
+  if (pid_ > 0 && launched_) terminate();
   if (pid_ > 0) {
     kill(pid_, SIGKILL);
     waitpid(pid_, nullptr, 0);

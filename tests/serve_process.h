@@ -17,6 +17,10 @@ class ServeProcess {
   // Runs `step35 serve <serve_args> --port P` with P the first free port from
   // [port_first, port_last); stderr goes to tmp_dir()/<log_prefix>_<port>.log.
   ServeProcess(std::vector<std::string> serve_args, int port_first, int port_last, const std::string& log_prefix);
+  // The same under a launcher (e.g. {"mpirun", "-np", "2"}): runs `launcher... step35 serve
+  // ...`; stopped with SIGTERM first (mpirun passes it on to its ranks), SIGKILL after 20 s.
+  ServeProcess(std::vector<std::string> launcher, std::vector<std::string> serve_args, int port_first, int port_last,
+               const std::string& log_prefix);
   ~ServeProcess();
   ServeProcess(const ServeProcess&) = delete;
   ServeProcess& operator=(const ServeProcess&) = delete;
@@ -32,7 +36,10 @@ class ServeProcess {
   int terminate();
 
  private:
+  void start(std::vector<std::string> launcher, std::vector<std::string> serve_args, int port_first, int port_last,
+             const std::string& log_prefix);
   int port_ = 0;
+  bool launched_ = false;  // under a launcher: SIGTERM first when done
   std::string log_;
   mutable pid_t pid_ = -1;  // -1 once reaped
 };

@@ -50,9 +50,21 @@ nlohmann::json read_json(const std::string& path) {
 }
 
 void write_bytes(const std::string& path, const std::vector<uint8_t>& data) {
-  std::ofstream out(path, std::ios::binary);
-  out.write(reinterpret_cast<const char*>(data.data()), std::streamsize(data.size()));
-  if (!out) throw std::runtime_error("cannot write " + path);
+  // Under a name of its own, then renamed: test cases of one binary run in parallel under
+  // ctest -j and write the same inputs; a reader must never see a half-written file.
+  const std::string partial = path + ".partial." + std::to_string(::getpid());
+  {
+    std::ofstream out(partial, std::ios::binary);
+    out.write(reinterpret_cast<const char*>(data.data()), std::streamsize(data.size()));
+    if (!out) {
+      std::remove(partial.c_str());
+      throw std::runtime_error("cannot write " + path);
+    }
+  }
+  if (std::rename(partial.c_str(), path.c_str()) != 0) {
+    std::remove(partial.c_str());
+    throw std::runtime_error("cannot write " + path);
+  }
 }
 
 static std::string slurp_and_remove(const std::string& path) {

@@ -49,6 +49,9 @@ class ArgParser {
               std::function<void(const std::string& value)> store, const std::string& default_text);
   // A switch bound to a setting: parse() sets it to `value` when the switch is given.
   void option(const std::string& names, const std::string& help, bool& target, bool value = true);
+  // A repeatable flag bound to a list: parse() appends every value given, in order.
+  void option(const std::string& names, const std::string& value_name, const std::string& help,
+              std::vector<std::string>& target);
   void positional(const std::string& name, const std::string& help);
 
   // Returns false if --help was given (help printed to stdout). Throws UsageError.
@@ -66,6 +69,7 @@ class ArgParser {
     std::vector<std::string> names;
     std::string key, value_name, help, default_text;
     std::function<void(const std::string& value)> store;  // bound flags: into their setting
+    bool repeatable = false;  // store() gets every value given, not only the last
   };
   Flag& add(const std::string& names, const std::string& value_name, const std::string& help,
             const std::string& default_text);
@@ -74,6 +78,7 @@ class ArgParser {
   std::vector<Flag> flags_;
   std::vector<std::pair<std::string, std::string>> positional_help_;
   std::map<std::string, std::string> values_;
+  std::map<std::string, std::vector<std::string>> repeated_;  // every value of each flag, in order
   std::vector<std::string> positionals_;
 };
 

@@ -101,6 +101,13 @@ void ArgParser::option(const std::string& names, const std::string& help, bool& 
   f.store = [&target, value](const std::string&) { target = value; };
 }
 
+void ArgParser::option(const std::string& names, const std::string& value_name, const std::string& help,
+                       std::vector<std::string>& target) {
+  Flag& f = add(names, value_name, help, "");
+  f.repeatable = true;
+  f.store = [&target](const std::string& v) { target.push_back(v); };
+}
+
 ArgParser::Flag& ArgParser::add(const std::string& names, const std::string& value_name, const std::string& help,
                                 const std::string& default_text) {
   Flag f;
@@ -153,9 +160,11 @@ bool ArgParser::parse(const std::vector<std::string>& args) {
         values_[f->key].assign(1, '1');  // (not = "1": GCC 12 -Wrestrict false positive)
       } else if (has_inline) {
         values_[f->key] = inline_value;
+        repeated_[f->key].push_back(inline_value);
       } else {
         if (i + 1 >= args.size()) throw UsageError("option '" + arg + "' needs a value " + f->value_name);
         values_[f->key] = args[++i];
+        repeated_[f->key].push_back(args[i]);
       }
     } else {
       if (positionals_.size() >= positional_help_.size())
@@ -163,8 +172,13 @@ bool ArgParser::parse(const std::vector<std::string>& args) {
       positionals_.push_back(arg);
     }
   }
-  for (const Flag& f : flags_)
-    if (f.store && values_.count(f.key)) f.store(values_.at(f.key));
+  for (const Flag& f : flags_) {
+    if (!f.store || !values_.count(f.key)) continue;
+    if (f.repeatable)
+      for (const std::string& v : repeated_.at(f.key)) f.store(v);
+    else
+      f.store(values_.at(f.key));
+  }
   return true;
 }
 

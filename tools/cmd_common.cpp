@@ -10,6 +10,7 @@
 #include "common.h"
 #include "engine/mtp_limits.h"
 #include "model/make_tiny.h"
+#include "patch/patch.h"
 
 namespace step35::cli {
 
@@ -169,6 +170,30 @@ std::vector<int32_t> parse_token_list(const std::string& s) {
   }
   if (ids.empty()) throw UsageError("--tokens is empty");
   return ids;
+}
+
+void add_patch_flag(ArgParser& p, std::vector<std::string>& paths) {
+  p.option("--patch", "FILE", "apply a patch file from step35 finetune (repeatable; later files win where they overlap)",
+           paths);
+}
+
+void apply_patches(Model& model, const std::vector<std::string>& paths) {
+  if (paths.empty()) return;
+  try {
+    const auto patches = patch::load_and_apply(model, paths);
+    uint64_t bytes = 0;
+    size_t slices = 0;
+    for (const auto& pt : patches) {
+      bytes += pt->data_bytes();
+      slices += pt->slices.size();
+    }
+    std::fprintf(stderr, "patches: %zu file%s, %zu slices (%.2f MiB) applied\n", patches.size(),
+                 patches.size() == 1 ? "" : "s", slices, double(bytes) / (1 << 20));
+  } catch (const patch::PatchError& e) {
+    throw UsageError(std::string("--patch: ") + e.what());
+  } catch (const gguf::Error& e) {
+    throw UsageError(std::string("--patch: ") + e.what());
+  }
 }
 
 }  // namespace step35::cli

@@ -19,6 +19,7 @@ static int eval_main(const Args& args) {
                       "{\"n_vocab\":V,\"n_tokens\":N,\"argmax\":[one per position],\"logits\":[[last row]]"
                       " or every row with --all-logits,\"greedy\":[N tokens with --greedy N]}");
   std::string model_path, token_list;
+  std::vector<std::string> patches;
   int32_t n_greedy = 0, n_ctx = 0, n_threads = default_threads();
   bool all_logits = false, want_hidden = false, exact = false;
   GeneratorOptions go;
@@ -34,6 +35,7 @@ static int eval_main(const Args& args) {
   p.option("--exact", "F32 activations on the exact stored weights (default: round activations as llama.cpp does)",
            exact);
   add_kv_cache_flags(p, go.kv_types);
+  add_patch_flag(p, patches);
   add_ep_flags(p);
   if (!p.parse(args)) return 0;
   if (!p.has("model")) throw UsageError("-m MODEL is required");
@@ -48,6 +50,7 @@ static int eval_main(const Args& args) {
   EpSetup ep(p);
   if (ep.is_follower()) return ep.follow(model_path, n_threads);
   auto model = load_model(model_path);
+  apply_patches(*model, patches);
   ep.attach(*model);
   const size_t V = size_t(model->hparams().n_vocab), E = size_t(model->hparams().n_embd), T = tokens.size();
   go.n_ctx = n_ctx;

@@ -18,6 +18,7 @@ namespace {
 // run's own settings; the others are SamplingParams and GeneratorOptions.
 struct RunSettings {
   std::string model, prompt, file, system, mtp, chat_template_file;
+  std::vector<std::string> patches;  // --patch, in order
   int32_t n_predict = 128;
   int32_t threads = default_threads();
   bool chat = false, verbose_prompt = false, ignore_eos = false, special = false, exact = false;
@@ -68,6 +69,7 @@ static int run_main(const Args& args) {
            "sampling it would make the run depend on timing: the default is then 0 (a fixed K stays reproducible)",
            rs.mtp, "auto when the model has MTP blocks");
   add_kv_cache_flags(p, go.kv_types);
+  add_patch_flag(p, rs.patches);
   add_ep_flags(p);
   if (!p.parse(args)) return 0;
 
@@ -91,6 +93,7 @@ static int run_main(const Args& args) {
   if (ep.is_follower()) return ep.follow(path, n_threads);
   const double t_load0 = now_seconds();
   auto model = load_model(path);
+  apply_patches(*model, rs.patches);
   ep.attach(*model);
   const double t_load = now_seconds() - t_load0;
   const Tokenizer& tok = model->tokenizer();

@@ -161,6 +161,7 @@ static int serve_main(const Args& args) {
   p.option("--log-steps", "one line per forward pass on stderr (decode tokens and sequences, prompt tokens and "
            "chunks, forward time); bench/step_log_summary.sh LOG sums a run's passes by kind", log_steps);
   add_kv_cache_flags(p, e.kv_types);
+  add_patch_flag(p, o.patches);
   add_ep_flags(p);
   if (!p.parse(args)) return 0;
   // With --ep under mpirun, ranks > 0 only compute their experts for rank 0, which serves.

@@ -19,5 +19,7 @@ int cmd_bench(const Args& args);
 int cmd_quantize(const Args& args);
 int cmd_serve(const Args& args);
 int cmd_ep_plan(const Args& args);
+int cmd_finetune(const Args& args);
+int cmd_patch(const Args& args);
 
 }  // namespace step35::cli

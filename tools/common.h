@@ -34,6 +34,11 @@ MtpSetting parse_mtp_value(const std::string& value);
 // The value checked against the model: a fixed K needs MTP blocks; auto without them is 0.
 MtpSetting parse_mtp(const std::string& value, const Model& model);
 
+// --patch FILE (repeatable) of run, eval and serve: patch files from step35 finetune.
+void add_patch_flag(ArgParser& p, std::vector<std::string>& paths);
+// Reads, checks and installs the patch files (UsageError naming the file on a mismatch).
+void apply_patches(Model& model, const std::vector<std::string>& paths);
+
 // Flag groups several commands share, each bound to the settings it fills (their structs'
 // defaults are what --help shows).
 // --temp, --top-k, --top-p, --min-p, --repeat-penalty, --repeat-last-n, --presence-penalty,

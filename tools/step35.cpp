@@ -23,6 +23,8 @@ static void print_usage() {
                "  quantize    convert a GGUF to Q4_K_M, Q8_0, ... like llama-quantize\n"
                "  serve       OpenAI-compatible HTTP server with continuous batching\n"
                "  ep-plan     balance experts over ranks for expert parallelism (--ep) from recorded counts\n"
+               "  finetune    train chosen experts / routers of a model on a text, write the trained slices as a patch\n"
+               "  patch       inspect a patch file, or write a model with patches applied\n"
                "\n"
                "run 'step35 <command> --help' for a command's options.\n");
 }
@@ -45,6 +47,8 @@ int main(int argc, char** argv) {
     if (cmd == "quantize") return cmd_quantize(args);
     if (cmd == "serve") return cmd_serve(args);
     if (cmd == "ep-plan") return cmd_ep_plan(args);
+    if (cmd == "finetune") return cmd_finetune(args);
+    if (cmd == "patch") return cmd_patch(args);
   } catch (const std::exception& e) {
     std::fprintf(stderr, "step35 %s: error: %s\n", cmd.c_str(), e.what());
     return 1;

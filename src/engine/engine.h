@@ -190,6 +190,14 @@ class Engine {
   virtual void shutdown() = 0;
   virtual const Model& model() const = 0;
   virtual const EngineOptions& options() const = 0;
+  // Runs `change` on the scheduler thread between two forward passes at a moment when no
+  // request is running: from this call on, queued requests wait; the running ones finish
+  // (with the weights they started with); then `change` runs, the prefix cache is emptied
+  // (its blocks were computed before the change) and the queued requests start. So every
+  // request runs entirely before or entirely after the change (model weight swaps,
+  // POST /v1/step35/hotswap). Blocks until `change` has run and rethrows what it threw;
+  // throws std::runtime_error when the engine shuts down first.
+  virtual void run_exclusive(std::function<void()> change) = 0;
 };
 
 // The continuous-batching engine over a loaded model.

@@ -12,6 +12,8 @@
 #include <chrono>
 #include <condition_variable>
 #include <deque>
+#include <future>
+#include <memory>
 #include <mutex>
 #include <optional>
 #include <thread>
@@ -138,7 +140,51 @@ class BatchEngine final : public Engine {
   const Model& model() const override { return model_; }
   const EngineOptions& options() const override { return opts_; }
 
+  void run_exclusive(std::function<void()> change) override {
+    auto task = std::make_shared<ExclusiveTask>();
+    task->change = std::move(change);
+    std::future<void> done = task->done.get_future();
+    {
+      std::lock_guard<std::mutex> lock(mu_);
+      if (stopping_) throw std::runtime_error("the engine is shutting down");
+      exclusive_.push_back(task);
+      cv_.notify_all();
+    }
+    done.get();
+  }
+
  private:
+  // A run_exclusive() call waiting for the running requests to finish.
+  struct ExclusiveTask {
+    std::function<void()> change;
+    std::promise<void> done;
+  };
+
+  // Runs the pending exclusive changes once no request runs (scheduler thread).
+  void run_exclusive_tasks() {
+    if (!running_.empty()) return;
+    std::deque<std::shared_ptr<ExclusiveTask>> tasks;
+    {
+      std::lock_guard<std::mutex> lock(mu_);
+      tasks.swap(exclusive_);
+    }
+    for (auto& t : tasks) {
+      try {
+        t->change();
+        t->done.set_value();
+      } catch (...) {
+        t->done.set_exception(std::current_exception());
+      }
+    }
+    // Cached prompt blocks hold keys and values computed before the change.
+    if (!tasks.empty()) prefix_->clear();
+  }
+
+  bool exclusive_pending() const {
+    std::lock_guard<std::mutex> lock(mu_);
+    return !exclusive_.empty();
+  }
+
   static constexpr int32_t kLowLatencyExtraSlots = 2;  // low_latency may run beyond n_parallel
   static constexpr int32_t kPrefillChunkWhileDecoding = 32;  // prompt tokens per step beside decodes
 
@@ -281,7 +327,8 @@ class BatchEngine final : public Engine {
     drop_ended(cancels, now);
     std::stable_sort(queue_.begin(), queue_.end(),
                      [](const auto& a, const auto& b) { return a->priority_rank() < b->priority_rank(); });
-    admit_queued(now);
+    // None start while an exclusive change waits for the running requests to finish.
+    if (!exclusive_pending()) admit_queued(now);
     std::lock_guard<std::mutex> lock(mu_);
     queued_ = int32_t(queue_.size());
     free_slots_hint_ = std::max(0, opts_.n_parallel - int32_t(running_.size()));
@@ -507,10 +554,11 @@ class BatchEngine final : public Engine {
     for (;;) {
       {
         std::unique_lock<std::mutex> lock(mu_);
-        const bool idle = running_.empty() && incoming_.empty() && cancels_.empty();
+        const bool idle = running_.empty() && incoming_.empty() && cancels_.empty() && exclusive_.empty();
         if (idle && !stopping_) {
           if (queue_.empty()) {
-            cv_.wait(lock, [&] { return stopping_ || !incoming_.empty() || !cancels_.empty(); });
+            cv_.wait(lock,
+                     [&] { return stopping_ || !incoming_.empty() || !cancels_.empty() || !exclusive_.empty(); });
           } else {
             // Only requests waiting for company (high_throughput) or for memory.
             cv_.wait_for(lock, std::chrono::milliseconds(std::max(1, opts_.batch_wait_ms / 2)));
@@ -519,6 +567,7 @@ class BatchEngine final : public Engine {
         if (stopping_) break;
       }
       intake();
+      run_exclusive_tasks();
       step();
       publish_stats();
     }
@@ -532,6 +581,12 @@ class BatchEngine final : public Engine {
     for (auto& r : queue_) emit_final(*r, FinishReason::Cancelled);
     queue_.clear();
     prefix_->clear();
+    {
+      std::lock_guard<std::mutex> lock(mu_);
+      for (auto& t : exclusive_)
+        t->done.set_exception(std::make_exception_ptr(std::runtime_error("the engine is shutting down")));
+      exclusive_.clear();
+    }
     publish_stats();
   }
 
@@ -563,6 +618,7 @@ class BatchEngine final : public Engine {
   std::condition_variable cv_;
   std::vector<std::unique_ptr<Request>> incoming_;
   std::vector<uint64_t> cancels_;
+  std::deque<std::shared_ptr<ExclusiveTask>> exclusive_;
   int32_t queued_ = 0;
   int32_t free_slots_hint_ = 0;
   EngineStats stats_;

@@ -13,9 +13,15 @@
 
 namespace step35 {
 
+struct WeightSet;
+
 class ExpertExecutor {
  public:
   virtual ~ExpertExecutor() = default;
+  // Called at the start of every forward pass with the weights it reads, before any
+  // begin(): an executor whose experts live elsewhere hands on replaced experts (model
+  // patches) so the other side computes with the same weights from this pass on.
+  virtual void sync_weights(const WeightSet& weights) { (void)weights; }
   // True when this process computes expert e of block il itself.
   virtual bool is_local(int il, int32_t e) const = 0;
   // Starts the remote experts of block il. `acts`: all of the batch's normed FFN input

@@ -82,6 +82,9 @@ std::unique_ptr<Model> Model::load_parsed(std::unique_ptr<gguf::File> file, cons
                   ? LoadOptions::ExpertRepack::OnFirstUse
                   : LoadOptions::ExpertRepack::Never;
   if (repack) m->repack_weights(experts);
+  auto base = std::make_shared<WeightSet>();
+  base->layers = m->layers_;
+  m->weights_ = std::move(base);
   if (int64_t(m->tokenizer_->n_vocab()) > m->hp_.n_vocab)
     throw gguf::Error(path + ": tokenizer has " + std::to_string(m->tokenizer_->n_vocab()) +
                       " tokens but token_embd.weight only " + std::to_string(m->hp_.n_vocab) +

@@ -77,6 +77,31 @@ struct LayerWeights {
   std::vector<float> nextn_enorm, nextn_hnorm, nextn_shared_head_norm;
 };
 
+// A matrix that replaces one of the file's in forward passes (model patches, src/patch):
+// a whole 2-D weight tensor or one expert's matrix of a 3-D expert tensor, n_out rows of
+// n_in values of `type` (any type the kernels multiply; it may differ from the file's).
+// `owner` keeps the bytes alive for as long as a forward pass may read them.
+struct MatrixReplacement {
+  std::string tensor;        // GGUF name, e.g. "blk.12.ffn_up_exps.weight"
+  int32_t expert = -1;       // the matrix of a 3-D tensor; -1: the whole tensor
+  DType type = DType::F32;
+  const uint8_t* data = nullptr;
+  size_t n_bytes = 0;
+  std::shared_ptr<const void> owner;
+};
+
+// The weights forward passes read: the file's, with replacements in effect. A pass takes
+// the current one when it starts and holds it to the end, so a change made meanwhile
+// (Model::set_replacements) is seen only by later passes, never halfway.
+struct WeightSet {
+  uint64_t version = 0;  // 0: the file's weights, as loaded
+  std::vector<LayerWeights> layers;
+  std::vector<MatrixReplacement> replacements;
+  // Owners of the slot tables of replaced experts and of replacements' repacked copies.
+  std::vector<std::unique_ptr<MatrixSlots>> slots;
+  std::vector<kernels::AlignedBytes> packed;
+};
+
 // Receives named intermediates ("attn_norm_in", layer, data, n_floats) during a forward
 // pass, with the same names as llama.cpp's graph so runs can be diffed layer by layer
 // against the fixtures' *.layers.f32 dumps. Layer is -1 for model-level tensors.
@@ -119,9 +144,24 @@ class Model {
                                             const LoadOptions& opts);
 
   const HParams& hparams() const { return hp_; }
+
+  // Replaces matrices in every forward pass that starts after this call; passes already
+  // running finish with the weights they started with. `replacements` is the complete set
+  // wanted on top of the file's weights (later entries win over earlier ones for the same
+  // matrix; an empty list restores the file's weights). Every entry is checked first
+  // (tensor name, expert, byte size for its type and shape): a bad one throws
+  // std::invalid_argument naming it, and nothing changes. Replaced Q4_K/Q6_K matrices are
+  // repacked like the file's. Thread-safe.
+  void set_replacements(std::vector<MatrixReplacement> replacements);
+  // The weights a pass starting now would read.
+  std::shared_ptr<const WeightSet> weights() const;
   const Tokenizer& tokenizer() const { return *tokenizer_; }
   const gguf::File& file() const { return *file_; }
   const LayerWeights& layer(int il) const { return layers_[size_t(il)]; }
+  const WeightMatrix& token_embd() const { return token_embd_; }
+  const WeightMatrix& output() const { return output_; }
+  const std::vector<float>& output_norm() const { return output_norm_; }
+  const std::vector<float>& rope_freqs() const { return rope_freqs_; }  // empty if absent
   bool has_mtp() const { return n_mtp_loaded_ > 0; }
   int32_t n_mtp_loaded() const { return n_mtp_loaded_; }
   // Bytes of all weight tensors (file size minus metadata).
@@ -199,6 +239,10 @@ class Model {
   mutable std::mutex lazy_mu_;  // one pass repacks at a time
   ExpertExecutor* experts_ = nullptr;
   ExpertCountObserver* expert_observer_ = nullptr;
+  // The weights passes read (the file's until set_replacements), and a version counter.
+  mutable std::mutex weights_mu_;
+  std::shared_ptr<const WeightSet> weights_;
+  uint64_t weights_version_ = 0;
 
   friend class ForwardPass;
 };

@@ -54,7 +54,8 @@ class ForwardPass {
  public:
   ForwardPass(const Model& m, KvPool& kv, const std::vector<SeqChunk>& chunks, BatchOutput& out, Workspace& ws,
               ThreadPool& pool, const ForwardOptions& opts)
-      : m_(m), hp_(m.hp_), kv_(kv), chunks_(chunks), out_(out), ws_(ws), pool_(pool), opts_(opts) {}
+      : m_(m), hp_(m.hp_), weights_(m.weights()), kv_(kv), chunks_(chunks), out_(out), ws_(ws), pool_(pool),
+        opts_(opts) {}
 
   void run();
   // §3: MTP block k over the chunks, `h_in` = the hidden state paired with each token.
@@ -94,6 +95,10 @@ class ForwardPass {
     kernels::ActType type = kernels::ActType::F32, shared_type = kernels::ActType::F32;
     size_t stride = 0, shared_stride = 0;
     uint8_t* rows = nullptr;    // a row per (token, slot) pair
+    // Per row, its format where replaced experts (model patches) of another type than the
+    // tensor mix formats in the layer (rows are then `stride` apart, the widest format);
+    // null when every row has `type`.
+    const uint8_t* row_type = nullptr;
     uint8_t* shared = nullptr;  // a row per token (null without a shared expert)
   };
   struct ExpertOutputs {     // down products
@@ -106,6 +111,9 @@ class ForwardPass {
   void record_routing(int il, const MoeRoute& route, const ExpertGroups& groups);
   ExpertOutputs expert_products(int il, const ExpertGroups& groups);
   bool computes_here(int il, int64_t e) const;  // expert e of block il runs in this process
+  bool replaced_with_other_type(int il, int64_t e) const;
+  // The groups' tokens of the experts the other processes compute (expert parallelism).
+  const std::vector<std::vector<int32_t>>& remote_tokens(int il, const ExpertGroups& groups);
   ExpertActs expert_gate_up(int il, const ExpertGroups& groups);
   ExpertOutputs expert_down(int il, const ExpertGroups& groups, const ExpertActs& acts);
   void combine_experts(int il, const MoeRoute& route, const ExpertGroups& groups, const ExpertOutputs& outputs);
@@ -133,6 +141,7 @@ class ForwardPass {
 
   const Model& m_;
   const HParams& hp_;
+  const std::shared_ptr<const WeightSet> weights_;  // held for the whole pass
   KvPool& kv_;
   const std::vector<SeqChunk>& chunks_;
   BatchOutput& out_;
@@ -235,7 +244,7 @@ const float* ForwardPass::rope_table(const LayerHParams& L) {
 // §2.3 pre-norm residual block on ws.x: h1 = h + Attention(RMS(h)); out = h1 + FFN(RMS(h1)).
 void ForwardPass::decoder_block(int il) {
   const LayerHParams& L = hp_.layers[size_t(il)];
-  const LayerWeights& W = m_.layers_[size_t(il)];
+  const LayerWeights& W = weights_->layers[size_t(il)];
   const int64_t E = hp_.n_embd;
   float* x = ws_.x.get(size_t(T_ * E));
   dump("attn_norm_in", il, x, T_ * E);
@@ -256,6 +265,7 @@ void ForwardPass::decoder_block(int il) {
 }
 
 void ForwardPass::run() {
+  if (m_.experts_) m_.experts_->sync_weights(*weights_);
   prepare_batch();
   embed();
   for (int il = 0; il < hp_.n_layer; ++il) decoder_block(il);
@@ -266,9 +276,10 @@ void ForwardPass::run() {
 
 void ForwardPass::run_mtp(int k, const float* h_in) {
   const int il = hp_.n_layer + k;
-  const LayerWeights& W = m_.layers_[size_t(il)];
+  const LayerWeights& W = weights_->layers[size_t(il)];
   kv_layer_base_ = il;
   collect_routing_ = false;
+  if (m_.experts_) m_.experts_->sync_weights(*weights_);
   prepare_batch();
   // §3.1: z = W_eh · [RMS(Emb(x); enorm) ; RMS(h_in; hnorm)] (the embedding half first).
   const int64_t E = hp_.n_embd;
@@ -306,7 +317,7 @@ void ForwardPass::embed() {
 // cache, causal (+ sliding window) softmax(QK)V over the cache, head-wise gate, W_o.
 void ForwardPass::attention(int il) {
   const LayerHParams& L = hp_.layers[size_t(il)];
-  const LayerWeights& W = m_.layers_[size_t(il)];
+  const LayerWeights& W = weights_->layers[size_t(il)];
   const int64_t E = hp_.n_embd, H = L.n_head, G = L.n_head_kv, D = hp_.head_dim_k, Dv = hp_.head_dim_v;
   const int64_t T = T_;
   float* q = ws_.q.get(size_t(T * H * D));
@@ -378,7 +389,7 @@ void ForwardPass::attention(int il) {
 // §2.5 dense SwiGLU MLP; the shared clamp list governs dense layers (G9).
 void ForwardPass::dense_ffn(int il) {
   const LayerHParams& L = hp_.layers[size_t(il)];
-  const LayerWeights& W = m_.layers_[size_t(il)];
+  const LayerWeights& W = weights_->layers[size_t(il)];
   const int64_t E = hp_.n_embd, F = W.ffn_gate.n_out, T = T_;
   float* gu = ws_.gu.get(size_t(2 * T * F));
   ws_.jobs.clear();
@@ -417,7 +428,7 @@ void ForwardPass::moe_ffn(int il) {
 
 ForwardPass::MoeRoute ForwardPass::route_tokens(int il) {
   const LayerHParams& L = hp_.layers[size_t(il)];
-  const LayerWeights& W = m_.layers_[size_t(il)];
+  const LayerWeights& W = weights_->layers[size_t(il)];
   const int64_t X = hp_.n_expert, K = L.n_expert_used, T = T_;
   float* logits = ws_.router.get(size_t(T * X));
   ws_.jobs.clear();
@@ -561,9 +572,10 @@ void ForwardPass::record_routing(int il, const MoeRoute& route, const ExpertGrou
 // while this one computes its own experts and the shared expert; their rows of `down`
 // arrive at the end.
 ForwardPass::ExpertOutputs ForwardPass::expert_products(int il, const ExpertGroups& groups) {
-  const LayerWeights& W = m_.layers_[size_t(il)];
+  const LayerWeights& W = weights_->layers[size_t(il)];
   ExpertExecutor* remote = m_.experts_;
-  if (remote) remote->begin(il, acts_for(W.ffn_gate_exps), *groups.tokens, prec_);
+  const std::vector<std::vector<int32_t>>* remote_rows = remote ? &remote_tokens(il, groups) : nullptr;
+  if (remote) remote->begin(il, acts_for(W.ffn_gate_exps), *remote_rows, prec_);
   if (W.ffn_gate_exps.lazy || W.ffn_up_exps.lazy || W.ffn_down_exps.lazy) {
     // Experts repacked on first use: make the copies of those this pass computes.
     std::vector<int32_t>& routed = ws_.routed_experts;
@@ -574,34 +586,55 @@ ForwardPass::ExpertOutputs ForwardPass::expert_products(int il, const ExpertGrou
   }
   const ExpertActs acts = expert_gate_up(il, groups);
   ExpertOutputs out = expert_down(il, groups, acts);
-  if (remote) remote->finish(il, *groups.tokens, groups.first_row, out.down);
+  if (remote) remote->finish(il, *remote_rows, groups.first_row, out.down);
   return out;
 }
 
+// Replaced experts (model patches) of another type than their tensor run in this process
+// even under expert parallelism: the other processes receive activations in the tensor's
+// format.
 bool ForwardPass::computes_here(int il, int64_t e) const {
-  return !m_.experts_ || m_.experts_->is_local(il, int32_t(e));
+  return !m_.experts_ || m_.experts_->is_local(il, int32_t(e)) || replaced_with_other_type(il, e);
+}
+
+bool ForwardPass::replaced_with_other_type(int il, int64_t e) const {
+  const LayerWeights& W = weights_->layers[size_t(il)];
+  auto other = [e](const WeightMatrix& w) { return w.replaced(e) && w.matrix(e).type != w.type; };
+  return other(W.ffn_gate_exps) || other(W.ffn_up_exps) || other(W.ffn_down_exps);
+}
+
+const std::vector<std::vector<int32_t>>& ForwardPass::remote_tokens(int il, const ExpertGroups& groups) {
+  const LayerWeights& W = weights_->layers[size_t(il)];
+  if (!W.ffn_gate_exps.slots && !W.ffn_up_exps.slots && !W.ffn_down_exps.slots) return *groups.tokens;
+  ws_.remote_tokens = *groups.tokens;
+  for (int64_t e = 0; e < hp_.n_expert; ++e)
+    if (replaced_with_other_type(il, e)) ws_.remote_tokens[size_t(e)].clear();
+  return ws_.remote_tokens;
 }
 
 // Gate/up products of every routed expert computed here and of the shared expert (one
 // parallel section), then their SwiGLU straight into the down projections' input format.
 ForwardPass::ExpertActs ForwardPass::expert_gate_up(int il, const ExpertGroups& groups) {
   const LayerHParams& L = hp_.layers[size_t(il)];
-  const LayerWeights& W = m_.layers_[size_t(il)];
+  const LayerWeights& W = weights_->layers[size_t(il)];
   const int64_t F = L.n_ff_exp, T = T_, n_rows = groups.n_rows;
   const bool has_shared = W.ffn_up_shexp.present();
   const int64_t FS = has_shared ? W.ffn_up_shexp.n_out : 0;
   float* gu = ws_.gu.get(size_t(2 * std::max<int64_t>(n_rows, 1) * F));
   float* sgu = ws_.shared_gu.get(size_t(std::max<int64_t>(2 * T * FS, 1)));
   ws_.jobs.clear();
-  const kernels::ActRows all = acts_for(W.ffn_gate_exps);
   for (int64_t e = 0; e < hp_.n_expert; ++e) {
     const auto& toks = (*groups.tokens)[size_t(e)];
     if (toks.empty() || !computes_here(il, e)) continue;
-    kernels::ActRows x = all;
-    x.idx = toks.data();
-    x.n_tok = int64_t(toks.size());
-    add_job(W.ffn_gate_exps.matrix(e), x, gu + groups.first_row[e] * F, F);
-    add_job(W.ffn_up_exps.matrix(e), x, gu + (n_rows + groups.first_row[e]) * F, F);
+    // Each matrix with the activations of its type (a replaced expert's may differ).
+    const WeightMatrix wg = W.ffn_gate_exps.matrix(e), wu = W.ffn_up_exps.matrix(e);
+    kernels::ActRows xg = acts_for(wg), xu = acts_for(wu);
+    for (kernels::ActRows* x : {&xg, &xu}) {
+      x->idx = toks.data();
+      x->n_tok = int64_t(toks.size());
+    }
+    add_job(wg, xg, gu + groups.first_row[e] * F, F);
+    add_job(wu, xu, gu + (n_rows + groups.first_row[e]) * F, F);
   }
   if (has_shared) {
     add_job(W.ffn_gate_shexp, acts_for(W.ffn_gate_shexp), sgu, FS);
@@ -612,6 +645,17 @@ ForwardPass::ExpertActs ForwardPass::expert_gate_up(int il, const ExpertGroups& 
   ExpertActs a;
   a.type = kernels::act_type(W.ffn_down_exps.type, prec_);
   a.stride = kernels::act_row_bytes(a.type, F);
+  if (W.ffn_down_exps.slots) {
+    uint8_t* row_type = ws_.row_act_type.get(size_t(std::max<int64_t>(n_rows, 1)));
+    std::fill_n(row_type, n_rows, uint8_t(a.type));
+    for (int64_t e = 0; e < hp_.n_expert; ++e) {
+      if (!W.ffn_down_exps.replaced(e) || (*groups.tokens)[size_t(e)].empty()) continue;
+      const kernels::ActType te = kernels::act_type(W.ffn_down_exps.matrix(e).type, prec_);
+      a.stride = std::max(a.stride, kernels::act_row_bytes(te, F));
+      std::fill_n(row_type + groups.first_row[e], (*groups.tokens)[size_t(e)].size(), uint8_t(te));
+    }
+    a.row_type = row_type;
+  }
   a.rows = ws_.down_act.get(a.stride * size_t(std::max<int64_t>(n_rows, 1)));
   uint8_t* row_local = nullptr;  // with remote experts: whether row r is computed here
   if (m_.experts_) {
@@ -621,7 +665,8 @@ ForwardPass::ExpertActs ForwardPass::expert_gate_up(int il, const ExpertGroups& 
   }
   for_each_row(n_rows, pool_, 32, [&](int64_t r) {
     if (row_local && !row_local[r]) return;
-    kernels::swiglu_convert(a.type, gu + r * F, gu + (n_rows + r) * F, F, L.clamp_exp, 1, F, a.rows + size_t(r) * a.stride);
+    const kernels::ActType t = a.row_type ? kernels::ActType(a.row_type[r]) : a.type;
+    kernels::swiglu_convert(t, gu + r * F, gu + (n_rows + r) * F, F, L.clamp_exp, 1, F, a.rows + size_t(r) * a.stride);
   });
   if (has_shared) {
     a.shared_type = kernels::act_type(W.ffn_down_shexp.type, prec_);
@@ -638,7 +683,7 @@ ForwardPass::ExpertActs ForwardPass::expert_gate_up(int il, const ExpertGroups& 
 // Down products of every routed expert computed here and of the shared expert (one
 // parallel section): a row per (token, slot) pair, and one per token for the shared expert.
 ForwardPass::ExpertOutputs ForwardPass::expert_down(int il, const ExpertGroups& groups, const ExpertActs& acts) {
-  const LayerWeights& W = m_.layers_[size_t(il)];
+  const LayerWeights& W = weights_->layers[size_t(il)];
   const int64_t E = hp_.n_embd, T = T_;
   ExpertOutputs out;
   out.down = ws_.down.get(size_t(std::max<int64_t>(groups.n_rows, 1) * E));
@@ -647,7 +692,7 @@ ForwardPass::ExpertOutputs ForwardPass::expert_down(int il, const ExpertGroups& 
     const int64_t n = int64_t((*groups.tokens)[size_t(e)].size());
     if (n == 0 || !computes_here(il, e)) continue;
     kernels::ActRows x;
-    x.type = acts.type;
+    x.type = acts.row_type ? kernels::ActType(acts.row_type[groups.first_row[e]]) : acts.type;
     x.data = acts.rows + size_t(groups.first_row[e]) * acts.stride;
     x.stride = acts.stride;
     x.n_tok = n;

@@ -62,6 +62,8 @@ struct Workspace {
   Scratch<int32_t> slot_row;              // (token*K + slot) -> row in gu/down
   Scratch<int64_t> expert_first_row;      // per expert: its first row in gu/down
   Scratch<uint8_t> row_local;             // expert parallelism: row computed in this process
+  Scratch<uint8_t> row_act_type;          // per routed row: its down activation format (replaced experts)
+  std::vector<std::vector<int32_t>> remote_tokens;  // expert_tokens without experts kept local
   Scratch<uint8_t> down_act, shared_act;
   ActCache acts;                          // of the current normed input (attention or FFN)
   ActCache o_acts;

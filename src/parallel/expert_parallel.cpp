@@ -24,7 +24,7 @@ std::unique_ptr<ExpertParallel> ExpertParallel::start() {
 }
 ExpertParallel::~ExpertParallel() = default;
 std::unique_ptr<ExpertExecutor> ExpertParallel::executor(const Model&, ExpertPlacement) { return nullptr; }
-void ExpertParallel::follow(const Model&, ThreadPool&) {}
+void ExpertParallel::follow(Model&, ThreadPool&) {}
 void ExpertParallel::abort_all(int code) { std::exit(code); }
 
 #else
@@ -33,8 +33,64 @@ bool mpi_built() { return true; }
 
 namespace {
 
-// Message tags: rank 0 -> follower work / shutdown, follower -> rank 0 down rows.
-constexpr int kTagWork = 1, kTagShutdown = 2, kTagRows = 3;
+// Message tags: rank 0 -> follower work / shutdown / replaced experts, follower -> rank 0
+// down rows.
+constexpr int kTagWork = 1, kTagShutdown = 2, kTagRows = 3, kTagWeights = 4;
+
+// A weights message: the replaced expert matrices of a WeightSet (model patches), each as
+// u32 name length, name, i32 expert, u32 type, u64 byte count, bytes. Only 3-D expert
+// tensors: the followers compute nothing else.
+std::vector<uint8_t> encode_expert_replacements(const WeightSet& ws) {
+  std::vector<uint8_t> out;
+  auto put = [&](const void* p, size_t n) {
+    const uint8_t* b = static_cast<const uint8_t*>(p);
+    out.insert(out.end(), b, b + n);
+  };
+  for (const MatrixReplacement& r : ws.replacements) {
+    if (r.expert < 0) continue;
+    const uint32_t len = uint32_t(r.tensor.size()), type = uint32_t(r.type);
+    const int32_t expert = r.expert;
+    const uint64_t n = r.n_bytes;
+    put(&len, 4);
+    put(r.tensor.data(), len);
+    put(&expert, 4);
+    put(&type, 4);
+    put(&n, 8);
+    put(r.data, r.n_bytes);
+  }
+  return out;
+}
+
+std::vector<MatrixReplacement> decode_expert_replacements(std::shared_ptr<const std::vector<uint8_t>> msg) {
+  std::vector<MatrixReplacement> out;
+  const std::vector<uint8_t>& m = *msg;
+  size_t at = 0;
+  auto get = [&](void* p, size_t n) {
+    if (n > m.size() - at) throw std::runtime_error("expert parallelism: malformed weights message");
+    std::memcpy(p, m.data() + at, n);
+    at += n;
+  };
+  while (at < m.size()) {
+    MatrixReplacement r;
+    uint32_t len = 0, type = 0;
+    uint64_t n = 0;
+    get(&len, 4);
+    if (len > 256) throw std::runtime_error("expert parallelism: malformed weights message");
+    r.tensor.resize(len);
+    get(r.tensor.data(), len);
+    get(&r.expert, 4);
+    get(&type, 4);
+    get(&n, 8);
+    if (n > m.size() - at) throw std::runtime_error("expert parallelism: malformed weights message");
+    r.type = DType(type);
+    r.data = m.data() + at;
+    r.n_bytes = size_t(n);
+    r.owner = msg;
+    at += size_t(n);
+    out.push_back(std::move(r));
+  }
+  return out;
+}
 
 // A work message: this header, then n_groups (expert, n_rows) int32 pairs, then n_pairs
 // int32 indices into the packed activation rows, padded to 8 bytes, then n_packed rows
@@ -68,6 +124,18 @@ class MpiExpertExecutor final : public ExpertExecutor {
   ~MpiExpertExecutor() override { drain(); }
 
   bool is_local(int il, int32_t e) const override { return placement_.owner(il, e) == 0; }
+
+  void sync_weights(const WeightSet& ws) override {
+    if (ws.version == synced_version_) return;
+    drain();
+    // Every follower gets all replaced experts (each computes only its own); the
+    // message goes before this pass's first work message, and MPI keeps their order.
+    const std::vector<uint8_t> msg = encode_expert_replacements(ws);
+    if (msg.size() > size_t(INT32_MAX)) throw std::runtime_error("expert parallelism: replaced experts exceed 2 GiB");
+    for (size_t r = 1; r < work_.size(); ++r)
+      check(MPI_Send(msg.data(), int(msg.size()), MPI_BYTE, int(r), kTagWeights, MPI_COMM_WORLD), "MPI_Send");
+    synced_version_ = ws.version;
+  }
 
   void begin(int il, const kernels::ActRows& acts, const std::vector<std::vector<int32_t>>& expert_tokens,
              Precision precision) override {
@@ -146,6 +214,7 @@ class MpiExpertExecutor final : public ExpertExecutor {
   const Model& m_;
   ExpertPlacement placement_;
   std::vector<RankWork> work_;
+  uint64_t synced_version_ = 0;  // the followers start with the file's weights
 };
 
 // One work message on a follower: gate/up products, SwiGLU into the down projections'
@@ -160,7 +229,8 @@ void compute_work(const Model& m, const std::vector<uint8_t>& msg, std::vector<f
   if (h.layer < 0 || h.layer >= int64_t(hp.layers.size()) || !hp.layers[size_t(h.layer)].is_moe)
     throw std::runtime_error("expert parallelism: work for a block that is not MoE");
   const LayerHParams& L = hp.layers[size_t(h.layer)];
-  const LayerWeights& W = m.layer(int(h.layer));
+  const std::shared_ptr<const WeightSet> weights = m.weights();  // with replaced experts
+  const LayerWeights& W = weights->layers[size_t(h.layer)];
   const int64_t E = hp.n_embd, F = L.n_ff_exp;
   const size_t ints = size_t(2 * h.n_groups + h.n_pairs) * sizeof(int32_t);
   if (msg.size() != sizeof h + padded(ints) + size_t(h.n_packed * h.act_stride))
@@ -278,7 +348,7 @@ std::unique_ptr<ExpertExecutor> ExpertParallel::executor(const Model& model, Exp
   return std::make_unique<MpiExpertExecutor>(model, std::move(placement), n_ranks_);
 }
 
-void ExpertParallel::follow(const Model& model, ThreadPool& pool) {
+void ExpertParallel::follow(Model& model, ThreadPool& pool) {
   Workspace ws;
   std::vector<uint8_t> msg;
   std::vector<float> rows;
@@ -291,6 +361,10 @@ void ExpertParallel::follow(const Model& model, ThreadPool& pool) {
       msg.resize(size_t(n));
       check(MPI_Recv(msg.data(), n, MPI_BYTE, 0, st.MPI_TAG, MPI_COMM_WORLD, MPI_STATUS_IGNORE), "MPI_Recv");
       if (st.MPI_TAG == kTagShutdown) return;
+      if (st.MPI_TAG == kTagWeights) {
+        model.set_replacements(decode_expert_replacements(std::make_shared<const std::vector<uint8_t>>(msg)));
+        continue;
+      }
       if (st.MPI_TAG != kTagWork) throw std::runtime_error("expert parallelism: unexpected message");
       compute_work(model, msg, rows, ws, pool);
       WorkHeader h;

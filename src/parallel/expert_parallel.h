@@ -38,7 +38,9 @@ class ExpertParallel {
   std::unique_ptr<ExpertExecutor> executor(const Model& model, ExpertPlacement placement);
   // Ranks > 0: serves rank 0's requests until it shuts down. On an error, prints it and
   // aborts the whole job (rank 0 would otherwise wait forever).
-  void follow(const Model& model, ThreadPool& pool);
+  // Replaced experts (model patches) arrive from rank 0 between work messages and apply
+  // from the next one on.
+  void follow(Model& model, ThreadPool& pool);
   // Aborts every rank (an error on one must not leave the others waiting).
   [[noreturn]] void abort_all(int code);
 

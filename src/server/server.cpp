@@ -272,7 +272,8 @@ void add_info_routes(httplib::Server& svr, ServerContext& ctx) {
           }));
   svr.Get("/metrics", get_endpoint(ctx, {"/metrics", false, true}, [&ctx](HttpExchange& ex, const std::string&) {
             const EngineStats s = ctx.ready ? ctx.engine->stats() : EngineStats{};
-            ex.res.set_content(ctx.metrics.render(s, ctx.ready), "text/plain; version=0.0.4");
+            ex.res.set_content(ctx.metrics.render(s, ctx.ready) + (ctx.ready ? hotswap_metrics(ctx) : ""),
+                               "text/plain; version=0.0.4");
           }));
   auto models = [&ctx](HttpExchange& ex, const std::string&) {
     set_json(ex.res, {{"object", "list"}, {"data", json::array({model_card(ctx)})}});
@@ -374,9 +375,25 @@ void add_cors_and_errors(httplib::Server& svr, ServerContext& ctx) {
   });
 }
 
+// Expert hot-swap (server/hotswap.cpp): swap a patch in, take it back, list the active ones.
+void add_hotswap_routes(httplib::Server& svr, ServerContext& ctx) {
+  svr.Post("/v1/step35/hotswap",
+           post_endpoint(ctx, {"/v1/step35/hotswap"}, [&ctx](HttpExchange& ex, const std::string& body) {
+             handle_hotswap(ctx, body, ex);
+           }));
+  svr.Post("/v1/step35/hotswap/revert",
+           post_endpoint(ctx, {"/v1/step35/hotswap/revert"}, [&ctx](HttpExchange& ex, const std::string& body) {
+             handle_hotswap_revert(ctx, body, ex);
+           }));
+  svr.Get("/v1/step35/hotswap", get_endpoint(ctx, {"/v1/step35/hotswap"}, [&ctx](HttpExchange& ex, const std::string&) {
+            handle_hotswap_list(ctx, ex);
+          }));
+}
+
 void add_routes(httplib::Server& svr, ServerContext& ctx) {
   add_info_routes(svr, ctx);
   add_model_routes(svr, ctx);
+  add_hotswap_routes(svr, ctx);
   add_cors_and_errors(svr, ctx);
 }
 
@@ -604,6 +621,7 @@ void load(ServerContext& ctx, const ServerOptions& options) {
     // test can signal a server that is still loading.
     if (const char* delay = std::getenv("STEP35_TEST_LOAD_DELAY_MS"))
       std::this_thread::sleep_for(std::chrono::milliseconds(std::atoll(delay)));
+    if (!options.patches.empty()) apply_startup_patches(ctx);
     if (options.on_model_loaded) options.on_model_loaded(*ctx.model);
     const Tokenizer& tok = ctx.model->tokenizer();
     ctx.chat_template = std::make_unique<ChatTemplate>(

@@ -61,6 +61,9 @@ struct ServerOptions {
   // engine.n_ctx: the context per sequence; 0 = the model's, < 0 = EngineOptions' default
   // (or the model's when smaller). More than the model's is cut to the model's.
   EngineOptions engine;
+  // Patch files from `step35 finetune` (--patch) installed once the model is loaded, in
+  // order (later ones win where they overlap); hot-swaps stack on top of them.
+  std::vector<std::string> patches;
   // Called once the model is loaded, before the engine's first forward pass (e.g. to
   // install the expert-parallel executor of `--ep`).
   std::function<void(Model&)> on_model_loaded;

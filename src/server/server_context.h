@@ -15,6 +15,7 @@
 #include "chat/chat_template.h"
 #include "engine/engine.h"
 #include "model/step35.h"
+#include "server/hotswap.h"
 #include "server/metrics.h"
 #include "server/response_store.h"
 #include "server/server.h"
@@ -31,6 +32,7 @@ struct ServerContext {
   ServerMetrics metrics;
   ServerLog log;
   ResponseStore responses;  // /v1/responses, for previous_response_id
+  HotSwapState hotswap;     // POST /v1/step35/hotswap: the patches swapped in
   std::atomic<bool> ready{false};
   std::atomic<bool> draining{false};
   std::atomic<int> in_flight{0};
@@ -91,6 +93,15 @@ void handle_responses(ServerContext& ctx, const nlohmann::json& body, HttpExchan
 // POST /apply-template (llama-server's): a chat completion's body, answered with the
 // prompt it renders to, {"prompt": ...}.
 void handle_apply_template(ServerContext& ctx, const nlohmann::json& body, HttpExchange& ex);
+// Hot-swap (server/hotswap.cpp): POST /v1/step35/hotswap, POST /v1/step35/hotswap/revert,
+// GET /v1/step35/hotswap (the active patches), and the /metrics lines.
+void handle_hotswap(ServerContext& ctx, const std::string& body, HttpExchange& ex);
+void handle_hotswap_revert(ServerContext& ctx, const std::string& body, HttpExchange& ex);
+void handle_hotswap_list(ServerContext& ctx, HttpExchange& ex);
+std::string hotswap_metrics(ServerContext& ctx);
+// The --patch files (options.patches), checked against the loaded model and installed;
+// throws std::runtime_error naming the file and slice when one does not fit.
+void apply_startup_patches(ServerContext& ctx);
 
 // Shared by the handlers.
 void set_json(httplib::Response& res, const nlohmann::json& body, int status = 200);

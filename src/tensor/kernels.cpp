@@ -434,5 +434,13 @@ void axpy_f32(float a, const float* x, float* y, int64_t n) { active().axpy_f32(
 void scale_f32(float a, float* y, int64_t n) { active().scale_f32(a, y, n); }
 float sum_squares_f32(const float* x, int64_t n) { return active().sum_squares_f32(x, n); }
 
+void attn_scores(const float* q, int64_t q_stride, int64_t n_q, const float* k, int64_t k_stride, int64_t n_k,
+                 int64_t d, float scale, float* s, int64_t s_stride) {
+  active().attn_scores(q, q_stride, n_q, k, k_stride, n_k, d, scale, s, s_stride);
+}
+float exp_shift_sum(float* s, int64_t n, float m) { return active().exp_shift_sum(s, n, m); }
+void accumulate_rows(const float* p, const float* v, int64_t v_stride, int64_t n, int64_t dv, float* acc) {
+  active().accumulate_rows(p, v, v_stride, n, dv, acc);
+}
 
 }  // namespace step35::kernels

@@ -117,7 +117,17 @@ void scale_f32(float a, float* y, int64_t n);
 // Σ x[i]² (accumulated in double, returned as F32).
 float sum_squares_f32(const float* x, int64_t n);
 
-// Attention over the KV cache has kernels of its own: tensor/kv_kernels.h.
+// Attention over the KV cache has kernels of its own (tensor/kv_kernels.h). These three
+// serve attention over F32 rows held in full, as the training's forward and backward passes
+// keep them (src/train):
+// s[r*s_stride + j] = scale · (q_r · k_j) for the n_q query rows q_r = q + r*q_stride and
+// the n_k key rows k_j = k + j*k_stride, all of length d.
+void attn_scores(const float* q, int64_t q_stride, int64_t n_q, const float* k, int64_t k_stride, int64_t n_k,
+                 int64_t d, float scale, float* s, int64_t s_stride);
+// s[j] = exp(s[j] - m) for j < n (a polynomial exp, ~1 ulp for arguments <= 0); returns Σ s[j].
+float exp_shift_sum(float* s, int64_t n, float m);
+// acc[c] += Σ_j p[j] · v[j*v_stride + c] for c < dv, summed over j in order for each c.
+void accumulate_rows(const float* p, const float* v, int64_t v_stride, int64_t n, int64_t dv, float* acc);
 
 }  // namespace kernels
 }  // namespace step35

@@ -55,6 +55,11 @@ struct IsaKernels {
   void (*axpy_f32)(float a, const float* x, float* y, int64_t n) = nullptr;
   void (*scale_f32)(float a, float* y, int64_t n) = nullptr;
   float (*sum_squares_f32)(const float* x, int64_t n) = nullptr;
+  void (*attn_scores)(const float* q, int64_t q_stride, int64_t n_q, const float* k, int64_t k_stride,
+                      int64_t n_k, int64_t d, float scale, float* s, int64_t s_stride) = nullptr;
+  float (*exp_shift_sum)(float* s, int64_t n, float m) = nullptr;
+  void (*accumulate_rows)(const float* p, const float* v, int64_t v_stride, int64_t n, int64_t dv,
+                          float* acc) = nullptr;
   // out[i] = SiLU(gate[i]) * up[i], both clamped to `limit` when limit > 1e-6 (§2.5/§2.6),
   // with exp_poly (kernels_exp.h): every level gives the same bits.
   void (*swiglu_f32)(const float* gate, const float* up, float limit, float* out, int64_t n) = nullptr;

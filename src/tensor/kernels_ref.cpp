@@ -421,7 +421,20 @@ float ref_sum_squares_f32(const float* x, int64_t n) {
   return float(s);
 }
 
+void ref_attn_scores(const float* q, int64_t q_stride, int64_t n_q, const float* k, int64_t k_stride, int64_t n_k,
+                     int64_t d, float scale, float* s, int64_t s_stride) {
+  for (int64_t r = 0; r < n_q; ++r)
+    for (int64_t j = 0; j < n_k; ++j) s[r * s_stride + j] = ref_dot_f32(q + r * q_stride, k + j * k_stride, d) * scale;
+}
 
+float ref_exp_shift_sum(float* s, int64_t n, float m) {
+  float sum = 0.0f;
+  for (int64_t j = 0; j < n; ++j) {
+    s[j] = exp_poly(s[j] - m);
+    sum += s[j];
+  }
+  return sum;
+}
 
 void ref_swiglu_f32(const float* gate, const float* up, float limit, float* out, int64_t n) {
   for (int64_t i = 0; i < n; ++i) {
@@ -431,6 +444,9 @@ void ref_swiglu_f32(const float* gate, const float* up, float limit, float* out,
   }
 }
 
+void ref_accumulate_rows(const float* p, const float* v, int64_t v_stride, int64_t n, int64_t dv, float* acc) {
+  for (int64_t j = 0; j < n; ++j) ref_axpy_f32(p[j], v + j * v_stride, acc, dv);
+}
 
 IsaKernels make_scalar() {
   IsaKernels k;
@@ -463,6 +479,9 @@ IsaKernels make_scalar() {
   k.axpy_f32 = ref_axpy_f32;
   k.scale_f32 = ref_scale_f32;
   k.sum_squares_f32 = ref_sum_squares_f32;
+  k.attn_scores = ref_attn_scores;
+  k.exp_shift_sum = ref_exp_shift_sum;
+  k.accumulate_rows = ref_accumulate_rows;
   k.swiglu_f32 = ref_swiglu_f32;
   k.kv_scores = ref_kv_scores;
   k.kv_exp_sum = ref_kv_exp_sum;

@@ -6,6 +6,7 @@
 #include <cstddef>
 #include <cstdint>
 #include <memory>
+#include <vector>
 
 #include "tensor/dtype.h"
 
@@ -24,6 +25,14 @@ struct LazyPacked {
   bool is_ready(int64_t m) const { return ready[size_t(m)].load(std::memory_order_acquire) != 0; }
 };
 
+struct WeightMatrix;
+
+// Replacements of some matrices of a 3-D tensor (fine-tuned experts, model patches):
+// matrix m is mats[m] where that has data. A replacement may have its own type.
+struct MatrixSlots {
+  std::vector<WeightMatrix> mats;  // n_mat entries
+};
+
 // One weight tensor {n_in, n_out[, n_mat]}: n_mat matrices of n_out rows, each row n_in
 // elements of `type`, rows contiguous (GGUF layout). A 1-D tensor is one row (n_out = 1).
 struct WeightMatrix {
@@ -39,6 +48,8 @@ struct WeightMatrix {
   // Set instead of `packed` when the matrices are repacked on first use: matrix(m) then
   // carries the copy of m once it is ready, and the GGUF rows until then.
   const LazyPacked* lazy = nullptr;
+  // Matrices replaced by others (3-D tensors only), or null; matrix(m) returns them.
+  const MatrixSlots* slots = nullptr;
 
   bool present() const { return data != nullptr; }
   size_t mat_bytes() const { return row_bytes * size_t(n_out); }
@@ -46,19 +57,29 @@ struct WeightMatrix {
   const uint8_t* row(int64_t r, int64_t mat = 0) const {
     return data + size_t(mat) * mat_bytes() + size_t(r) * row_bytes;
   }
-  WeightMatrix matrix(int64_t mat) const {  // one expert of a 3-D tensor
-    WeightMatrix m = *this;
-    m.data = data + size_t(mat) * mat_bytes();
-    if (packed) m.packed = packed + size_t(mat) * packed_mat_bytes;
-    if (lazy && lazy->is_ready(mat)) {
-      m.packed = lazy->base + size_t(mat) * lazy->mat_bytes;
-      m.packed_mat_bytes = lazy->mat_bytes;
-    }
-    m.lazy = nullptr;
-    m.n_mat = 1;
-    return m;
-  }
+  WeightMatrix matrix(int64_t mat) const;  // one expert of a 3-D tensor (below)
+  // Whether matrix(mat) is a replacement (of any type).
+  bool replaced(int64_t mat) const;
 };
+
+inline bool WeightMatrix::replaced(int64_t mat) const {
+  return slots && slots->mats[size_t(mat)].data != nullptr;
+}
+
+inline WeightMatrix WeightMatrix::matrix(int64_t mat) const {
+  if (replaced(mat)) return slots->mats[size_t(mat)];
+  WeightMatrix m = *this;
+  m.data = data + size_t(mat) * mat_bytes();
+  if (packed) m.packed = packed + size_t(mat) * packed_mat_bytes;
+  if (lazy && lazy->is_ready(mat)) {
+    m.packed = lazy->base + size_t(mat) * lazy->mat_bytes;
+    m.packed_mat_bytes = lazy->mat_bytes;
+  }
+  m.lazy = nullptr;
+  m.slots = nullptr;
+  m.n_mat = 1;
+  return m;
+}
 
 // Dequantizes row r of w into dst[n_in].
 void dequantize_row(const WeightMatrix& w, int64_t r, float* dst);

@@ -1,0 +1,408 @@
+#include "train/ops.h"
+
+#include <algorithm>
+#include <cmath>
+#include <cstring>
+
+#include "tensor/kernels.h"
+
+namespace step35::train {
+
+namespace {
+
+float sigmoid(float z) { return 1.0f / (1.0f + std::exp(-z)); }
+
+// The forward pass divides the chosen weights by their sum, but by no less than this (§2.6 step 4).
+constexpr float kMinWeightSum = 6.103515625e-5f;
+
+}  // namespace
+
+// ---------------------------------------------------------------------------------------
+// RMSNorm
+
+void rms_norm_forward(const float* x, const float* w, float* y, float* inv_rms, int64_t rows, int64_t n, float eps) {
+  for (int64_t t = 0; t < rows; ++t) {
+    const float* xt = x + t * n;
+    const float r = 1.0f / std::sqrt(kernels::sum_squares_f32(xt, n) / float(n) + eps);
+    if (inv_rms) inv_rms[t] = r;
+    float* yt = y + t * n;
+    for (int64_t i = 0; i < n; ++i) yt[i] = xt[i] * r * w[i];
+  }
+}
+
+void rms_norm_backward(const float* x, const float* w, const float* inv_rms, const float* dy, float* dx, int64_t rows,
+                       int64_t n, bool accumulate) {
+  for (int64_t t = 0; t < rows; ++t) {
+    const float* xt = x + t * n;
+    const float* dyt = dy + t * n;
+    float* dxt = dx + t * n;
+    const double r = inv_rms[t];
+    double dot = 0;  // Σ dy_i w_i x_i
+    for (int64_t i = 0; i < n; ++i) dot += double(dyt[i]) * w[i] * xt[i];
+    const double c = r * r * r * dot / double(n);
+    for (int64_t i = 0; i < n; ++i) {
+      const float g = float(r * w[i] * dyt[i] - c * xt[i]);
+      dxt[i] = accumulate ? dxt[i] + g : g;
+    }
+  }
+}
+
+// ---------------------------------------------------------------------------------------
+// RoPE
+
+std::vector<float> rope_table(const int32_t* pos, int64_t n_pos, int32_t n_rot, float base,
+                              const float* freq_factors) {
+  const int32_t half = n_rot / 2;
+  std::vector<float> tab(size_t(n_pos) * size_t(2 * half));
+  for (int64_t t = 0; t < n_pos; ++t)
+    for (int32_t j = 0; j < half; ++j) {
+      double theta = double(pos[t]) * std::pow(double(base), -2.0 * j / double(n_rot));
+      if (freq_factors) theta /= double(freq_factors[j]);
+      tab[size_t(t * 2 * half + j)] = float(std::cos(theta));
+      tab[size_t(t * 2 * half + half + j)] = float(std::sin(theta));
+    }
+  return tab;
+}
+
+void rope_forward(float* x, int64_t rows, int64_t n_heads, int64_t head_dim, int32_t half, const float* table) {
+  for (int64_t t = 0; t < rows; ++t) {
+    const float* cs = table + t * 2 * half;
+    const float* sn = cs + half;
+    for (int64_t h = 0; h < n_heads; ++h) {
+      float* xh = x + (t * n_heads + h) * head_dim;
+      for (int32_t i = 0; i < half; ++i) {
+        const float x0 = xh[i], x1 = xh[i + half];
+        xh[i] = x0 * cs[i] - x1 * sn[i];
+        xh[i + half] = x0 * sn[i] + x1 * cs[i];
+      }
+    }
+  }
+}
+
+void rope_backward(float* dx, int64_t rows, int64_t n_heads, int64_t head_dim, int32_t half, const float* table) {
+  for (int64_t t = 0; t < rows; ++t) {
+    const float* cs = table + t * 2 * half;
+    const float* sn = cs + half;
+    for (int64_t h = 0; h < n_heads; ++h) {
+      float* dh = dx + (t * n_heads + h) * head_dim;
+      for (int32_t i = 0; i < half; ++i) {
+        const float d0 = dh[i], d1 = dh[i + half];
+        dh[i] = d0 * cs[i] + d1 * sn[i];
+        dh[i + half] = -d0 * sn[i] + d1 * cs[i];
+      }
+    }
+  }
+}
+
+// ---------------------------------------------------------------------------------------
+// Attention
+
+namespace {
+
+int64_t first_key(const AttentionShape& s, int64_t t) {
+  return s.window > 0 ? std::max<int64_t>(0, t - s.window + 1) : 0;
+}
+
+}  // namespace
+
+void attention_forward(const AttentionShape& s, const float* q, const float* k, const float* v, float* out,
+                       float* lse, int64_t kv_head, int64_t t0, int64_t t1) {
+  const int64_t R = s.H / s.G;
+  const float scale = 1.0f / std::sqrt(float(s.D));
+  const int64_t g0 = kv_head < 0 ? 0 : kv_head, g1 = kv_head < 0 ? s.G : kv_head + 1;
+  if (t1 < 0) t1 = s.n;
+  thread_local std::vector<float> sc;
+  for (int64_t t = t0; t < t1; ++t) {
+    const int64_t lo = first_key(s, t), nk = t - lo + 1;
+    sc.resize(size_t(R * nk));
+    for (int64_t g = g0; g < g1; ++g) {
+      // Scores of the group's R query heads against the visible keys, then per head a
+      // softmax and the weighted sum of the value rows (the forward pass's kernels).
+      kernels::attn_scores(q + (t * s.H + g * R) * s.D, s.D, R, k + (lo * s.G + g) * s.D, s.G * s.D, nk, s.D, scale,
+                           sc.data(), nk);
+      for (int64_t r = 0; r < R; ++r) {
+        const int64_t h = g * R + r;
+        float* p = sc.data() + r * nk;
+        float mx = -INFINITY;
+        for (int64_t j = 0; j < nk; ++j) mx = std::max(mx, p[j]);
+        const float z = kernels::exp_shift_sum(p, nk, mx);
+        float* ot = out + (t * s.H + h) * s.Dv;
+        std::fill(ot, ot + s.Dv, 0.0f);
+        kernels::accumulate_rows(p, v + (lo * s.G + g) * s.Dv, s.G * s.Dv, nk, s.Dv, ot);
+        kernels::scale_f32(1.0f / z, ot, s.Dv);
+        lse[t * s.H + h] = mx + std::log(z);
+      }
+    }
+  }
+}
+
+// dL/ds = p ⊙ (dp − δ) with dp_j = dO · v_j and δ = dO · O (= Σ_j p_j dp_j): the softmax's
+// backward; the scale of the scores is folded in.
+void attention_backward_queries(const AttentionShape& s, const float* q, const float* k, const float* v,
+                                const float* out, const float* lse, const float* dout, float* dq, int64_t kv_head,
+                                int64_t t0, int64_t t1) {
+  const int64_t R = s.H / s.G;
+  const float scale = 1.0f / std::sqrt(float(s.D));
+  const int64_t g0 = kv_head < 0 ? 0 : kv_head, g1 = kv_head < 0 ? s.G : kv_head + 1;
+  thread_local std::vector<float> sc, dp;
+  for (int64_t t = t0; t < t1; ++t) {
+    const int64_t lo = first_key(s, t), nk = t - lo + 1;
+    sc.resize(size_t(R * nk));
+    dp.resize(size_t(R * nk));
+    for (int64_t g = g0; g < g1; ++g) {
+      kernels::attn_scores(q + (t * s.H + g * R) * s.D, s.D, R, k + (lo * s.G + g) * s.D, s.G * s.D, nk, s.D, scale,
+                           sc.data(), nk);
+      kernels::attn_scores(dout + (t * s.H + g * R) * s.Dv, s.Dv, R, v + (lo * s.G + g) * s.Dv, s.G * s.Dv, nk, s.Dv,
+                           1.0f, dp.data(), nk);
+      for (int64_t r = 0; r < R; ++r) {
+        const int64_t h = g * R + r;
+        const float delta = kernels::dot_f32(dout + (t * s.H + h) * s.Dv, out + (t * s.H + h) * s.Dv, s.Dv);
+        const float l = lse[t * s.H + h];
+        float* ds = sc.data() + r * nk;
+        const float* dpr = dp.data() + r * nk;
+        for (int64_t j = 0; j < nk; ++j) ds[j] = std::exp(ds[j] - l) * (dpr[j] - delta) * scale;
+        float* dqt = dq + (t * s.H + h) * s.D;
+        std::fill(dqt, dqt + s.D, 0.0f);
+        kernels::accumulate_rows(ds, k + (lo * s.G + g) * s.D, s.G * s.D, nk, s.D, dqt);
+      }
+    }
+  }
+}
+
+void attention_backward_keys(const AttentionShape& s, const float* q, const float* k, const float* v, const float* out,
+                             const float* lse, const float* dout, float* dk, float* dv, int64_t kv_head, int64_t u0,
+                             int64_t u1) {
+  const int64_t R = s.H / s.G;
+  const float scale = 1.0f / std::sqrt(float(s.D));
+  const int64_t g0 = kv_head < 0 ? 0 : kv_head, g1 = kv_head < 0 ? s.G : kv_head + 1;
+  if (u0 >= u1) return;
+  thread_local std::vector<float> p, dp, delta;
+  // δ = dO · O of every query these keys' gradients need (queries u0 .. t_last).
+  const int64_t t_last = s.window > 0 ? std::min(s.n - 1, u1 - 1 + s.window - 1) : s.n - 1;
+  delta.resize(size_t((t_last - u0 + 1) * s.H));
+  for (int64_t t = u0; t <= t_last; ++t)
+    for (int64_t h = g0 * R; h < g1 * R; ++h)
+      delta[size_t((t - u0) * s.H + h)] = kernels::dot_f32(dout + (t * s.H + h) * s.Dv, out + (t * s.H + h) * s.Dv, s.Dv);
+  for (int64_t u = u0; u < u1; ++u) {
+    // The queries that see key u: t in [u, hi].
+    const int64_t hi = s.window > 0 ? std::min(s.n - 1, u + s.window - 1) : s.n - 1, nq = hi - u + 1;
+    p.resize(size_t(nq));
+    dp.resize(size_t(nq));
+    for (int64_t g = g0; g < g1; ++g) {
+      const float* ku = k + (u * s.G + g) * s.D;
+      const float* vu = v + (u * s.G + g) * s.Dv;
+      float* dku = dk + (u * s.G + g) * s.D;
+      float* dvu = dv + (u * s.G + g) * s.Dv;
+      std::fill(dku, dku + s.D, 0.0f);
+      std::fill(dvu, dvu + s.Dv, 0.0f);
+      for (int64_t h = g * R; h < (g + 1) * R; ++h) {
+        const float* qh = q + (u * s.H + h) * s.D;       // query rows t = u.. of head h
+        const float* doh = dout + (u * s.H + h) * s.Dv;
+        kernels::attn_scores(ku, s.D, 1, qh, s.H * s.D, nq, s.D, scale, p.data(), nq);
+        kernels::attn_scores(vu, s.Dv, 1, doh, s.H * s.Dv, nq, s.Dv, 1.0f, dp.data(), nq);
+        for (int64_t j = 0; j < nq; ++j) {
+          const int64_t t = u + j;
+          const float dl = delta[size_t((t - u0) * s.H + h)];
+          p[size_t(j)] = std::exp(p[size_t(j)] - lse[t * s.H + h]);
+          dp[size_t(j)] = p[size_t(j)] * (dp[size_t(j)] - dl) * scale;
+        }
+        kernels::accumulate_rows(p.data(), doh, s.H * s.Dv, nq, s.Dv, dvu);
+        kernels::accumulate_rows(dp.data(), qh, s.H * s.D, nq, s.D, dku);
+      }
+    }
+  }
+}
+
+void attention_backward(const AttentionShape& s, const float* q, const float* k, const float* v, const float* out,
+                        const float* lse, const float* dout, float* dq, float* dk, float* dv) {
+  attention_backward_queries(s, q, k, v, out, lse, dout, dq, -1, 0, s.n);
+  attention_backward_keys(s, q, k, v, out, lse, dout, dk, dv, -1, 0, s.n);
+}
+
+// ---------------------------------------------------------------------------------------
+// SwiGLU
+
+void swiglu_forward(const float* g, const float* u, int64_t ld, float limit, int64_t rows, int64_t n, float* act) {
+  // The kernels' F32 "conversion" is the forward pass's own SwiGLU, so the values match.
+  // It pads each row to 64 bytes: one row at a time through a buffer of that size.
+  thread_local std::vector<uint8_t> row;
+  row.resize(kernels::act_row_bytes(kernels::ActType::F32, n));
+  for (int64_t r = 0; r < rows; ++r) {
+    kernels::swiglu_convert(kernels::ActType::F32, g + r * ld, u + r * ld, ld, limit, 1, n, row.data());
+    std::memcpy(act + r * n, row.data(), size_t(n) * sizeof(float));
+  }
+}
+
+void swiglu_backward(const float* g, const float* u, int64_t ld, float limit, int64_t rows, int64_t n,
+                     const float* dact, float* dg, float* du) {
+  const bool clamp = limit > 1e-6f;
+  for (int64_t r = 0; r < rows; ++r)
+    for (int64_t i = 0; i < n; ++i) {
+      const int64_t j = r * ld + i;
+      const float x = g[j], y = u[j], d = dact[r * n + i];
+      const float sg = sigmoid(x);
+      const float silu = x * sg;
+      const float dsilu = sg * (1.0f + x * (1.0f - sg));
+      if (!clamp) {
+        dg[j] = d * y * dsilu;
+        du[j] = d * silu;
+        continue;
+      }
+      const float yc = std::fmin(std::fmax(y, -limit), limit);
+      dg[j] = silu < limit ? d * yc * dsilu : 0.0f;
+      du[j] = (y > -limit && y < limit) ? d * std::fmin(silu, limit) : 0.0f;
+    }
+}
+
+// ---------------------------------------------------------------------------------------
+// Head-wise gate
+
+void head_gate_forward(const float* graw, const float* o, float* out, int64_t rows, int64_t H, int64_t Dv) {
+  for (int64_t th = 0; th < rows * H; ++th) {
+    const float gam = sigmoid(graw[th]);
+    for (int64_t i = 0; i < Dv; ++i) out[th * Dv + i] = o[th * Dv + i] * gam;
+  }
+}
+
+void head_gate_backward(const float* graw, const float* o, const float* dout, float* dgraw, float* d_o, int64_t rows,
+                        int64_t H, int64_t Dv) {
+  for (int64_t th = 0; th < rows * H; ++th) {
+    const float gam = sigmoid(graw[th]);
+    const float* ot = o + th * Dv;
+    const float* dt = dout + th * Dv;
+    dgraw[th] = kernels::dot_f32(dt, ot, Dv) * gam * (1.0f - gam);
+    for (int64_t i = 0; i < Dv; ++i) d_o[th * Dv + i] = dt[i] * gam;
+  }
+}
+
+// ---------------------------------------------------------------------------------------
+// Router
+
+float router_forward(const RouterConfig& c, const float* z, const float* bias, float* p, int32_t* ids, float* w) {
+  const int64_t X = c.n_expert, K = c.k;
+  if (c.sigmoid) {
+    for (int64_t e = 0; e < X; ++e) p[e] = sigmoid(z[e]);
+  } else {
+    const float mx = *std::max_element(z, z + X);
+    float sum = 0;
+    for (int64_t e = 0; e < X; ++e) sum += (p[e] = std::exp(z[e] - mx));
+    for (int64_t e = 0; e < X; ++e) p[e] /= sum;
+  }
+  // Top-k by selection score, kept sorted by insertion; ties go to the lower expert id
+  // (the forward pass's order).
+  std::vector<float> sel(static_cast<size_t>(K));
+  int64_t n = 0;
+  for (int64_t e = 0; e < X; ++e) {
+    const float sc = p[e] + (bias ? bias[e] : 0.0f);
+    if (n == K && !(sc > sel[size_t(K - 1)])) continue;
+    int64_t j = n < K ? n++ : K - 1;
+    while (j > 0 && sc > sel[size_t(j - 1)]) {
+      sel[size_t(j)] = sel[size_t(j - 1)];
+      ids[j] = ids[j - 1];
+      --j;
+    }
+    sel[size_t(j)] = sc;
+    ids[j] = int32_t(e);
+  }
+  float sum = 0;
+  for (int64_t k = 0; k < K; ++k) sum += (w[k] = p[ids[k]]);
+  const float norm = c.normalize ? 1.0f / std::max(sum, kMinWeightSum) : 1.0f;
+  for (int64_t k = 0; k < K; ++k) w[k] = w[k] * norm * c.scale;
+  return c.normalize ? sum : 0.0f;
+}
+
+void router_backward(const RouterConfig& c, const float* p, const int32_t* ids, const float* dw, float* dz) {
+  const int64_t X = c.n_expert, K = c.k;
+  // Gradient of the chosen probabilities: w_k = scale · p_k / S (S = Σ_chosen p, when
+  // normalising and not clamped), so ∂L/∂p_j = scale · (dw_j / S − Σ_k dw_k p_k / S²).
+  std::vector<float> dp(static_cast<size_t>(K));
+  double S = 0, A = 0;
+  for (int64_t k = 0; k < K; ++k) {
+    S += p[ids[k]];
+    A += double(dw[k]) * p[ids[k]];
+  }
+  for (int64_t k = 0; k < K; ++k) {
+    if (!c.normalize)
+      dp[size_t(k)] = c.scale * dw[k];
+    else if (float(S) >= kMinWeightSum)
+      dp[size_t(k)] = float(c.scale * (dw[k] / S - A / (S * S)));
+    else
+      dp[size_t(k)] = c.scale * dw[k] / kMinWeightSum;
+  }
+  if (c.sigmoid) {
+    for (int64_t k = 0; k < K; ++k) {
+      const float pk = p[ids[k]];
+      dz[ids[k]] += dp[size_t(k)] * pk * (1.0f - pk);
+    }
+  } else {
+    double dot = 0;  // Σ_j dp_j p_j over the chosen experts (dp is 0 elsewhere)
+    for (int64_t k = 0; k < K; ++k) dot += double(dp[size_t(k)]) * p[ids[k]];
+    for (int64_t e = 0; e < X; ++e) dz[e] -= float(p[e] * dot);
+    for (int64_t k = 0; k < K; ++k) dz[ids[k]] += p[ids[k]] * dp[size_t(k)];
+  }
+}
+
+double balance_loss(const RouterConfig& c, int64_t n_groups, const float* p, const int32_t* ids, int64_t T,
+                    float weight, float* dz) {
+  const int64_t X = c.n_expert, K = c.k, per = X / n_groups;
+  std::vector<double> f(size_t(n_groups), 0.0), P(size_t(n_groups), 0.0);
+  for (int64_t i = 0; i < T * K; ++i) f[size_t(ids[i] / per)] += 1.0;
+  for (double& x : f) x /= double(T * K);
+  std::vector<double> q(static_cast<size_t>(X));
+  for (int64_t t = 0; t < T; ++t) {
+    const float* pt = p + t * X;
+    double Q = 1.0;
+    if (c.sigmoid) {
+      Q = 0;
+      for (int64_t e = 0; e < X; ++e) Q += pt[e];
+    }
+    for (int64_t e = 0; e < X; ++e) P[size_t(e / per)] += pt[e] / Q;
+    if (!dz) continue;
+    // ∂L/∂q_e = weight · G · f_g(e) / T, then through q = p / Σp (sigmoid) or the softmax.
+    double cq = 0;
+    for (int64_t e = 0; e < X; ++e) {
+      q[size_t(e)] = weight * double(n_groups) * f[size_t(e / per)] / double(T);
+      cq += q[size_t(e)] * pt[e] / Q;
+    }
+    float* dzt = dz + t * X;
+    for (int64_t e = 0; e < X; ++e) {
+      if (c.sigmoid) {
+        const double dp = (q[size_t(e)] - cq) / Q;
+        dzt[e] += float(dp * pt[e] * (1.0 - pt[e]));
+      } else {
+        dzt[e] += float(pt[e] * (q[size_t(e)] - cq));
+      }
+    }
+  }
+  double L = 0;
+  for (int64_t g = 0; g < n_groups; ++g) L += f[size_t(g)] * P[size_t(g)] / double(T);
+  return double(n_groups) * L;
+}
+
+// ---------------------------------------------------------------------------------------
+// Cross-entropy
+
+void cross_entropy(const float* logits, const int32_t* targets, int64_t rows, int64_t V, double* row_loss,
+                   float* dlogits, float scale) {
+  for (int64_t t = 0; t < rows; ++t) {
+    const float* l = logits + t * V;
+    float* d = dlogits ? dlogits + t * V : nullptr;
+    const int32_t y = targets[t];
+    if (y < 0) {
+      row_loss[t] = 0;
+      if (d) std::fill(d, d + V, 0.0f);
+      continue;
+    }
+    const float mx = *std::max_element(l, l + V);
+    double z = 0;
+    for (int64_t i = 0; i < V; ++i) z += std::exp(double(l[i] - mx));
+    const double lse = double(mx) + std::log(z);
+    row_loss[t] = lse - double(l[y]);
+    if (d) {
+      for (int64_t i = 0; i < V; ++i) d[i] = float(scale * std::exp(double(l[i]) - lse));
+      d[y] -= scale;
+    }
+  }
+}
+
+}  // namespace step35::train
