@@ -34,7 +34,7 @@ std::string strong_patch(const std::string& name, const std::string& extra = "")
   if (!file_exists(out)) {
     std::string err;
     EXPECT_EQ(run_command(bin() + " finetune -m " + fixture_model(kModel) + " -f " + text +
-                              " --train 'experts=7:top2;shared=7' --out " + out + " --steps 20 -c 32 -b 2 --lr 1e-2 -t 1 " + extra,
+                              " --train 'experts=7:top2;shared=7' --out " + out + " --steps 20 -c 32 -b 2 --lr 1e-2 -t 1 --eval-windows 2 " + extra,
                           nullptr, &err),
               0)
         << err;
@@ -194,7 +194,7 @@ TEST(HotSwap, ServeRefusesAStartupPatchThatDoesNotFit) {
   strong_patch("hs_patch");
   const std::string other = tmp_dir() + "/hs_other.gguf";
   ASSERT_EQ(run_command(bin() + " finetune -m " + fixture_model("tiny-a-f32.gguf") + " -f " + text +
-                        " --train experts=7:1 --out " + other + " --steps 1 -c 16 -b 1 -t 1"),
+                        " --train experts=7:1 --out " + other + " --steps 1 -c 16 -b 1 -t 1 --eval-windows 2"),
             0);
   std::string out, err;
   EXPECT_EQ(run_command(bin() + " serve -m " + fixture_model(kModel) + " --patch " + other + " --port 0 -t 1", &out, &err),
@@ -210,7 +210,7 @@ TEST(HotSwap, RefusesWhatDoesNotFitAndChangesNothing) {
   strong_patch("hs_patch");
   const std::string other = tmp_dir() + "/hs_other.gguf";
   ASSERT_EQ(run_command(bin() + " finetune -m " + fixture_model("tiny-a-f32.gguf") + " -f " + text +
-                        " --train experts=7:1 --out " + other + " --steps 1 -c 16 -b 1 -t 1"),
+                        " --train experts=7:1 --out " + other + " --steps 1 -c 16 -b 1 -t 1 --eval-windows 2"),
             0);
   int status = 0;
   json r = post(s, "/v1/step35/hotswap", {{"patch", other}}, &status);

@@ -48,7 +48,7 @@ std::string make_patch(const std::string& model_file, const std::string& groups,
   const std::string out = tmp_dir() + "/" + name + ".gguf";
   std::string err;
   const std::string cmd = bin() + " finetune -m " + fixture_model(model_file) + " -f " + text_file() + " --train '" +
-                          groups + "' --out " + out + " --steps 3 -c 32 -b 2 --lr 1e-2 --warmup 0 -t 1 " + extra;
+                          groups + "' --out " + out + " --steps 3 -c 32 -b 2 --lr 1e-2 --warmup 0 -t 1 --eval-windows 2 " + extra;
   EXPECT_EQ(run_command(cmd, nullptr, &err), 0) << cmd << "\n" << err;
   made[name] = out;
   return out;
@@ -181,7 +181,7 @@ TEST(PatchCli, IqBasesStoredInTheirTypeWhereThereIsAnEncoder) {
   const std::string iq2 = fixtures_dir() + "/models-iq/tiny-q-iq2_xxs.gguf";
   const std::string p4 = tmp_dir() + "/pi_iq4_xs.gguf";
   std::string err;
-  const std::string train = " finetune -f " + text_file() + " --train experts=1:top2 --steps 2 -c 32 -b 1 --lr 1e-2 -t 1 --out ";
+  const std::string train = " finetune -f " + text_file() + " --train experts=1:top2 --steps 2 -c 32 -b 1 --lr 1e-2 -t 1 --eval-windows 2 --out ";
   ASSERT_EQ(run_command(bin() + train + p4 + " -m " + iq4, nullptr, &err), 0) << err;
   const patch::Patch a = patch::Patch::read(p4);
   ASSERT_EQ(a.slices.size(), 6u);
