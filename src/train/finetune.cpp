@@ -39,6 +39,20 @@ TrainBatch make_batch(const TokenWindows& data, const int64_t* windows, int32_t 
   return b;
 }
 
+// The model's loss statistics over the first `limit` windows of `data` (all when limit <= 0),
+// `batch` windows per forward pass.
+LossStats run_windows(TrainingModel& model, const TokenWindows& data, int64_t limit, int32_t batch) {
+  const int64_t n = limit > 0 ? std::min(data.size(), limit) : data.size();
+  std::vector<int64_t> ids(static_cast<size_t>(n));
+  std::iota(ids.begin(), ids.end(), int64_t(0));
+  LossStats total;
+  for (int64_t w0 = 0; w0 < n; w0 += batch) {
+    const int32_t nb = int32_t(std::min<int64_t>(batch, n - w0));
+    total.add(model.run(make_batch(data, ids.data() + w0, nb)));
+  }
+  return total;
+}
+
 }  // namespace
 
 TokenWindows::TokenWindows(std::vector<int32_t> tokens, int32_t n_ctx) : tokens_(std::move(tokens)), n_ctx_(n_ctx) {
@@ -91,14 +105,7 @@ void Finetuner::prepare(const TokenWindows& train) {
   if (!g.top_experts.empty()) {
     // Count the base model's selections over the training windows.
     TrainingModel base(m_, nullptr, pool_);
-    LossStats total;
-    const int64_t n = s_.eval_windows > 0 ? std::min(train.size(), s_.eval_windows) : train.size();
-    std::vector<int64_t> ids(static_cast<size_t>(n));
-    std::iota(ids.begin(), ids.end(), int64_t(0));
-    for (int64_t w0 = 0; w0 < n; w0 += s_.batch) {
-      const int32_t nb = int32_t(std::min<int64_t>(s_.batch, n - w0));
-      total.add(base.run(make_batch(train, ids.data() + w0, nb)));
-    }
+    const LossStats total = run_windows(base, train, s_.eval_windows, s_.batch);
     const std::vector<std::vector<int64_t>>& counts = total.expert_counts;
     std::set<TrainGroups::Expert> chosen(g.experts.begin(), g.experts.end());
     for (const TrainGroups::TopExperts& t : g.top_experts) {
@@ -121,13 +128,7 @@ void Finetuner::prepare(const TokenWindows& train) {
 Evaluation Finetuner::evaluate(const TokenWindows& data) {
   if (!model_) throw std::logic_error("Finetuner: prepare() first");
   Evaluation ev;
-  const int64_t n = s_.eval_windows > 0 ? std::min(data.size(), s_.eval_windows) : data.size();
-  std::vector<int64_t> ids(static_cast<size_t>(n));
-  std::iota(ids.begin(), ids.end(), int64_t(0));
-  for (int64_t w0 = 0; w0 < n; w0 += s_.batch) {
-    const int32_t nb = int32_t(std::min<int64_t>(s_.batch, n - w0));
-    ev.stats.add(model_->run(make_batch(data, ids.data() + w0, nb)));
-  }
+  ev.stats = run_windows(*model_, data, s_.eval_windows, s_.batch);
   std::set<int32_t> layers(params_->groups().routers.begin(), params_->groups().routers.end());
   for (const TrainGroups::Expert& e : params_->groups().experts) layers.insert(e.layer);
   for (int32_t il : layers)
