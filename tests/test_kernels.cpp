@@ -3,6 +3,7 @@
 // invariance contract of matmul (row splits, token counts, index lists).
 #include <gtest/gtest.h>
 
+#include <array>
 #include <cmath>
 #include <cstring>
 #include <limits>
@@ -545,6 +546,72 @@ TEST(Kernels, AttentionHelpersMatchScalar) {
 
 // SwiGLU rows (SiLU(gate) * up, optional clamp): every level gives the scalar level's bits
 // (the same exp steps), and the values are SiLU's to float accuracy.
+// C += A·B: every level gives the scalar level's bits (one fused multiply-add per step, in
+// order), the values are the product (double reference), strided A (a transposed view)
+// works, tiles of every height and partial chunks are covered, and a k split into
+// consecutive calls gives the bits of one call.
+TEST(Kernels, GemmAccMatchesScalarBitForBit) {
+  IsaGuard guard;
+  std::mt19937 rng(11);
+  std::normal_distribution<float> nd(0.0f, 1.0f);
+  for (const auto& [m, n, k] : {std::array<int64_t, 3>{7, 150, 37}, {4, 64, 128}, {1, 5, 3}, {9, 1024, 16}}) {
+    const int64_t lda = k + 3, ldb = n + 5, ldc = n + 7;
+    std::vector<float> a(size_t(m * lda)), at(size_t(k * (m + 2))), b(size_t(k * ldb)), c0(size_t(m * ldc));
+    for (float& f : a) f = nd(rng);
+    for (float& f : b) f = nd(rng);
+    for (float& f : c0) f = nd(rng);
+    for (int64_t i = 0; i < m; ++i)
+      for (int64_t p = 0; p < k; ++p) at[size_t(p * (m + 2) + i)] = a[size_t(i * lda + p)];
+    kernels::force_isa(Isa::Scalar);
+    std::vector<float> want = c0;
+    kernels::gemm_acc_f32(m, n, k, a.data(), lda, 1, b.data(), ldb, want.data(), ldc);
+    for (int64_t i = 0; i < m; ++i)
+      for (int64_t j = 0; j < n; ++j) {
+        double ref = c0[size_t(i * ldc + j)];
+        for (int64_t p = 0; p < k; ++p) ref += double(a[size_t(i * lda + p)]) * b[size_t(p * ldb + j)];
+        EXPECT_NEAR(want[size_t(i * ldc + j)], ref, 1e-4 * (1 + std::fabs(ref)));
+      }
+    for (Isa isa : kernels::available_isas()) {
+      kernels::force_isa(isa);
+      std::vector<float> c = c0, ct = c0, split = c0;
+      kernels::gemm_acc_f32(m, n, k, a.data(), lda, 1, b.data(), ldb, c.data(), ldc);
+      kernels::gemm_acc_f32(m, n, k, at.data(), 1, m + 2, b.data(), ldb, ct.data(), ldc);
+      const int64_t k1 = k / 3;
+      kernels::gemm_acc_f32(m, n, k1, a.data(), lda, 1, b.data(), ldb, split.data(), ldc);
+      kernels::gemm_acc_f32(m, n, k - k1, a.data() + k1, lda, 1, b.data() + k1 * ldb, ldb, split.data(), ldc);
+      EXPECT_EQ(c, want) << kernels::isa_name(isa) << " " << m << "x" << n << "x" << k;
+      EXPECT_EQ(ct, want) << kernels::isa_name(isa);
+      EXPECT_EQ(split, want) << kernels::isa_name(isa);
+    }
+  }
+}
+
+// attn_scores gives each (query, key) pair the same bits wherever the key falls in the
+// call (the training's backward splits keys into blocks and must not change results).
+TEST(Kernels, AttentionScoresDoNotDependOnKeyPosition) {
+  IsaGuard guard;
+  std::mt19937 rng(12);
+  std::normal_distribution<float> nd(0.0f, 1.0f);
+  const int64_t D = 40, n_q = 2, n_k = 11;
+  std::vector<float> q(size_t(n_q * D)), k(size_t(n_k * D));
+  for (float& f : q) f = nd(rng);
+  for (float& f : k) f = nd(rng);
+  for (Isa isa : kernels::available_isas()) {
+    kernels::force_isa(isa);
+    std::vector<float> all(size_t(n_q * n_k));
+    kernels::attn_scores(q.data(), D, n_q, k.data(), D, n_k, D, 0.5f, all.data(), n_k);
+    for (int64_t j0 = 0; j0 < n_k; ++j0)
+      for (int64_t j1 = j0 + 1; j1 <= n_k; ++j1) {
+        std::vector<float> part(size_t(n_q * (j1 - j0)));
+        kernels::attn_scores(q.data(), D, n_q, k.data() + j0 * D, D, j1 - j0, D, 0.5f, part.data(), j1 - j0);
+        for (int64_t r = 0; r < n_q; ++r)
+          for (int64_t j = j0; j < j1; ++j)
+            ASSERT_EQ(part[size_t(r * (j1 - j0) + j - j0)], all[size_t(r * n_k + j)])
+                << kernels::isa_name(isa) << " keys " << j0 << ".." << j1;
+      }
+  }
+}
+
 TEST(Kernels, SwigluMatchesScalarAndSilu) {
   IsaGuard guard;
   std::mt19937 rng(11);

@@ -104,8 +104,14 @@ int finetune_main(const Args& args) {
   p.option("--patch-type", "T", "how the patch stores slices: base (the model tensor's type, re-quantized), f16 or f32",
            storage_name);
   add_threads_flag(p, n_threads);
+  bool exact = false;
+  p.option("--exact",
+           "forward products of quantized frozen weights on F32 activations (as eval --exact), not the engine's "
+           "integer kernels (as eval and serve; several times faster)",
+           exact);
   p.option("--json", "print one JSON object with the results to stdout", json);
   if (!p.parse(args)) return 0;
+  s.precision = exact ? Precision::Exact : Precision::Native;
   for (const char* required : {"model", "file", "train", "out"})
     if (!p.has(required)) throw UsageError(std::string("--") + required + " is required");
   try {

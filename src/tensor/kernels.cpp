@@ -443,4 +443,10 @@ void accumulate_rows(const float* p, const float* v, int64_t v_stride, int64_t n
   active().accumulate_rows(p, v, v_stride, n, dv, acc);
 }
 
+void gemm_acc_f32(int64_t m, int64_t n, int64_t k, const float* a, int64_t a_rs, int64_t a_cs, const float* b,
+                  int64_t ldb, float* c, int64_t ldc) {
+  if (m <= 0 || n <= 0 || k <= 0) return;
+  active().gemm_acc_f32(m, n, k, a, a_rs, a_cs, b, ldb, c, ldc);
+}
+
 }  // namespace step35::kernels

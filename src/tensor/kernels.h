@@ -121,13 +121,23 @@ float sum_squares_f32(const float* x, int64_t n);
 // serve attention over F32 rows held in full, as the training's forward and backward passes
 // keep them (src/train):
 // s[r*s_stride + j] = scale · (q_r · k_j) for the n_q query rows q_r = q + r*q_stride and
-// the n_k key rows k_j = k + j*k_stride, all of length d.
+// the n_k key rows k_j = k + j*k_stride, all of length d. Each value is the same bits
+// whatever n_q, n_k and the row's position in the call (within one ISA level).
 void attn_scores(const float* q, int64_t q_stride, int64_t n_q, const float* k, int64_t k_stride, int64_t n_k,
                  int64_t d, float scale, float* s, int64_t s_stride);
 // s[j] = exp(s[j] - m) for j < n (a polynomial exp, ~1 ulp for arguments <= 0); returns Σ s[j].
 float exp_shift_sum(float* s, int64_t n, float m);
 // acc[c] += Σ_j p[j] · v[j*v_stride + c] for c < dv, summed over j in order for each c.
 void accumulate_rows(const float* p, const float* v, int64_t v_stride, int64_t n, int64_t dv, float* acc);
+
+// C += A·B in F32: c[i*ldc + j] += Σ_p a[i*a_rs + p*a_cs] · b[p*ldb + j] for i < m,
+// j < n, p < k. A is read through strides, so a transposed view costs nothing (the
+// training's weight gradient reads dy column-wise). Each element takes one fused
+// multiply-add per p, in ascending p: every ISA level gives the same bits, and a product
+// split into consecutive p ranges (called once per range, in order) gives the bits of one
+// call. The backward products of training (src/train/linear.h) run on it.
+void gemm_acc_f32(int64_t m, int64_t n, int64_t k, const float* a, int64_t a_rs, int64_t a_cs, const float* b,
+                  int64_t ldb, float* c, int64_t ldc);
 
 }  // namespace kernels
 }  // namespace step35

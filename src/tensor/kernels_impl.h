@@ -60,6 +60,8 @@ struct IsaKernels {
   float (*exp_shift_sum)(float* s, int64_t n, float m) = nullptr;
   void (*accumulate_rows)(const float* p, const float* v, int64_t v_stride, int64_t n, int64_t dv,
                           float* acc) = nullptr;
+  void (*gemm_acc_f32)(int64_t m, int64_t n, int64_t k, const float* a, int64_t a_rs, int64_t a_cs, const float* b,
+                       int64_t ldb, float* c, int64_t ldc) = nullptr;
   // out[i] = SiLU(gate[i]) * up[i], both clamped to `limit` when limit > 1e-6 (§2.5/§2.6),
   // with exp_poly (kernels_exp.h): every level gives the same bits.
   void (*swiglu_f32)(const float* gate, const float* up, float limit, float* out, int64_t n) = nullptr;

@@ -448,6 +448,17 @@ void ref_accumulate_rows(const float* p, const float* v, int64_t v_stride, int64
   for (int64_t j = 0; j < n; ++j) ref_axpy_f32(p[j], v + j * v_stride, acc, dv);
 }
 
+void ref_gemm_acc_f32(int64_t m, int64_t n, int64_t k, const float* a, int64_t a_rs, int64_t a_cs, const float* b,
+                      int64_t ldb, float* c, int64_t ldc) {
+  for (int64_t i = 0; i < m; ++i)
+    for (int64_t p = 0; p < k; ++p) {
+      const float aip = a[i * a_rs + p * a_cs];
+      const float* bp = b + p * ldb;
+      float* ci = c + i * ldc;
+      for (int64_t j = 0; j < n; ++j) ci[j] = std::fma(aip, bp[j], ci[j]);
+    }
+}
+
 IsaKernels make_scalar() {
   IsaKernels k;
   k.vec_dot[int(DType::F32)] = dot_f32_rows;
@@ -482,6 +493,7 @@ IsaKernels make_scalar() {
   k.attn_scores = ref_attn_scores;
   k.exp_shift_sum = ref_exp_shift_sum;
   k.accumulate_rows = ref_accumulate_rows;
+  k.gemm_acc_f32 = ref_gemm_acc_f32;
   k.swiglu_f32 = ref_swiglu_f32;
   k.kv_scores = ref_kv_scores;
   k.kv_exp_sum = ref_kv_exp_sum;

@@ -104,7 +104,9 @@ void Finetuner::prepare(const TokenWindows& train) {
   TrainGroups& g = s_.groups;
   if (!g.top_experts.empty()) {
     // Count the base model's selections over the training windows.
-    TrainingModel base(m_, nullptr, pool_);
+    TrainingOptions base_options;
+    base_options.precision = s_.precision;
+    TrainingModel base(m_, nullptr, pool_, base_options);
     const LossStats total = run_windows(base, train, s_.eval_windows, s_.batch);
     const std::vector<std::vector<int64_t>>& counts = total.expert_counts;
     std::set<TrainGroups::Expert> chosen(g.experts.begin(), g.experts.end());
@@ -122,6 +124,7 @@ void Finetuner::prepare(const TokenWindows& train) {
   TrainingOptions o;
   o.balance_weight = s_.balance_weight;
   o.balance_groups = s_.balance_groups;
+  o.precision = s_.precision;
   model_ = std::make_unique<TrainingModel>(m_, params_.get(), pool_, o);
 }
 

@@ -41,6 +41,9 @@ struct FinetuneSettings {
   float balance_weight = 0;   // group balance loss at trained routers
   int32_t balance_groups = 0; // 0: one group per expert
   int64_t eval_windows = 0;   // windows an evaluation covers at most (0: all)
+  // Products of frozen weights in the forward pass: Native (as `eval`/`serve` compute
+  // them) or Exact (as `eval --exact`); see TrainingOptions::precision.
+  Precision precision = Precision::Native;
 };
 
 struct Evaluation {

@@ -24,6 +24,13 @@ const float* rows_f32(const WeightMatrix& w, int64_t o0, int64_t o1, std::vector
   return buf.data();
 }
 
+// Rows of W per step of the input gradient: the k of each gemm_acc_f32 call. Its column
+// chunks (k x 64 floats, 32 KiB) then stay in L1 while every 4-token tile passes over
+// them, and each dx tile is loaded and stored once per 128 rows instead of once per 32
+// (32 rows: 41 GMAC/s at 2 threads on a 3072 x 1024 Q4_K matrix, 512 tokens; 128: see
+// docs/finetune.md).
+constexpr int64_t kBackwardRowBlock = 128;
+
 // Below this many multiply-adds a product runs on the calling thread: waking the pool
 // costs more than it saves (and much more when other processes hold the cores).
 constexpr double kMinParallelWork = 1 << 20;
@@ -53,12 +60,47 @@ WeightMatrix f32_matrix(const float* data, int64_t n_in, int64_t n_out) {
   return w;
 }
 
+namespace {
+
+// The Native product: the token rows converted once, then the engine's kernels over row
+// blocks (each block's weights stay in L1 while the token groups pass over them).
+void linear_forward_native(const WeightMatrix& w, kernels::ActType act, const float* x, int64_t ldx, int64_t n_tok,
+                           float* y, int64_t ldy, ThreadPool* pool) {
+  const size_t stride = kernels::act_row_bytes(act, w.n_in);
+  // The workers reach the calling thread's buffer through this reference (a thread_local
+  // named inside the lambdas would be each worker's own, empty, instance).
+  thread_local std::vector<uint8_t> converted;
+  std::vector<uint8_t>& rows = converted;
+  rows.resize(stride * size_t(n_tok));
+  split(n_tok, pool, double(w.n_in) * double(n_tok) * 64, [&](int64_t t0, int64_t t1) {
+    kernels::convert_activations(act, x + t0 * ldx, t1 - t0, w.n_in, ldx, rows.data() + size_t(t0) * stride);
+  });
+  kernels::ActRows xs;
+  xs.type = act;
+  xs.data = rows.data();
+  xs.stride = stride;
+  xs.n_tok = n_tok;
+  const int64_t gran = std::max<int64_t>(kRowBlock, kernels::row_granularity(w));
+  const int64_t n_blocks = (w.n_out + gran - 1) / gran;
+  split(n_blocks, pool, double(w.n_in) * double(w.n_out) * double(n_tok), [&](int64_t b0, int64_t b1) {
+    kernels::matmul(w, b0 * gran, std::min(w.n_out, b1 * gran), xs, y, ldy);
+  });
+}
+
+}  // namespace
+
 void linear_forward(const WeightMatrix& w, const float* x, int64_t ldx, int64_t n_tok, float* y, int64_t ldy,
-                    ThreadPool* pool) {
+                    ThreadPool* pool, Precision precision) {
   if (n_tok <= 0) return;
+  if (precision == Precision::Native) {
+    const kernels::ActType act = kernels::act_type(w.type, Precision::Native);
+    if (act != kernels::ActType::F32) return linear_forward_native(w, act, x, ldx, n_tok, y, ldy, pool);
+  }
   const int64_t n_blocks = (w.n_out + kRowBlock - 1) / kRowBlock;
   split(n_blocks, pool, double(w.n_in) * double(w.n_out) * double(n_tok), [&](int64_t b0, int64_t b1) {
-    std::vector<float> buf;
+    // Each thread's own, kept between calls: a fresh 512 KiB vector per call is an mmap,
+    // page faults and an munmap every time.
+    thread_local std::vector<float> buf;
     for (int64_t b = b0; b < b1; ++b) {
       const int64_t o0 = b * kRowBlock, o1 = std::min(w.n_out, o0 + kRowBlock);
       const float* rows = rows_f32(w, o0, o1, buf);
@@ -75,18 +117,17 @@ void linear_backward_input(const WeightMatrix& w, const float* dy, int64_t ldy, 
                            int64_t ldx, ThreadPool* pool) {
   if (n_tok <= 0) return;
   // Threads take token ranges (each dequantizes every block: cheap next to the n_tok
-  // multiply-adds per weight), so one dx row is only ever written by one thread.
+  // multiply-adds per weight), so one dx row is only ever written by one thread; within a
+  // block the register tiles of gemm_acc_f32 keep 4 dx rows' sums while the block's rows
+  // pass, instead of a load and a store of dx per weight row.
   split(n_tok, pool, double(w.n_in) * double(w.n_out) * double(n_tok), [&](int64_t t0, int64_t t1) {
-    std::vector<float> buf;
-    for (int64_t o0 = 0; o0 < w.n_out; o0 += kRowBlock) {
-      const int64_t o1 = std::min(w.n_out, o0 + kRowBlock);
+    // Each thread's own, kept between calls: a fresh 512 KiB vector per call is an mmap,
+    // page faults and an munmap every time.
+    thread_local std::vector<float> buf;
+    for (int64_t o0 = 0; o0 < w.n_out; o0 += kBackwardRowBlock) {
+      const int64_t o1 = std::min(w.n_out, o0 + kBackwardRowBlock);
       const float* rows = rows_f32(w, o0, o1, buf);
-      for (int64_t t = t0; t < t1; ++t) {
-        const float* dyt = dy + t * ldy;
-        float* dxt = dx + t * ldx;
-        for (int64_t o = o0; o < o1; ++o)
-          if (dyt[o] != 0.0f) kernels::axpy_f32(dyt[o], rows + (o - o0) * w.n_in, dxt, w.n_in);
-      }
+      kernels::gemm_acc_f32(t1 - t0, w.n_in, o1 - o0, dy + t0 * ldy + o0, ldy, 1, rows, w.n_in, dx + t0 * ldx, ldx);
     }
   });
 }
@@ -94,17 +135,15 @@ void linear_backward_input(const WeightMatrix& w, const float* dy, int64_t ldy, 
 void linear_backward_weight(const float* x, int64_t ldx, const float* dy, int64_t ldy, int64_t n_tok, int64_t n_in,
                             int64_t n_out, float* g, ThreadPool* pool) {
   if (n_tok <= 0) return;
-  constexpr int64_t kRows = 8;  // gradient rows per pass over the token rows
+  // Gradient rows per job: gemm_acc_f32 passes 4 of them at a time over a column chunk of
+  // every token row, so 16 rows read each chunk of x four times from cache, not memory.
+  constexpr int64_t kRows = 16;
   const int64_t n_blocks = (n_out + kRows - 1) / kRows;
   split(n_blocks, pool, double(n_in) * double(n_out) * double(n_tok), [&](int64_t b0, int64_t b1) {
     for (int64_t b = b0; b < b1; ++b) {
       const int64_t o0 = b * kRows, o1 = std::min(n_out, o0 + kRows);
-      for (int64_t t = 0; t < n_tok; ++t) {
-        const float* xt = x + t * ldx;
-        const float* dyt = dy + t * ldy;
-        for (int64_t o = o0; o < o1; ++o)
-          if (dyt[o] != 0.0f) kernels::axpy_f32(dyt[o], xt, g + o * n_in, n_in);
-      }
+      // A[o][t] = dy[t][o]: dy read column-wise through the strides.
+      kernels::gemm_acc_f32(o1 - o0, n_in, n_tok, dy + o0, 1, ldy, x, ldx, g + o0 * n_in, n_in);
     }
   });
 }

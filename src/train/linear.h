@@ -9,6 +9,7 @@
 
 #include <cstdint>
 
+#include "tensor/kernels.h"
 #include "tensor/tensor.h"
 
 namespace step35 {
@@ -17,13 +18,16 @@ class ThreadPool;
 
 namespace step35::train {
 
-// y[t*ldy + o] = W[o] · x[t*ldx + ...] for o < n_out, t < n_tok. Every element is the
-// same float kernels::matmul computes at Precision::Exact (the dequantized row dotted
-// with the token row by kernels::dot_f32), so the training forward reproduces
-// `step35 eval --exact` bit for bit wherever both multiply the same rows. `pool` may be
-// null (then single-threaded; use that inside a parallel section).
+// y[t*ldy + o] = W[o] · x[t*ldx + ...] for o < n_out, t < n_tok. At Precision::Exact
+// every element is the same float kernels::matmul computes at Exact (the dequantized row
+// dotted with the token row by kernels::dot_f32), so the training forward reproduces
+// `step35 eval --exact` bit for bit wherever both multiply the same rows. At
+// Precision::Native the token rows are first rounded to the weight type's activation
+// format and the engine's integer kernels run (what `step35 eval` computes); F32 weights
+// give the same floats either way. `pool` may be null (then single-threaded; use that
+// inside a parallel section).
 void linear_forward(const WeightMatrix& w, const float* x, int64_t ldx, int64_t n_tok, float* y, int64_t ldy,
-                    ThreadPool* pool);
+                    ThreadPool* pool, Precision precision = Precision::Exact);
 
 // dx[t*ldx + i] += Σ_o dy[t*ldy + o] · W[o][i]: the gradient of the input. Each dx row
 // sums over o in ascending order whatever the thread split, so results do not depend on

@@ -111,7 +111,7 @@ void attention_forward(const AttentionShape& s, const float* q, const float* k, 
   const float scale = 1.0f / std::sqrt(float(s.D));
   const int64_t g0 = kv_head < 0 ? 0 : kv_head, g1 = kv_head < 0 ? s.G : kv_head + 1;
   if (t1 < 0) t1 = s.n;
-  thread_local std::vector<float> sc;
+  thread_local std::vector<float> sc, zs;
   for (int64_t t = t0; t < t1; ++t) {
     const int64_t lo = first_key(s, t), nk = t - lo + 1;
     sc.resize(size_t(R * nk));
@@ -120,18 +120,19 @@ void attention_forward(const AttentionShape& s, const float* q, const float* k, 
       // softmax and the weighted sum of the value rows (the forward pass's kernels).
       kernels::attn_scores(q + (t * s.H + g * R) * s.D, s.D, R, k + (lo * s.G + g) * s.D, s.G * s.D, nk, s.D, scale,
                            sc.data(), nk);
+      zs.resize(size_t(R));
       for (int64_t r = 0; r < R; ++r) {
-        const int64_t h = g * R + r;
         float* p = sc.data() + r * nk;
         float mx = -INFINITY;
         for (int64_t j = 0; j < nk; ++j) mx = std::max(mx, p[j]);
-        const float z = kernels::exp_shift_sum(p, nk, mx);
-        float* ot = out + (t * s.H + h) * s.Dv;
-        std::fill(ot, ot + s.Dv, 0.0f);
-        kernels::accumulate_rows(p, v + (lo * s.G + g) * s.Dv, s.G * s.Dv, nk, s.Dv, ot);
-        kernels::scale_f32(1.0f / z, ot, s.Dv);
-        lse[t * s.H + h] = mx + std::log(z);
+        zs[size_t(r)] = kernels::exp_shift_sum(p, nk, mx);
+        lse[t * s.H + g * R + r] = mx + std::log(zs[size_t(r)]);
       }
+      // The group's R heads read the same value rows: one product for all of them.
+      float* og = out + (t * s.H + g * R) * s.Dv;
+      std::fill(og, og + R * s.Dv, 0.0f);
+      kernels::gemm_acc_f32(R, s.Dv, nk, sc.data(), nk, 1, v + (lo * s.G + g) * s.Dv, s.G * s.Dv, og, s.Dv);
+      for (int64_t r = 0; r < R; ++r) kernels::scale_f32(1.0f / zs[size_t(r)], og + r * s.Dv, s.Dv);
     }
   }
 }
@@ -161,21 +162,23 @@ void attention_backward_queries(const AttentionShape& s, const float* q, const f
         float* ds = sc.data() + r * nk;
         const float* dpr = dp.data() + r * nk;
         for (int64_t j = 0; j < nk; ++j) ds[j] = std::exp(ds[j] - l) * (dpr[j] - delta) * scale;
-        float* dqt = dq + (t * s.H + h) * s.D;
-        std::fill(dqt, dqt + s.D, 0.0f);
-        kernels::accumulate_rows(ds, k + (lo * s.G + g) * s.D, s.G * s.D, nk, s.D, dqt);
       }
+      // The group's R heads read the same key rows: one product for all of them.
+      float* dqg = dq + (t * s.H + g * R) * s.D;
+      std::fill(dqg, dqg + R * s.D, 0.0f);
+      kernels::gemm_acc_f32(R, s.D, nk, sc.data(), nk, 1, k + (lo * s.G + g) * s.D, s.G * s.D, dqg, s.D);
     }
   }
 }
 
-void attention_backward_keys(const AttentionShape& s, const float* q, const float* k, const float* v, const float* out,
-                             const float* lse, const float* dout, float* dk, float* dv, int64_t kv_head, int64_t u0,
-                             int64_t u1) {
+namespace {
+
+// attention_backward_keys for keys [u0, u1) (a block of at most kKeyBlock).
+void backward_key_block(const AttentionShape& s, const float* q, const float* k, const float* v, const float* out,
+                        const float* lse, const float* dout, float* dk, float* dv, int64_t g0, int64_t g1, int64_t u0,
+                        int64_t u1) {
   const int64_t R = s.H / s.G;
   const float scale = 1.0f / std::sqrt(float(s.D));
-  const int64_t g0 = kv_head < 0 ? 0 : kv_head, g1 = kv_head < 0 ? s.G : kv_head + 1;
-  if (u0 >= u1) return;
   thread_local std::vector<float> p, dp, delta;
   // δ = dO · O of every query these keys' gradients need (queries u0 .. t_last).
   const int64_t t_last = s.window > 0 ? std::min(s.n - 1, u1 - 1 + s.window - 1) : s.n - 1;
@@ -183,34 +186,57 @@ void attention_backward_keys(const AttentionShape& s, const float* q, const floa
   for (int64_t t = u0; t <= t_last; ++t)
     for (int64_t h = g0 * R; h < g1 * R; ++h)
       delta[size_t((t - u0) * s.H + h)] = kernels::dot_f32(dout + (t * s.H + h) * s.Dv, out + (t * s.H + h) * s.Dv, s.Dv);
-  for (int64_t u = u0; u < u1; ++u) {
-    // The queries that see key u: t in [u, hi].
-    const int64_t hi = s.window > 0 ? std::min(s.n - 1, u + s.window - 1) : s.n - 1, nq = hi - u + 1;
-    p.resize(size_t(nq));
-    dp.resize(size_t(nq));
-    for (int64_t g = g0; g < g1; ++g) {
-      const float* ku = k + (u * s.G + g) * s.D;
-      const float* vu = v + (u * s.G + g) * s.Dv;
-      float* dku = dk + (u * s.G + g) * s.D;
-      float* dvu = dv + (u * s.G + g) * s.Dv;
-      std::fill(dku, dku + s.D, 0.0f);
-      std::fill(dvu, dvu + s.Dv, 0.0f);
-      for (int64_t h = g * R; h < (g + 1) * R; ++h) {
-        const float* qh = q + (u * s.H + h) * s.D;       // query rows t = u.. of head h
-        const float* doh = dout + (u * s.H + h) * s.Dv;
-        kernels::attn_scores(ku, s.D, 1, qh, s.H * s.D, nq, s.D, scale, p.data(), nq);
-        kernels::attn_scores(vu, s.Dv, 1, doh, s.H * s.Dv, nq, s.Dv, 1.0f, dp.data(), nq);
+  // The whole block of keys at once, per head: P[u][t] (zero where query t does not see
+  // key u) against the queries u0..t_last, so dv and dk are products of the block's rows
+  // with the query side's rows (gemm_acc_f32) rather than one row per key.
+  const int64_t nu = u1 - u0, nq = t_last - u0 + 1;
+  p.resize(size_t(nu * nq));
+  dp.resize(size_t(nu * nq));
+  for (int64_t g = g0; g < g1; ++g) {
+    float* dkg = dk + (u0 * s.G + g) * s.D;
+    float* dvg = dv + (u0 * s.G + g) * s.Dv;
+    for (int64_t u = 0; u < nu; ++u) {
+      std::fill(dkg + u * s.G * s.D, dkg + u * s.G * s.D + s.D, 0.0f);
+      std::fill(dvg + u * s.G * s.Dv, dvg + u * s.G * s.Dv + s.Dv, 0.0f);
+    }
+    for (int64_t h = g * R; h < (g + 1) * R; ++h) {
+      const float* qh = q + (u0 * s.H + h) * s.D;  // query rows t = u0.. of head h
+      const float* doh = dout + (u0 * s.H + h) * s.Dv;
+      kernels::attn_scores(k + (u0 * s.G + g) * s.D, s.G * s.D, nu, qh, s.H * s.D, nq, s.D, scale, p.data(), nq);
+      kernels::attn_scores(v + (u0 * s.G + g) * s.Dv, s.G * s.Dv, nu, doh, s.H * s.Dv, nq, s.Dv, 1.0f, dp.data(), nq);
+      for (int64_t u = 0; u < nu; ++u) {
+        float* pu = p.data() + u * nq;
+        float* dpu = dp.data() + u * nq;
+        // Query t = u0 + j sees key u0 + u when u <= j (and j - u < window).
+        const int64_t j_end = s.window > 0 ? std::min(nq, u + s.window) : nq;
         for (int64_t j = 0; j < nq; ++j) {
-          const int64_t t = u + j;
-          const float dl = delta[size_t((t - u0) * s.H + h)];
-          p[size_t(j)] = std::exp(p[size_t(j)] - lse[t * s.H + h]);
-          dp[size_t(j)] = p[size_t(j)] * (dp[size_t(j)] - dl) * scale;
+          if (j < u || j >= j_end) {
+            pu[j] = 0.0f;
+            dpu[j] = 0.0f;
+            continue;
+          }
+          const int64_t t = u0 + j;
+          pu[j] = std::exp(pu[j] - lse[t * s.H + h]);
+          dpu[j] = pu[j] * (dpu[j] - delta[size_t(j * s.H + h)]) * scale;
         }
-        kernels::accumulate_rows(p.data(), doh, s.H * s.Dv, nq, s.Dv, dvu);
-        kernels::accumulate_rows(dp.data(), qh, s.H * s.D, nq, s.D, dku);
       }
+      kernels::gemm_acc_f32(nu, s.Dv, nq, p.data(), nq, 1, doh, s.H * s.Dv, dvg, s.G * s.Dv);
+      kernels::gemm_acc_f32(nu, s.D, nq, dp.data(), nq, 1, qh, s.H * s.D, dkg, s.G * s.D);
     }
   }
+}
+
+// Keys per block: the block's score rows (kKeyBlock x the queries that see it) stay small.
+constexpr int64_t kKeyBlock = 32;
+
+}  // namespace
+
+void attention_backward_keys(const AttentionShape& s, const float* q, const float* k, const float* v, const float* out,
+                             const float* lse, const float* dout, float* dk, float* dv, int64_t kv_head, int64_t u0,
+                             int64_t u1) {
+  const int64_t g0 = kv_head < 0 ? 0 : kv_head, g1 = kv_head < 0 ? s.G : kv_head + 1;
+  for (int64_t b = u0; b < u1; b += kKeyBlock)
+    backward_key_block(s, q, k, v, out, lse, dout, dk, dv, g0, g1, b, std::min(u1, b + kKeyBlock));
 }
 
 void attention_backward(const AttentionShape& s, const float* q, const float* k, const float* v, const float* out,

@@ -228,11 +228,11 @@ struct TrainingModel::State {
     float* pq = q.get(T * H * D);
     float* pk = k.get(T * G * D);
     float* pv = v.get(T * G * Dv);
-    linear_forward(W.attn_q, pa, E, T, pq, H * D, &pool);
-    linear_forward(W.attn_k, pa, E, T, pk, G * D, &pool);
-    linear_forward(W.attn_v, pa, E, T, pv, G * Dv, &pool);
+    linear_forward(W.attn_q, pa, E, T, pq, H * D, &pool, opts.precision);
+    linear_forward(W.attn_k, pa, E, T, pk, G * D, &pool, opts.precision);
+    linear_forward(W.attn_v, pa, E, T, pv, G * Dv, &pool, opts.precision);
     float* pg = graw.get(T * H);
-    if (W.attn_gate.present()) linear_forward(W.attn_gate, pa, E, T, pg, H, &pool);
+    if (W.attn_gate.present()) linear_forward(W.attn_gate, pa, E, T, pg, H, &pool, opts.precision);
     // Per-head Q/K RMSNorm, then RoPE.
     float* pqr = qr.get(T * H * D);
     float* pkr = kr.get(T * G * D);
@@ -267,7 +267,7 @@ struct TrainingModel::State {
       head_gate_forward(pg, po, pog, T, H, Dv);
     else
       std::memcpy(pog, po, size_t(T * H * Dv) * sizeof(float));
-    linear_forward(W.attn_output, pog, H * Dv, T, ao.get(T * E), E, &pool);
+    linear_forward(W.attn_output, pog, H * Dv, T, ao.get(T * E), E, &pool, opts.precision);
   }
 
   // §2.5 dense SwiGLU MLP on f; writes y.
@@ -277,13 +277,13 @@ struct TrainingModel::State {
     const int64_t E = hp.n_embd, F = W.ffn_gate.n_out;
     float* pg = gate.get(T * F);
     float* pu = up.get(T * F);
-    linear_forward(W.ffn_gate, f.v.data(), E, T, pg, F, &pool);
-    linear_forward(W.ffn_up, f.v.data(), E, T, pu, F, &pool);
+    linear_forward(W.ffn_gate, f.v.data(), E, T, pg, F, &pool, opts.precision);
+    linear_forward(W.ffn_up, f.v.data(), E, T, pu, F, &pool, opts.precision);
     float* pa = act.get(T * F);
     for_rows(T, pool, double(F) * 8, [&](int64_t b, int64_t e) {
       swiglu_forward(pg + b * F, pu + b * F, F, L.clamp_shexp, e - b, F, pa + b * F);
     });
-    linear_forward(W.ffn_down, pa, F, T, y.get(T * E), E, &pool);
+    linear_forward(W.ffn_down, pa, F, T, y.get(T * E), E, &pool, opts.precision);
   }
 
   // §2.6 MoE on f; writes y. Records routing statistics into `stats` when given.
@@ -294,7 +294,7 @@ struct TrainingModel::State {
     const RouterConfig rc = router_config(L);
     const float* pf = f.v.data();
     float* pz = z.get(T * X);
-    linear_forward(router_matrix(il), pf, E, T, pz, X, &pool);
+    linear_forward(router_matrix(il), pf, E, T, pz, X, &pool, opts.precision);
     float* pp = p.get(T * X);
     ids.resize(size_t(T * K));
     float* pw = w.get(T * K);
@@ -348,10 +348,11 @@ struct TrainingModel::State {
       xs.resize(size_t(n * E));
       for (int64_t j = 0; j < n; ++j)
         std::memcpy(xs.data() + j * E, pf + int64_t(row_token[size_t(r0 + j)]) * E, size_t(E) * sizeof(float));
-      linear_forward(expert_matrix(il, e, TrainedParams::Gate), xs.data(), E, n, prg + r0 * F, F, nullptr);
-      linear_forward(expert_matrix(il, e, TrainedParams::Up), xs.data(), E, n, pru + r0 * F, F, nullptr);
+      const Precision pr = opts.precision;
+      linear_forward(expert_matrix(il, e, TrainedParams::Gate), xs.data(), E, n, prg + r0 * F, F, nullptr, pr);
+      linear_forward(expert_matrix(il, e, TrainedParams::Up), xs.data(), E, n, pru + r0 * F, F, nullptr, pr);
       swiglu_forward(prg + r0 * F, pru + r0 * F, F, L.clamp_exp, n, F, pra + r0 * F);
-      linear_forward(expert_matrix(il, e, TrainedParams::Down), pra + r0 * F, F, n, prd + r0 * E, E, nullptr);
+      linear_forward(expert_matrix(il, e, TrainedParams::Down), pra + r0 * F, F, n, prd + r0 * E, E, nullptr, pr);
     });
     // Shared expert.
     const bool has_shared = W.ffn_up_shexp.present();
@@ -360,14 +361,14 @@ struct TrainingModel::State {
       const int64_t FS = W.ffn_up_shexp.n_out;
       float* psg = sgate.get(T * FS);
       float* psu = sup.get(T * FS);
-      linear_forward(shared_matrix(il, TrainedParams::Gate), pf, E, T, psg, FS, &pool);
-      linear_forward(shared_matrix(il, TrainedParams::Up), pf, E, T, psu, FS, &pool);
+      linear_forward(shared_matrix(il, TrainedParams::Gate), pf, E, T, psg, FS, &pool, opts.precision);
+      linear_forward(shared_matrix(il, TrainedParams::Up), pf, E, T, psu, FS, &pool, opts.precision);
       float* psa = sact.get(T * FS);
       for_rows(T, pool, double(FS) * 8, [&](int64_t b, int64_t e) {
         swiglu_forward(psg + b * FS, psu + b * FS, FS, L.clamp_shexp, e - b, FS, psa + b * FS);
       });
       ps = sout.get(T * E);
-      linear_forward(shared_matrix(il, TrainedParams::Down), psa, FS, T, ps, E, &pool);
+      linear_forward(shared_matrix(il, TrainedParams::Down), psa, FS, T, ps, E, &pool, opts.precision);
     }
     // Weighted sum in top-k order, then the shared expert (the forward pass's order).
     float* py = y.get(T * E);
@@ -629,7 +630,7 @@ struct TrainingModel::State {
     rms_rows(xf, m.output_norm(), pn, pinv, T, E);
     if (all_logits) {
       all_logits->resize(size_t(T * V));
-      linear_forward(m.output(), pn, E, T, all_logits->data(), V, &pool);
+      linear_forward(m.output(), pn, E, T, all_logits->data(), V, &pool, opts.precision);
       return;
     }
     const int64_t chunk = opts.logits_chunk > 0 ? opts.logits_chunk : std::max<int64_t>(16, (int64_t(1) << 24) / V);
@@ -639,7 +640,7 @@ struct TrainingModel::State {
     const float scale = n_targets > 0 ? 1.0f / float(n_targets) : 0.0f;
     for (int64_t r0 = 0; r0 < T; r0 += chunk) {
       const int64_t n = std::min(chunk, T - r0);
-      linear_forward(m.output(), pn + r0 * E, E, n, pl, V, &pool);
+      linear_forward(m.output(), pn + r0 * E, E, n, pl, V, &pool, opts.precision);
       for_rows(n, pool, double(V) * 8, [&](int64_t b, int64_t e) {
         cross_entropy(pl + b * V, targets + r0 + b, e - b, V, losses + r0 + b, pdl ? pdl + b * V : nullptr, scale);
       });

@@ -47,6 +47,12 @@ struct TrainingOptions {
   float balance_weight = 0.0f;  // weight of the group balance loss at trained routers
   int32_t balance_groups = 0;   // G (must divide n_expert); 0: one group per expert
   bool record_topk = false;
+  // How products of frozen quantized weights are computed: Exact (F32 activations on the
+  // dequantized rows, what `eval --exact` computes; the gradient checks need it) or Native
+  // (activations rounded to the weight type's format and the engine's integer kernels, as
+  // `eval` and `serve` run the model: several times faster). The backward pass is F32
+  // either way (the gradient of the rounding is taken as the identity).
+  Precision precision = Precision::Exact;
   // Output-head rows per chunk (bounds the tokens × vocab buffers); 0: as many as fit in
   // 16 M floats (64 MiB) per buffer, so the head's weights are dequantized as few times as
   // memory allows.
