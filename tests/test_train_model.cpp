@@ -47,15 +47,17 @@ TrainBatch make_batch(const Model& m, int32_t n) {
   return b;
 }
 
-void check_forward_matches_engine(const std::string& file, double tol) {
+void check_forward_matches_engine(const std::string& file, double tol, Precision precision = Precision::Exact) {
   auto m = load_fixture(file);
   auto prompt = ids64();
   for (int32_t& t : prompt) t %= m->hparams().n_vocab;
   ThreadPool pool(2);
-  TrainingModel tm(*m, nullptr, pool);
+  TrainingOptions opts;
+  opts.precision = precision;
+  TrainingModel tm(*m, nullptr, pool, opts);
   const std::vector<float> ours = tm.logits(prompt);
   // The training forward keeps F32 activations throughout: compare with an F32 KV cache.
-  Session session(*m, int32_t(prompt.size()), 512, Precision::Exact, false, 0, KvTypes::f32());
+  Session session(*m, int32_t(prompt.size()), 512, precision, false, 0, KvTypes::f32());
   std::vector<float> ref;
   session.forward(prompt.data(), int32_t(prompt.size()), true, ref, pool);
   ASSERT_EQ(ours.size(), ref.size());
@@ -153,6 +155,12 @@ void check_model_gradient(const std::string& file, const std::string& groups, fl
 TEST(TrainModel, ForwardMatchesEngineExactF32) { check_forward_matches_engine("tiny-a-f32.gguf", 1e-4); }
 TEST(TrainModel, ForwardMatchesEngineExactOtherShape) { check_forward_matches_engine("tiny-b-f32.gguf", 1e-4); }
 TEST(TrainModel, ForwardMatchesEngineExactQuantized) { check_forward_matches_engine("tiny-a-q4_k_m.gguf", 1e-4); }
+// finetune's default: the products of quantized weights on the engine's integer kernels, as
+// `eval` and `serve` compute them (Q4_K/Q6_K/Q5_0/Q8_0 weights here, Q8_0 and Q8_K rows).
+TEST(TrainModel, ForwardMatchesEngineNativeQuantized) {
+  check_forward_matches_engine("tiny-a-q4_k_m.gguf", 1e-4, Precision::Native);
+  check_forward_matches_engine("tiny-a-q8_0.gguf", 1e-4, Precision::Native);
+}
 
 TEST(TrainModel, GradientExpertsF32) { check_model_gradient("tiny-a-f32.gguf", "experts=3:2,3:5,6:1", 0.0f); }
 TEST(TrainModel, GradientRouterAndSharedF32) { check_model_gradient("tiny-a-f32.gguf", "router=4;shared=5", 0.0f); }

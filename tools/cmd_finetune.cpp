@@ -73,7 +73,7 @@ class Progress {
 int finetune_main(const Args& args) {
   ArgParser p("finetune",
               "Trains the named experts, routers and shared experts of a model on a text with every other weight\n"
-              "frozen (F32 training, frozen weights of any type dequantized on the fly), evaluates the training and\n"
+              "frozen (frozen weights of any type, multiplied as eval does; F32 gradients), evaluates the training and\n"
               "held-out loss before and after, and writes the trained slices as a patch file (step35 patch, --patch).\n"
               "GROUPS: experts=L:E,L:E (or L:topN, the N experts of layer L the text routes to most); router=L,L;\n"
               "shared=L; several joined with ';', e.g. \"experts=12:top2;router=12\".");
