@@ -1,7 +1,8 @@
-// Matrix products of training, all in F32 activations: the forward product of any stored
-// weight type (the weights dequantized a block of rows at a time, never as a whole
-// matrix), the product with the transposed matrix that carries a gradient back to the
-// input, and the outer-product sums that make the gradient of a trained F32 matrix.
+// Matrix products of training on F32 activations: the forward product of any stored
+// weight type (on the engine's kernels, or exactly on weights dequantized a block of rows
+// at a time), the product with the transposed matrix that carries a gradient back to the
+// input, and the outer-product sums that make the gradient of a trained F32 matrix (both
+// on kernels::gemm_acc_f32; frozen weights are never dequantized as a whole matrix).
 //
 // Layout: a matrix W {n_in, n_out} is n_out rows of n_in values (GGUF order) and maps an
 // input row x (n_in) to y[o] = W[o] · x. Activations are row-major, one row per token.
