@@ -397,10 +397,10 @@ TEST(Kernels, Iq4nlIsNotRepacked) {
 INSTANTIATE_TEST_SUITE_P(AllTypes, KernelTypes, ::testing::ValuesIn(kAllTypes),
                          [](const ::testing::TestParamInfo<DType>& i) { return std::string(dtype_name(i.param)); });
 
-// The SIMD Q8_K rounding writes the same bytes as the scalar one at every level, on
+// The SIMD Q8_K, Q8_0 and Q8_1 roundings write the same bytes as the scalar ones at every level, on
 // normal values, exact .5 ties, repeated largest magnitudes of both signs, zeros, tiny
 // and huge values, infinities and NaNs.
-TEST(Kernels, Q8KQuantizerSameAtEveryIsa) {
+TEST(Kernels, ActivationQuantizersSameAtEveryIsa) {
   IsaGuard guard;
   std::mt19937 rng(31337);
   std::normal_distribution<float> nd(0.0f, 1.0f);
@@ -419,16 +419,21 @@ TEST(Kernels, Q8KQuantizerSameAtEveryIsa) {
   for (int j = 0; j < 256; ++j) b[256 * 8 + j] = nd(rng) * 3e37f;                // huge
   for (int j = 0; j < 256; ++j) b[256 * 9 + j] = -std::fabs(nd(rng));            // max negative
   for (int j = 0; j < 256; ++j) b[256 * 10 + j] = float(int(rng() % 7) - 3);     // few distinct values
-  const size_t rb = kernels::act_row_bytes(ActType::Q8_K, n);
-  kernels::force_isa(Isa::Scalar);
-  std::vector<uint8_t> ref(rb, 0xAB);
-  kernels::convert_activations(ActType::Q8_K, x.data(), 1, n, n, ref.data());
-  for (Isa isa : kernels::available_isas()) {
-    kernels::force_isa(isa);
-    std::vector<uint8_t> got(rb, 0xAB);
-    kernels::convert_activations(ActType::Q8_K, x.data(), 1, n, n, got.data());
-    for (size_t i = 0; i < rb; ++i)
-      ASSERT_EQ(ref[i], got[i]) << kernels::isa_name(isa) << " byte " << i << " (block " << i / 292 << ")";
+  // The same blocks through the 32-value rounders (ggml's x86 Q8_0 and Q8_1).
+  for (ActType at : {ActType::Q8_K, ActType::Q8_0, ActType::Q8_1}) {
+    const size_t rb = kernels::act_row_bytes(at, n);
+    const size_t block_bytes = at == ActType::Q8_K ? 292 : at == ActType::Q8_0 ? 34 : 36;
+    kernels::force_isa(Isa::Scalar);
+    std::vector<uint8_t> ref(rb, 0xAB);
+    kernels::convert_activations(at, x.data(), 1, n, n, ref.data());
+    for (Isa isa : kernels::available_isas()) {
+      kernels::force_isa(isa);
+      std::vector<uint8_t> got(rb, 0xAB);
+      kernels::convert_activations(at, x.data(), 1, n, n, got.data());
+      for (size_t i = 0; i < rb; ++i)
+        ASSERT_EQ(ref[i], got[i]) << kernels::act_type_name(at) << " " << kernels::isa_name(isa) << " byte " << i
+                                  << " (block " << i / block_bytes << ")";
+    }
   }
 }
 
@@ -460,7 +465,7 @@ TEST(Kernels, Q8KQuantizerFollowsGgml) {
 }
 
 // ggml's x86 Q8_0 rule: d = amax/127 in F16, values x·(127/amax) rounded half to even;
-// Q8_1 adds s = F16(d·Σq).
+// Q8_1 adds s = F16(d·Σq) with the F32 d.
 TEST(Kernels, Q8_0AndQ8_1QuantizersFollowGgml) {
   std::vector<float> x(32, 0.0f);
   x[0] = -4.0f;
@@ -484,7 +489,7 @@ TEST(Kernels, Q8_0AndQ8_1QuantizersFollowGgml) {
   int sum = 0;
   for (int j = 0; j < 32; ++j) sum += int8_t(q1[4 + j]);
   EXPECT_EQ(0, std::memcmp(q1.data() + 4, q.data() + 2, 32));
-  EXPECT_EQ(s16, fp32_to_fp16(fp16_to_fp32(d16) * float(sum)));
+  EXPECT_EQ(s16, fp32_to_fp16(4.0f / 127.0f * float(sum)));  // d before its F16 rounding, as ggml
 }
 
 TEST(Kernels, WrongActivationTypeIsRejected) {

@@ -6,6 +6,7 @@
 
 #include <cmath>
 #include <cstring>
+#include <limits>
 #include <random>
 #include <vector>
 
@@ -225,6 +226,52 @@ TEST(KvKernelsTypes, OnlyCacheTypesAndWholeBlocksAreAccepted) {
   EXPECT_THROW(kernels::attn_query_bytes(DType::Q4_0, 16), std::invalid_argument);
 }
 
+// The row maximum of the softmax: every level, every length (tails included), masked keys
+// and NaNs skipped, the empty row -infinity.
+TEST(KvKernelsRowMax, SameAtEveryIsa) {
+  IsaGuard guard;
+  std::mt19937 rng(8);
+  for (int64_t n : {0, 1, 5, 8, 15, 16, 17, 32, 47}) {
+    std::vector<float> s = normals(size_t(n) + 1, rng, 3.0f);
+    for (int64_t j = 0; j < n; j += 3) s[size_t(j)] = -INFINITY;
+    if (n > 4) s[4] = std::numeric_limits<float>::quiet_NaN();
+    float want = -INFINITY;
+    for (int64_t j = 0; j < n; ++j) want = std::max(want, s[size_t(j)]);
+    for (Isa isa : kernels::available_isas()) {
+      kernels::force_isa(isa);
+      EXPECT_EQ(kernels::attn_row_max(s.data(), n), want) << kernels::isa_name(isa) << " n " << n;
+    }
+  }
+}
+
+// The softmax weights and their sum: the SIMD levels agree bit for bit (the scalar
+// reference sums in another order), at every length and with masked keys.
+TEST(KvKernelsExpSum, SimdLevelsAgreeBitForBit) {
+  IsaGuard guard;
+  std::mt19937 rng(9);
+  for (int64_t n : {1, 7, 8, 9, 16, 17, 31, 32, 45}) {
+    std::vector<float> s = normals(size_t(n), rng, 4.0f);
+    for (int64_t j = 1; j < n; j += 4) s[size_t(j)] = -INFINITY;
+    float mx = -INFINITY;
+    for (float v : s) mx = std::max(mx, v);
+    std::vector<float> first;
+    float first_sum = 0;
+    for (Isa isa : kernels::available_isas()) {
+      if (isa == Isa::Scalar) continue;
+      kernels::force_isa(isa);
+      std::vector<float> p = s;
+      const float sum = kernels::attn_exp_sum(p.data(), n, mx);
+      if (first.empty()) {
+        first = p;
+        first_sum = sum;
+        continue;
+      }
+      EXPECT_EQ(sum, first_sum) << kernels::isa_name(isa) << " n " << n;
+      EXPECT_EQ(0, std::memcmp(p.data(), first.data(), p.size() * sizeof(float))) << kernels::isa_name(isa) << " n " << n;
+    }
+  }
+}
+
 // ggml's rotation: the Sylvester-ordered Walsh-Hadamard matrix / sqrt(n), applied per chunk.
 TEST(KvKernelsHadamard, MatchesSylvesterMatrixAndIsItsOwnInverse) {
   std::mt19937 rng(3);
@@ -253,6 +300,23 @@ TEST(KvKernelsHadamard, MatchesSylvesterMatrixAndIsItsOwnInverse) {
   const float v = 1.0f * s;
   EXPECT_EQ(two[0], u + v);
   EXPECT_EQ(two[1], u - v);
+  // Every ISA level gives the scalar loop's bits.
+  {
+    IsaGuard guard;
+    for (int64_t n : {1, 2, 4, 8, 16, 32, 64, 128, 256}) {
+      const std::vector<float> x = normals(size_t(3 * n), rng, 5.0f);
+      kernels::force_isa(Isa::Scalar);
+      std::vector<float> want = x;
+      kernels::hadamard_rows(want.data(), 3 * n, n);
+      for (Isa isa : kernels::available_isas()) {
+        kernels::force_isa(isa);
+        std::vector<float> got = x;
+        kernels::hadamard_rows(got.data(), 3 * n, n);
+        ASSERT_EQ(0, std::memcmp(got.data(), want.data(), got.size() * sizeof(float)))
+            << kernels::isa_name(isa) << " n " << n;
+      }
+    }
+  }
   std::vector<float> bad(6);
   EXPECT_THROW(kernels::hadamard_rows(bad.data(), 6, 3), std::invalid_argument);
   EXPECT_THROW(kernels::hadamard_rows(bad.data(), 6, 4), std::invalid_argument);

@@ -98,10 +98,9 @@ void run_span(const TileRows& T, int64_t g, int64_t b0, int64_t b1, RowState* st
         std::fill(sr, sr + bs, 0.0f);
         continue;
       }
-      for (int32_t j = 0; j < bs; ++j)
-        if (j < j0 || j > j1) sr[j] = -INFINITY;
-      float mx = -INFINITY;
-      for (int32_t j = j0; j <= j1; ++j) mx = std::max(mx, sr[j]);
+      std::fill(sr, sr + j0, -INFINITY);
+      std::fill(sr + j1 + 1, sr + bs, -INFINITY);
+      const float mx = kernels::attn_row_max(sr + j0, j1 - j0 + 1);
       RowState& R = st[r];
       const float m = std::max(R.m, mx);
       if (m > R.m && R.l > 0.0f) {

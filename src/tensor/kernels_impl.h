@@ -51,6 +51,9 @@ struct IsaKernels {
   X16DotFn x16_dot[40] = {};
   // Q8_K activation rounding, bit-identical to quantize_act_q8_K (null: use that).
   void (*quantize_q8_K)(const float* x, ActQ8_K* y, int64_t n) = nullptr;
+  // Q8_0 / Q8_1 activation rounding, bit-identical to quantize_act_q8_0 / _q8_1 (null: use those).
+  void (*quantize_q8_0)(const float* x, ActQ8_0* y, int64_t n) = nullptr;
+  void (*quantize_q8_1)(const float* x, ActQ8_1* y, int64_t n) = nullptr;
   float (*dot_f32)(const float* a, const float* b, int64_t n) = nullptr;
   void (*axpy_f32)(float a, const float* x, float* y, int64_t n) = nullptr;
   void (*scale_f32)(float a, float* y, int64_t n) = nullptr;
@@ -70,8 +73,11 @@ struct IsaKernels {
   void (*kv_scores)(DType t, const uint8_t* q, size_t q_stride, int64_t n_q, const uint8_t* block, int32_t bs,
                     int32_t n_k, int64_t d, float scale, float* s, int64_t s_stride) = nullptr;
   float (*kv_exp_sum)(float* s, int64_t n, float m) = nullptr;
+  float (*kv_max)(const float* s, int64_t n) = nullptr;
   void (*kv_accumulate)(DType t, const float* p, int64_t p_stride, int64_t n_q, const uint8_t* block, int32_t n_k,
                         int64_t d, float* acc, int64_t acc_stride) = nullptr;
+  // hadamard_rows for chunks n >= 8, bit-identical to the scalar loop (null: the scalar loop).
+  void (*hadamard_rows)(float* x, int64_t len, int64_t n) = nullptr;
 };
 
 const IsaKernels& scalar_kernels();
@@ -84,11 +90,14 @@ const IsaKernels& avx512_kernels();  // only where it has AVX-512 F/BW/VL/DQ + V
 void quantize_act_q8_0(const float* x, ActQ8_0* y, int64_t n);
 void quantize_act_q8_1(const float* x, ActQ8_1* y, int64_t n);
 void quantize_act_q8_K(const float* x, ActQ8_K* y, int64_t n);
+// quantize_act_q8_0's bytes at the level in use (the cache writer and the attention queries).
+void quantize_rows_q8_0(const float* x, ActQ8_0* y, int64_t n);
 
 // Scalar references of the KV attention kernels (kv_kernels_ref.cpp).
 void ref_kv_scores(DType t, const uint8_t* q, size_t q_stride, int64_t n_q, const uint8_t* block, int32_t bs,
                    int32_t n_k, int64_t d, float scale, float* s, int64_t s_stride);
 float ref_kv_exp_sum(float* s, int64_t n, float m);
+float ref_kv_max(const float* s, int64_t n);
 void ref_kv_accumulate(DType t, const float* p, int64_t p_stride, int64_t n_q, const uint8_t* block, int32_t n_k,
                        int64_t d, float* acc, int64_t acc_stride);
 

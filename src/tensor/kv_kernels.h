@@ -62,6 +62,9 @@ void attn_scores(DType t, const uint8_t* q, size_t q_stride, int64_t n_q, const 
 // the sum of the n results (summed in a fixed order for a given n).
 float attn_exp_sum(float* s, int64_t n, float m);
 
+// The largest of s[0..n) (-infinity for n = 0); NaNs are skipped.
+float attn_row_max(const float* s, int64_t n);
+
 // acc[r*acc_stride + c] += sum_j p[r*p_stride + j] * v_j[c] for the n_q rows, c < d and the
 // values j < n_k of one head block of type t, summed over j in order for each (r, c).
 // A zero weight adds nothing (the values of a block are always finite).

@@ -86,6 +86,12 @@ float ref_kv_exp_sum(float* s, int64_t n, float m) {
   return sum;
 }
 
+float ref_kv_max(const float* s, int64_t n) {
+  float m = -INFINITY;
+  for (int64_t j = 0; j < n; ++j) m = std::max(m, s[j]);
+  return m;
+}
+
 void ref_kv_accumulate(DType t, const float* p, int64_t p_stride, int64_t n_q, const uint8_t* block, int32_t n_k,
                        int64_t d, float* acc, int64_t acc_stride) {
   thread_local std::vector<float> row;
