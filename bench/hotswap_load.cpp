@@ -6,7 +6,7 @@
 // the two replays (a request that saw both weight sets would match neither).
 //
 //   hotswap_load --port P --patch FILE [--streams 8] [--seconds 60] [--swap-ms 1000]
-//                [--max-tokens 32] [--api-key KEY] [--json]
+//                [--max-tokens 32] [--min-swaps N] [--api-key KEY] [--json]
 //
 // Exit status 0 when every request completed with one weight set and at least one swap
 // happened; 1 otherwise. The ctest HotSwap.LoadTest runs it for a few seconds; docs/finetune.md
@@ -41,6 +41,7 @@ struct Options {
   double seconds = 60;
   int swap_ms = 1000;
   int max_tokens = 32;
+  int min_swaps = 0;  // keep loading past `seconds` until this many swaps (a slow machine)
   std::string api_key;
   bool json = false;
 };
@@ -121,7 +122,7 @@ bool post_ok(const Options& o, const std::string& path, const json& body, std::s
 int usage() {
   std::fprintf(stderr,
                "usage: hotswap_load --port P --patch FILE [--streams 8] [--seconds 60] [--swap-ms 1000] "
-               "[--max-tokens 32] [--api-key KEY] [--json]\n");
+               "[--max-tokens 32] [--min-swaps N] [--api-key KEY] [--json]\n");
   return 2;
 }
 
@@ -144,11 +145,13 @@ int main(int argc, char** argv) {
     else if (a == "--seconds") o.seconds = std::atof(value().c_str());
     else if (a == "--swap-ms") o.swap_ms = std::atoi(value().c_str());
     else if (a == "--max-tokens") o.max_tokens = std::atoi(value().c_str());
+    else if (a == "--min-swaps") o.min_swaps = std::atoi(value().c_str());
     else if (a == "--api-key") o.api_key = value();
     else if (a == "--json") o.json = true;
     else return usage();
   }
-  if (o.port <= 0 || o.patch.empty() || o.streams < 1 || o.seconds <= 0 || o.swap_ms < 1 || o.max_tokens < 1)
+  if (o.port <= 0 || o.patch.empty() || o.streams < 1 || o.seconds <= 0 || o.swap_ms < 1 || o.max_tokens < 1 ||
+      o.min_swaps < 0)
     return usage();
 
   // Load phase: each stream cycles over two prompts of its own; the swapper alternates
@@ -170,7 +173,13 @@ int main(int argc, char** argv) {
   int swaps = 0, reverts = 0, swap_errors = 0;
   std::string swap_error;
   bool patched = false;
-  while (now_s() - t0 < o.seconds) {
+  // The load lasts `seconds`, and longer (up to ten times that) until `min_swaps` swaps went
+  // through: under a sanitizer on a busy machine one swap can take seconds.
+  auto more = [&] {
+    const double t = now_s() - t0;
+    return t < o.seconds || (swaps < o.min_swaps && t < 10 * o.seconds);
+  };
+  while (more()) {
     std::this_thread::sleep_for(std::chrono::milliseconds(o.swap_ms));
     const bool ok = patched ? post_ok(o, "/v1/step35/hotswap/revert", json::object(), &swap_error)
                             : post_ok(o, "/v1/step35/hotswap", {{"patch", o.patch}}, &swap_error);
