@@ -126,14 +126,6 @@ const IsaKernels& active() {
 
 const IsaKernels& active_table() { return active(); }
 
-void quantize_rows_q8_0(const float* x, ActQ8_0* y, int64_t n) {
-  if (const auto q = active().quantize_q8_0) {
-    q(x, y, n);
-  } else {
-    quantize_act_q8_0(x, y, n);
-  }
-}
-
 namespace {
 
 VecDotFn vec_dot_for(DType t) {
@@ -273,21 +265,9 @@ void convert_row(ActType t, const float* x, int64_t n, uint8_t* dst) {
         std::memcpy(dst + 2 * i, &h, 2);
       }
       return;
-    case ActType::Q8_0: quantize_rows_q8_0(x, reinterpret_cast<ActQ8_0*>(dst), n); return;
-    case ActType::Q8_1:
-      if (const auto q = active().quantize_q8_1) {
-        q(x, reinterpret_cast<ActQ8_1*>(dst), n);
-      } else {
-        quantize_act_q8_1(x, reinterpret_cast<ActQ8_1*>(dst), n);
-      }
-      return;
-    case ActType::Q8_K:
-      if (const auto q = active().quantize_q8_K) {
-        q(x, reinterpret_cast<ActQ8_K*>(dst), n);
-      } else {
-        quantize_act_q8_K(x, reinterpret_cast<ActQ8_K*>(dst), n);
-      }
-      return;
+    case ActType::Q8_0: active().quantize_q8_0(x, reinterpret_cast<ActQ8_0*>(dst), n); return;
+    case ActType::Q8_1: active().quantize_q8_1(x, reinterpret_cast<ActQ8_1*>(dst), n); return;
+    case ActType::Q8_K: active().quantize_q8_K(x, reinterpret_cast<ActQ8_K*>(dst), n); return;
   }
 }
 

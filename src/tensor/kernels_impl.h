@@ -49,9 +49,9 @@ struct IsaKernels {
   // rows). `end` bounds the software prefetch (the end of the caller's row range: bytes
   // past it belong to another thread's chunk or another matrix).
   X16DotFn x16_dot[40] = {};
-  // Q8_K activation rounding, bit-identical to quantize_act_q8_K (null: use that).
+  // Q8_K / Q8_0 / Q8_1 activation rounding, bit-identical to quantize_act_q8_K / _q8_0 / _q8_1
+  // (every level sets them; the scalar table holds those references).
   void (*quantize_q8_K)(const float* x, ActQ8_K* y, int64_t n) = nullptr;
-  // Q8_0 / Q8_1 activation rounding, bit-identical to quantize_act_q8_0 / _q8_1 (null: use those).
   void (*quantize_q8_0)(const float* x, ActQ8_0* y, int64_t n) = nullptr;
   void (*quantize_q8_1)(const float* x, ActQ8_1* y, int64_t n) = nullptr;
   float (*dot_f32)(const float* a, const float* b, int64_t n) = nullptr;
@@ -90,8 +90,6 @@ const IsaKernels& avx512_kernels();  // only where it has AVX-512 F/BW/VL/DQ + V
 void quantize_act_q8_0(const float* x, ActQ8_0* y, int64_t n);
 void quantize_act_q8_1(const float* x, ActQ8_1* y, int64_t n);
 void quantize_act_q8_K(const float* x, ActQ8_K* y, int64_t n);
-// quantize_act_q8_0's bytes at the level in use (the cache writer and the attention queries).
-void quantize_rows_q8_0(const float* x, ActQ8_0* y, int64_t n);
 
 // Scalar references of the KV attention kernels (kv_kernels_ref.cpp).
 void ref_kv_scores(DType t, const uint8_t* q, size_t q_stride, int64_t n_q, const uint8_t* block, int32_t bs,

@@ -497,6 +497,9 @@ IsaKernels make_scalar() {
   k.swiglu_f32 = ref_swiglu_f32;
   k.kv_scores = ref_kv_scores;
   k.kv_exp_sum = ref_kv_exp_sum;
+  k.quantize_q8_0 = quantize_act_q8_0;
+  k.quantize_q8_1 = quantize_act_q8_1;
+  k.quantize_q8_K = quantize_act_q8_K;
   k.kv_max = ref_kv_max;
   k.kv_accumulate = ref_kv_accumulate;
   return k;

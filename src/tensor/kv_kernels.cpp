@@ -57,7 +57,7 @@ void kv_store_key(DType t, const float* x, int64_t d, uint8_t* block, int32_t bs
       uint8_t* ints = block + key_scale_bytes(d, bs);
       for (int64_t b = 0; b < d / 32; ++b) {
         ActQ8_0 q;
-        quantize_rows_q8_0(x + 32 * b, &q, 32);  // the cache writer's encoder (ggml x86 quantize_row_q8_0)
+        active_table().quantize_q8_0(x + 32 * b, &q, 32);  // the cache writer's encoder (ggml x86 quantize_row_q8_0)
         store_u16(block + (size_t(b) * size_t(bs) + size_t(slot)) * 2, q.d);
         for (int e = 0; e < 32; ++e)
           ints[key_q8_index(32 * b + e, slot, bs)] = uint8_t(int32_t(q.qs[e]) + kKeyOffsetQ8_0);
@@ -120,7 +120,7 @@ void kv_store_value(DType t, const float* x, int64_t d, uint8_t* block, int32_t 
   (void)bs;
   uint8_t* row = block + size_t(slot) * *row_bytes(t, d);
   if (t == DType::Q8_0) {
-    quantize_rows_q8_0(x, reinterpret_cast<ActQ8_0*>(row), d);  // same bytes as a BlockQ8_0 row
+    active_table().quantize_q8_0(x, reinterpret_cast<ActQ8_0*>(row), d);  // same bytes as a BlockQ8_0 row
     return;
   }
   quantize_row_ref(t, x, row, d);  // F32 copy, F16/BF16 round to nearest even, Q4_0 reference
@@ -144,7 +144,7 @@ void attn_convert_query(DType t, const float* q, int64_t d, uint8_t* dst) {
     auto* out = reinterpret_cast<QueryQ8*>(dst);
     for (int64_t b = 0; b < d / 32; ++b) {
       ActQ8_0 a;
-      quantize_rows_q8_0(q + 32 * b, &a, 32);
+      active_table().quantize_q8_0(q + 32 * b, &a, 32);
       out[b].d = fp16_to_fp32(a.d);
       int32_t sum = 0;
       for (int e = 0; e < 32; ++e) sum += a.qs[e];

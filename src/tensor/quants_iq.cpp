@@ -276,7 +276,7 @@ int nearest_int(float v) {
 // For each integer f in [-128, 127]: the first level above f. The levels are integers, so
 // for v[0] < x < v[15] the bracket v[hi-1] <= x < v[hi] that ggml's bisection
 // (best_index_int8) finds depends on floor(x) alone; a table lookup replaces its four
-// unpredictable branches (quantizing is ~4x faster, same bytes).
+// unpredictable branches (quantizing is ~2x faster, same bytes).
 struct LevelAbove {
   uint8_t hi[256];
   constexpr LevelAbove() : hi{} {
