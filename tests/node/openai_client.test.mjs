@@ -158,7 +158,7 @@ const finalResponse = await responseStream.finalResponse();
 assert.equal(responseDeltas, response.output_text);
 assert.equal(finalResponse.output.at(-1).content[0].text, response.output_text);  // assembled from the deltas
 assert.equal(incomplete.incomplete_details.reason, 'max_output_tokens');
-const rawEvents = await client.responses.create({ model: 'm', input: 'Hello there', max_output_tokens: 4, stream: true });
+const rawEvents = await client.responses.create({ model: 'm', input: 'Hello there', max_output_tokens: 4, temperature: 0, stream: true });
 const eventTypes = [];
 for await (const e of rawEvents) eventTypes.push(e.type);
 assert.equal(eventTypes[0], 'response.created');
