@@ -429,6 +429,16 @@ void Model::prepare_experts(int il, const int32_t* experts, int64_t n, ThreadPoo
   });
 }
 
+void Model::prepare_all_experts(ThreadPool& pool) const {
+  if (lazy_bytes_ == 0) return;
+  for (int il = 0; il < hp_.n_layer; ++il) {
+    const int64_t n = layers_[size_t(il)].ffn_gate_exps.n_mat;
+    std::vector<int32_t> all(static_cast<size_t>(n));
+    for (int64_t e = 0; e < n; ++e) all[size_t(e)] = int32_t(e);
+    prepare_experts(il, all.data(), n, pool);
+  }
+}
+
 uint64_t Model::active_weight_bytes_per_token() const {
   // One embedding row, every trunk weight but the experts, and the top-k experts' share.
   uint64_t bytes = token_embd_.row_bytes + output_.total_bytes();

@@ -176,6 +176,10 @@ class Model {
   // use and not yet, on `pool`. The forward pass calls it before computing them; several
   // passes may call it at once.
   void prepare_experts(int il, const int32_t* experts, int64_t n, ThreadPool& pool) const;
+  // The same for every expert of every MoE block: the state a server reaches once its
+  // traffic has routed to each expert (bench times that state, as a peer that repacks at
+  // load does).
+  void prepare_all_experts(ThreadPool& pool) const;
   // Weight bytes one decode token reads: everything but the embedding table and the
   // experts, plus n_expert_used of the routed experts per MoE layer (the roofline input).
   uint64_t active_weight_bytes_per_token() const;
