@@ -163,6 +163,14 @@ TEST(RepackOnFirstUse, ExpertsAreRepackedWhenRoutedToAndResultsDoNotChange) {
     threads.emplace_back([&, i] { got[i] = run_alone(*shared, prompts[i], 6, 2, Precision::Native, 512); });
   for (auto& t : threads) t.join();
   for (size_t i = 0; i < prompts.size(); ++i) EXPECT_EQ(got[i], ref[i]) << "prompt " << i;
+
+  // All the rest at once (what `bench` does before timing): every byte, the same logits.
+  ThreadPool pool{2};
+  lazy->prepare_all_experts(pool);
+  EXPECT_EQ(lazy->lazy_repacked_so_far(), lazy->lazy_repack_bytes());
+  EXPECT_EQ(run_alone(*lazy, prompts[1], 6, 2, Precision::Native, 512), ref[1]) << "after prepare_all_experts";
+  lazy->prepare_all_experts(pool);
+  EXPECT_EQ(lazy->lazy_repacked_so_far(), lazy->lazy_repack_bytes()) << "nothing is repacked twice";
 }
 
 INSTANTIATE_TEST_SUITE_P(Precisions, Batching, ::testing::Values(Precision::Native, Precision::Exact),
