@@ -10,7 +10,7 @@
 # env:   LLAMA_BIN (default /tmp/peer/llama.cpp/build/bin), IK_BIN (default: none),
 #        STEP35 (default build/bin/step35),
 #        THREADS (default "1 2"), ROUNDS (default 3), REPS per round (default 3),
-#        PP (default 512), TG (default 128), STEP35_ARGS (extra step35 bench args)
+#        PP (default 512), TG (default 128; either may be 0 to skip that test), STEP35_ARGS (extra step35 bench args)
 set -euo pipefail
 here="$(cd "$(dirname "$0")/.." && pwd)"
 LLAMA_BIN="${LLAMA_BIN:-/tmp/peer/llama.cpp/build/bin}"
@@ -32,7 +32,7 @@ run_step35() {
   python3 - "$tmp/out.json" "$(cat "$tmp/rss")" <<'PY'
 import json, sys
 j = json.loads(open(sys.argv[1]).read().strip().splitlines()[-1])
-print(j["pp"]["tok_per_s"], j["tg"]["tok_per_s"], sys.argv[2])
+print(j.get("pp", {}).get("tok_per_s", 0), j.get("tg", {}).get("tok_per_s", 0), sys.argv[2])  # PP=0 / TG=0: no test
 PY
 }
 # run_llama THREADS [BIN_DIR [EXTRA_ARGS...]]: llama-bench of llama.cpp or of ik_llama.cpp.
@@ -82,14 +82,14 @@ print(f"threads {t}: {len(spp)} rounds per engine")
 if ik:
     print("| test | step35 t/s | llama.cpp t/s | ik_llama.cpp t/s | vs llama.cpp | vs ik_llama.cpp |")
     print("|---|---:|---:|---:|---:|---:|")
-    print(f"| pp{pp} | {ms(spp)} | {ms(lpp)} | {ms(kpp)} | {ratio(spp, lpp)} | {ratio(spp, kpp)} |")
-    print(f"| tg{tg} | {ms(stg)} | {ms(ltg)} | {ms(ktg)} | {ratio(stg, ltg)} | {ratio(stg, ktg)} |")
+    if pp != "0": print(f"| pp{pp} | {ms(spp)} | {ms(lpp)} | {ms(kpp)} | {ratio(spp, lpp)} | {ratio(spp, kpp)} |")
+    if tg != "0": print(f"| tg{tg} | {ms(stg)} | {ms(ltg)} | {ms(ktg)} | {ratio(stg, ltg)} | {ratio(stg, ktg)} |")
     print(f"| peak RSS MiB | {srss/1024:8.0f} | {lrss/1024:8.0f} | {krss/1024:8.0f} | {srss/lrss:.2f} | {srss/krss:.2f} |")
 else:
     print("| test | step35 t/s | llama.cpp t/s | ratio |")
     print("|---|---:|---:|---:|")
-    print(f"| pp{pp} | {ms(spp)} | {ms(lpp)} | {ratio(spp, lpp)} |")
-    print(f"| tg{tg} | {ms(stg)} | {ms(ltg)} | {ratio(stg, ltg)} |")
+    if pp != "0": print(f"| pp{pp} | {ms(spp)} | {ms(lpp)} | {ratio(spp, lpp)} |")
+    if tg != "0": print(f"| tg{tg} | {ms(stg)} | {ms(ltg)} | {ratio(stg, ltg)} |")
     print(f"| peak RSS MiB | {srss/1024:8.0f} | {lrss/1024:8.0f} | {srss/lrss:.2f} |")
 print()
 PY
