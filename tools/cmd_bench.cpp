@@ -217,7 +217,8 @@ static int bench_main(const Args& args) {
               "Measures prompt processing (ppN: N prompt tokens in one batch) and text generation (tgN: N\n"
               "tokens one at a time) in tokens/s, from an empty context or, with -d, after DEPTH tokens already\n"
               "in the cache (\"pp512 @ d8192\"), mean +- stddev over repetitions after one warm-up run, as\n"
-              "llama-bench does; prints a markdown table, or JSON with --json. With --membw it also measures\n"
+              "llama-bench does (routed experts the load repacks on first use are all repacked before timing,\n"
+              "the steady state of a server); prints a markdown table, or JSON with --json. With --membw it also measures\n"
               "the memory read bandwidth and reports the decode roofline (active weight bytes per token /\n"
               "bandwidth) and tg as a share of it.");
   BenchSettings bs;
