@@ -218,9 +218,9 @@ static int bench_main(const Args& args) {
               "tokens one at a time) in tokens/s, from an empty context or, with -d, after DEPTH tokens already\n"
               "in the cache (\"pp512 @ d8192\"), mean +- stddev over repetitions after one warm-up run, as\n"
               "llama-bench does (routed experts the load repacks on first use are all repacked before timing,\n"
-              "the steady state of a server); prints a markdown table, or JSON with --json. With --membw it also measures\n"
-              "the memory read bandwidth and reports the decode roofline (active weight bytes per token /\n"
-              "bandwidth) and tg as a share of it.");
+              "the steady state of a server); prints a markdown table, or JSON with --json. With --membw it\n"
+              "also measures the memory read bandwidth and reports the decode roofline (active weight bytes\n"
+              "per token / bandwidth) and tg as a share of it.");
   BenchSettings bs;
   p.option("-m,--model", "FILE", "GGUF model", bs.model, "the built-in tiny model");
   p.option("-p,--n-prompt", "N", "prompt tokens, comma list, 0 = skip pp", bs.n_prompt);
