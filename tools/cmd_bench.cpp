@@ -306,14 +306,14 @@ static int bench_main(const Args& args) {
   }
   for (int64_t threads : threads_list) {
     ThreadPool pool{int(threads)};
-    if (model->lazy_repacked_so_far() < model->lazy_repack_bytes()) {
+    if (const uint64_t done = model->lazy_repacked_so_far(); done < model->lazy_repack_bytes()) {
       // Experts repacked on first use: copy the rest now, so that no timed run pays for a
       // first use (a serving process is past them after its first requests).
       const double t0 = now_seconds();
       model->prepare_all_experts(pool);
       if (!json)
         std::fprintf(stderr, "routed experts repacked before timing: %s in %.1f s\n",
-                     human_bytes(double(model->lazy_repack_bytes())).c_str(), now_seconds() - t0);
+                     human_bytes(double(model->lazy_repack_bytes() - done)).c_str(), now_seconds() - t0);
     }
     Session session(*model, n_ctx, std::min<int32_t>(n_batch, n_ctx), prec, false, keep_back, kv_types);
     session.set_routing(routing);

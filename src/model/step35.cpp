@@ -431,10 +431,10 @@ void Model::prepare_experts(int il, const int32_t* experts, int64_t n, ThreadPoo
 
 void Model::prepare_all_experts(ThreadPool& pool) const {
   if (lazy_bytes_ == 0) return;
+  std::vector<int32_t> all;  // expert ids 0..n-1, grown to the largest MoE block
   for (int il = 0; il < hp_.n_layer; ++il) {
     const int64_t n = layers_[size_t(il)].ffn_gate_exps.n_mat;
-    std::vector<int32_t> all(static_cast<size_t>(n));
-    for (int64_t e = 0; e < n; ++e) all[size_t(e)] = int32_t(e);
+    while (int64_t(all.size()) < n) all.push_back(int32_t(all.size()));
     prepare_experts(il, all.data(), n, pool);
   }
 }
