@@ -49,15 +49,18 @@ struct Chunk {
 
 void run_matmuls(std::vector<MatJob>& jobs, ThreadPool& pool) {
   if (jobs.empty()) return;
-  // Chunk size: about 128 KiB of weights per chunk for a single token, fewer rows as the
+  // Chunk size: about 256 KiB of weights per chunk for a single token, fewer rows as the
   // token count grows (each row then costs more), aligned to the kernel's tile height.
   // With the tile kernels a 32 KiB chunk takes ~1 µs, so per-chunk costs and the ragged
   // end of each section showed at 2 threads (decode 212 -> 284 t/s going from 32 to
   // 128 KiB). Chunks are consecutive row ranges, and each thread runs its own contiguous
   // share of them (ThreadPool::parallel_stealing), so its weight reads stay sequential:
   // 292 -> 330 t/s at 2 threads against one shared counter, whose interleaving made every
-  // chunk start cold.
-  constexpr double kChunkBytes = 131072.0;
+  // chunk start cold. With the repacked x16 kernels 256 KiB is ahead again: on the
+  // benchmark model at 2 threads, paired against 128 KiB, tg128 median 1.05 (12 of 16
+  // pairs), 8 sequences 1.13, pp512 1.04; 512 KiB was level with 256 KiB. Smaller chunks
+  // only at the end of each share (to shorten the wait for the last one) measured 0.95.
+  constexpr double kChunkBytes = 262144.0;
   // Per calling thread; the workers see it through the reference below (a thread_local
   // named inside the lambda would be each worker's own, empty, instance).
   thread_local std::vector<Chunk> chunk_storage;
