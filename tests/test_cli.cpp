@@ -376,6 +376,33 @@ std::vector<std::string> help_rows(const std::string& help) {
 // for every subcommand `step35 --help` lists, the README section's table holds exactly the
 // rows of its --help (scripts/cli_reference.sh prints them), so the reference cannot drift
 // from the help, and the help (defaults taken from the options structs) not from the code.
+// --version names the project version, the commit the binary was built from (the build
+// regenerates it: a hash left from configure time would fail here after a commit) and the
+// kernels this CPU gets; `step35 version` is the same.
+TEST(Cli, VersionNamesTheBuild) {
+  std::string out, err;
+  ASSERT_EQ(run_command(bin() + " --version", &out, &err), 0) << err;
+  std::smatch m;
+  const std::regex first(R"(^step35 ([0-9]+\.[0-9]+\.[0-9]+) \(commit ([0-9a-f]{7}|unknown)(-dirty)?\)\n)");
+  ASSERT_TRUE(std::regex_search(out, m, first)) << out;
+  EXPECT_EQ(m[1].str(), STEP35_PROJECT_VERSION);
+  const std::string commit = m[2].str();
+  std::string head;
+  const std::string git = "git -C '" + std::string(PROJECT_SOURCE_DIR) + "' rev-parse --short=7 HEAD";
+  if (run_command(git, &head, nullptr) == 0 && !head.empty()) {
+    head.erase(head.find_last_not_of("\n") + 1);
+    EXPECT_EQ(commit, head) << "the binary's commit is not the checkout's HEAD (rebuild?)";
+  }
+  EXPECT_NE(out.find("\nbuilt with "), std::string::npos) << out;
+  EXPECT_NE(out.find("\nkernels on this CPU: "), std::string::npos) << out;
+  std::string again;
+  ASSERT_EQ(run_command(bin() + " version", &again, nullptr), 0);
+  EXPECT_EQ(again, out);
+  std::string usage;
+  ASSERT_EQ(run_command(bin() + " --help", nullptr, &usage), 0);
+  EXPECT_NE(usage.find("--version"), std::string::npos) << usage;
+}
+
 TEST(Cli, ReadmeMatchesHelp) {
   const std::string readme_path = std::string(PROJECT_SOURCE_DIR) + "/README.md";
   const auto readme_bytes = read_bytes(readme_path);

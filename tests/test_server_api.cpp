@@ -18,6 +18,8 @@
 #include <vector>
 
 #include <gtest/gtest.h>
+
+#include <regex>
 #include <httplib.h>
 #include <nlohmann/json.hpp>
 
@@ -687,6 +689,17 @@ TEST(ServerApi, PropsCorsAndKeys) {
       EXPECT_NE(p["chat_template"].get<std::string>().find("im_start"), std::string::npos);
     }
     EXPECT_EQ(c.Get("/props", {{"Authorization", "Bearer nope"}})->status, 401);
+    // /version (vLLM's) needs no key, like /health; /props' build_info says the same.
+    auto v = c.Get("/version");
+    ASSERT_TRUE(v);
+    EXPECT_EQ(v->status, 200) << v->body;
+    const json version = json::parse(v->body);
+    EXPECT_TRUE(std::regex_match(version["version"].get<std::string>(), std::regex(R"([0-9]+\.[0-9]+\.[0-9]+)")))
+        << v->body;
+    EXPECT_EQ(version["build_info"], "step35 " + version["version"].get<std::string>() + " (commit " +
+                                         version["commit"].get<std::string>() + ")");
+    const json p = json::parse(c.Get("/props", {{"Authorization", "Bearer first-key"}})->body);
+    EXPECT_EQ(p["build_info"], version["build_info"]);
     // Preflight without a key; the allowed origin is echoed, another is not.
     httplib::Request pre;
     pre.method = "OPTIONS";

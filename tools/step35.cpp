@@ -5,6 +5,8 @@
 #include <string>
 
 #include "commands.h"
+#include "step35_build_info.h"
+#include "tensor/kernels.h"
 
 using namespace step35::cli;
 
@@ -26,13 +28,28 @@ static void print_usage() {
                "  finetune    train chosen experts / routers of a model on a text, write the trained slices as a patch\n"
                "  patch       inspect a patch file, or write a model with patches applied\n"
                "\n"
+               "\n"
+               "  -h, --help  this list;  --version  the version, commit and build\n"
                "run 'step35 <command> --help' for a command's options.\n");
+}
+
+// What a bug report needs: which step35 (version and commit), how it was built, and which
+// kernels this CPU gets (chosen at run time from CPUID).
+static void print_version() {
+  namespace k = step35::kernels;
+  std::printf("step35 %s (commit %s)\n", STEP35_VERSION, STEP35_COMMIT);
+  std::printf("built with %s, %s\n", STEP35_COMPILER, STEP35_BUILD_TYPE);
+  std::printf("kernels on this CPU: %s\n", k::cpu_summary().c_str());
 }
 
 int main(int argc, char** argv) {
   if (argc < 2 || !std::strcmp(argv[1], "--help") || !std::strcmp(argv[1], "-h")) {
     print_usage();
     return argc < 2 ? 1 : 0;
+  }
+  if (!std::strcmp(argv[1], "--version") || !std::strcmp(argv[1], "version")) {
+    print_version();
+    return 0;
   }
   const std::string cmd = argv[1];
   Args args(argv + 2, argv + argc);

@@ -20,6 +20,7 @@
 #include "server/request_validation.h"
 #include "server/server_context.h"
 #include "server/streaming.h"
+#include "step35_build_info.h"
 #include "tensor/dtype.h"
 
 namespace step35::server {
@@ -223,6 +224,9 @@ json model_card(const ServerContext& ctx) {
           {"context_length", ctx.engine ? ctx.engine->options().n_ctx : 0}};
 }
 
+// "step35 0.1.0 (commit f147ec4)": /props' build_info (llama-server's field) and the log.
+std::string build_info() { return std::string("step35 ") + STEP35_VERSION + " (commit " + STEP35_COMMIT + ")"; }
+
 // GET /props (llama-server's): the model, the context, the defaults a request gets.
 json props(const ServerContext& ctx) {
   const EngineOptions& eo = ctx.engine->options();
@@ -252,10 +256,10 @@ json props(const ServerContext& ctx) {
           {"chat_format", ctx.chat_template->format() == ChatFormat::STEP35 ? "step35" : "chatml"},
           {"mtp", eo.mtp_adaptive && eo.mtp > 0 ? json("auto") : json(eo.mtp)},
           {"modalities", {{"vision", false}, {"audio", false}}},
-          {"build_info", "step35 serve"}};
+          {"build_info", build_info()}};
 }
 
-// /health, /metrics, /v1/models, /props.
+// /health, /metrics, /v1/models, /props, /version.
 void add_info_routes(httplib::Server& svr, ServerContext& ctx) {
   svr.Get("/health", get_endpoint(ctx, {"/health", false, false}, [&ctx](HttpExchange& ex, const std::string&) {
             const std::string error = ctx.load_error();
@@ -286,6 +290,11 @@ void add_info_routes(httplib::Server& svr, ServerContext& ctx) {
           }));
   svr.Get("/props", get_endpoint(ctx, {"/props"}, [&ctx](HttpExchange& ex, const std::string&) {
             set_json(ex.res, props(ctx));
+          }));
+  // vLLM's GET /version; like /health it answers while loading and without a key (it
+  // tells nothing about the model).
+  svr.Get("/version", get_endpoint(ctx, {"/version", false, false}, [](HttpExchange& ex, const std::string&) {
+            set_json(ex.res, {{"version", STEP35_VERSION}, {"commit", STEP35_COMMIT}, {"build_info", build_info()}});
           }));
 }
 
@@ -672,9 +681,13 @@ int serve(const ServerOptions& options) {
   {
     Listener listener(svr);  // stops listening on every way out of this block
     ctx.log.event("listening",
-                  "listening on http://" + options.host + ":" + std::to_string(port) + " (loading " +
+                  build_info() + " listening on http://" + options.host + ":" + std::to_string(port) + " (loading " +
                       options.model_path + ")",
-                  {{"host", options.host}, {"port", port}, {"model_path", options.model_path}});
+                  {{"host", options.host},
+                   {"port", port},
+                   {"model_path", options.model_path},
+                   {"version", STEP35_VERSION},
+                   {"commit", STEP35_COMMIT}});
     load(ctx, options);  // a failure: the caller prints the reason
     log_startup_summary(ctx);
     ctx.ready = true;
