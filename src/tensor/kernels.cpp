@@ -433,9 +433,6 @@ void attn_scores(const float* q, int64_t q_stride, int64_t n_q, const float* k, 
   active().attn_scores(q, q_stride, n_q, k, k_stride, n_k, d, scale, s, s_stride);
 }
 float exp_shift_sum(float* s, int64_t n, float m) { return active().exp_shift_sum(s, n, m); }
-void accumulate_rows(const float* p, const float* v, int64_t v_stride, int64_t n, int64_t dv, float* acc) {
-  active().accumulate_rows(p, v, v_stride, n, dv, acc);
-}
 
 void gemm_acc_f32(int64_t m, int64_t n, int64_t k, const float* a, int64_t a_rs, int64_t a_cs, const float* b,
                   int64_t ldb, float* c, int64_t ldc) {

@@ -127,8 +127,6 @@ void attn_scores(const float* q, int64_t q_stride, int64_t n_q, const float* k, 
                  int64_t d, float scale, float* s, int64_t s_stride);
 // s[j] = exp(s[j] - m) for j < n (a polynomial exp, ~1 ulp for arguments <= 0); returns Σ s[j].
 float exp_shift_sum(float* s, int64_t n, float m);
-// acc[c] += Σ_j p[j] · v[j*v_stride + c] for c < dv, summed over j in order for each c.
-void accumulate_rows(const float* p, const float* v, int64_t v_stride, int64_t n, int64_t dv, float* acc);
 
 // C += A·B in F32: c[i*ldc + j] += Σ_p a[i*a_rs + p*a_cs] · b[p*ldb + j] for i < m,
 // j < n, p < k. A is read through strides, so a transposed view costs nothing (the

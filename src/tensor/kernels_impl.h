@@ -61,8 +61,6 @@ struct IsaKernels {
   void (*attn_scores)(const float* q, int64_t q_stride, int64_t n_q, const float* k, int64_t k_stride,
                       int64_t n_k, int64_t d, float scale, float* s, int64_t s_stride) = nullptr;
   float (*exp_shift_sum)(float* s, int64_t n, float m) = nullptr;
-  void (*accumulate_rows)(const float* p, const float* v, int64_t v_stride, int64_t n, int64_t dv,
-                          float* acc) = nullptr;
   void (*gemm_acc_f32)(int64_t m, int64_t n, int64_t k, const float* a, int64_t a_rs, int64_t a_cs, const float* b,
                        int64_t ldb, float* c, int64_t ldc) = nullptr;
   // out[i] = SiLU(gate[i]) * up[i], both clamped to `limit` when limit > 1e-6 (§2.5/§2.6),

@@ -444,10 +444,6 @@ void ref_swiglu_f32(const float* gate, const float* up, float limit, float* out,
   }
 }
 
-void ref_accumulate_rows(const float* p, const float* v, int64_t v_stride, int64_t n, int64_t dv, float* acc) {
-  for (int64_t j = 0; j < n; ++j) ref_axpy_f32(p[j], v + j * v_stride, acc, dv);
-}
-
 void ref_gemm_acc_f32(int64_t m, int64_t n, int64_t k, const float* a, int64_t a_rs, int64_t a_cs, const float* b,
                       int64_t ldb, float* c, int64_t ldc) {
   for (int64_t i = 0; i < m; ++i)
@@ -492,7 +488,6 @@ IsaKernels make_scalar() {
   k.sum_squares_f32 = ref_sum_squares_f32;
   k.attn_scores = ref_attn_scores;
   k.exp_shift_sum = ref_exp_shift_sum;
-  k.accumulate_rows = ref_accumulate_rows;
   k.gemm_acc_f32 = ref_gemm_acc_f32;
   k.swiglu_f32 = ref_swiglu_f32;
   k.kv_scores = ref_kv_scores;
