@@ -372,10 +372,6 @@ std::vector<std::string> help_rows(const std::string& help) {
   return rows;
 }
 
-// The README's command-line reference is the --help texts, flag for flag and word for word:
-// for every subcommand `step35 --help` lists, the README section's table holds exactly the
-// rows of its --help (scripts/cli_reference.sh prints them), so the reference cannot drift
-// from the help, and the help (defaults taken from the options structs) not from the code.
 // --version names the project version, the commit the binary was built from (the build
 // regenerates it: a hash left from configure time would fail here after a commit) and the
 // kernels this CPU gets; `step35 version` is the same.
@@ -403,6 +399,10 @@ TEST(Cli, VersionNamesTheBuild) {
   EXPECT_NE(usage.find("--version"), std::string::npos) << usage;
 }
 
+// The README's command-line reference is the --help texts, flag for flag and word for word:
+// for every subcommand `step35 --help` lists, the README section's table holds exactly the
+// rows of its --help (scripts/cli_reference.sh prints them), so the reference cannot drift
+// from the help, and the help (defaults taken from the options structs) not from the code.
 TEST(Cli, ReadmeMatchesHelp) {
   const std::string readme_path = std::string(PROJECT_SOURCE_DIR) + "/README.md";
   const auto readme_bytes = read_bytes(readme_path);

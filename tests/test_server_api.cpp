@@ -12,14 +12,13 @@
 
 #include <chrono>
 #include <fstream>
+#include <regex>
 #include <set>
 #include <string>
 #include <thread>
 #include <vector>
 
 #include <gtest/gtest.h>
-
-#include <regex>
 #include <httplib.h>
 #include <nlohmann/json.hpp>
 

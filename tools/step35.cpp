@@ -28,8 +28,9 @@ static void print_usage() {
                "  finetune    train chosen experts / routers of a model on a text, write the trained slices as a patch\n"
                "  patch       inspect a patch file, or write a model with patches applied\n"
                "\n"
+               "  -h, --help  this list\n"
+               "  --version   the version, the commit built and the kernels this CPU gets\n"
                "\n"
-               "  -h, --help  this list;  --version  the version, commit and build\n"
                "run 'step35 <command> --help' for a command's options.\n");
 }
 
