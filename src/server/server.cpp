@@ -224,9 +224,6 @@ json model_card(const ServerContext& ctx) {
           {"context_length", ctx.engine ? ctx.engine->options().n_ctx : 0}};
 }
 
-// "step35 0.1.0 (commit f147ec4)": /props' build_info (llama-server's field) and the log.
-std::string build_info() { return std::string("step35 ") + STEP35_VERSION + " (commit " + STEP35_COMMIT + ")"; }
-
 // GET /props (llama-server's): the model, the context, the defaults a request gets.
 json props(const ServerContext& ctx) {
   const EngineOptions& eo = ctx.engine->options();
@@ -256,7 +253,7 @@ json props(const ServerContext& ctx) {
           {"chat_format", ctx.chat_template->format() == ChatFormat::STEP35 ? "step35" : "chatml"},
           {"mtp", eo.mtp_adaptive && eo.mtp > 0 ? json("auto") : json(eo.mtp)},
           {"modalities", {{"vision", false}, {"audio", false}}},
-          {"build_info", build_info()}};
+          {"build_info", STEP35_BUILD_INFO}};
 }
 
 // /health, /metrics, /v1/models, /props, /version.
@@ -294,7 +291,7 @@ void add_info_routes(httplib::Server& svr, ServerContext& ctx) {
   // vLLM's GET /version; like /health it answers while loading and without a key (it
   // tells nothing about the model).
   svr.Get("/version", get_endpoint(ctx, {"/version", false, false}, [](HttpExchange& ex, const std::string&) {
-            set_json(ex.res, {{"version", STEP35_VERSION}, {"commit", STEP35_COMMIT}, {"build_info", build_info()}});
+            set_json(ex.res, {{"version", STEP35_VERSION}, {"commit", STEP35_COMMIT}, {"build_info", STEP35_BUILD_INFO}});
           }));
 }
 
@@ -681,8 +678,8 @@ int serve(const ServerOptions& options) {
   {
     Listener listener(svr);  // stops listening on every way out of this block
     ctx.log.event("listening",
-                  build_info() + " listening on http://" + options.host + ":" + std::to_string(port) + " (loading " +
-                      options.model_path + ")",
+                  std::string(STEP35_BUILD_INFO) + " listening on http://" + options.host + ":" +
+                      std::to_string(port) + " (loading " + options.model_path + ")",
                   {{"host", options.host},
                    {"port", port},
                    {"model_path", options.model_path},
