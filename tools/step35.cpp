@@ -38,7 +38,7 @@ static void print_usage() {
 // kernels this CPU gets (chosen at run time from CPUID).
 static void print_version() {
   namespace k = step35::kernels;
-  std::printf("step35 %s (commit %s)\n", STEP35_VERSION, STEP35_COMMIT);
+  std::printf("%s\n", STEP35_BUILD_INFO);
   std::printf("built with %s, %s\n", STEP35_COMPILER, STEP35_BUILD_TYPE);
   std::printf("kernels on this CPU: %s\n", k::cpu_summary().c_str());
 }
