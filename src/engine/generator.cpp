@@ -1,21 +1,16 @@
 #include "engine/generator.h"
 
 #include <algorithm>
-#include <chrono>
 #include <stdexcept>
 #include <string>
 
+#include "exec/clock.h"
 #include "exec/thread_pool.h"
 #include "model/step35.h"
 
 namespace step35 {
 
 namespace {
-
-double seconds_now() {
-  using namespace std::chrono;
-  return duration<double>(steady_clock::now().time_since_epoch()).count();
-}
 
 // A verification pass runs the pending token and up to kMaxDrafts drafts.
 constexpr int32_t kVerifyChunk = kMaxDrafts + 1;
@@ -61,9 +56,9 @@ std::optional<FinishReason> Generator::pass(ThreadPool& pool, int32_t max_tokens
   chunks_.assign(1, seq_->plan(max_tokens));
   const bool decode = !seq_->prefilling();
   const int32_t drafts = seq_->step_drafts();
-  const double t0 = seconds_now();
+  const double t0 = steady_seconds();
   model_.forward(kv_, chunks_, out_, ws_, pool, ForwardOptions{options_.precision, nullptr});
-  const double trunk_s = seconds_now() - t0;
+  const double trunk_s = steady_seconds() - t0;
   std::optional<FinishReason> end = seq_->consume(out_, 0);
   if (decode && speculation_) speculation_->record_pass(drafts, trunk_s);
   return end;

@@ -23,6 +23,7 @@
 #include "engine/routing_window.h"
 #include "engine/sequence.h"
 #include "engine/speculative.h"
+#include "exec/clock.h"
 #include "exec/thread_pool.h"
 #include "model/step35.h"
 #include "model/workspace.h"
@@ -30,11 +31,6 @@
 namespace step35 {
 
 namespace {
-
-double now_s() {
-  using namespace std::chrono;
-  return duration<double>(steady_clock::now().time_since_epoch()).count();
-}
 
 // A submitted request: its sequence and what scheduling needs to know around it.
 struct Request {
@@ -99,7 +95,7 @@ class BatchEngine final : public Engine {
     auto r = std::make_unique<Request>();
     r->priority = request.priority;
     r->sink = std::move(sink);
-    r->t_submit = now_s();
+    r->t_submit = steady_seconds();
     r->deadline = request.timeout_s > 0 ? r->t_submit + request.timeout_s : 0;
     Request* raw = r.get();
     r->seq = std::make_unique<Sequence>(
@@ -268,7 +264,7 @@ class BatchEngine final : public Engine {
       ev.n_cached = r.seq->n_cached();
       ev.n_generated = r.seq->n_generated();
       ev.ttft_s = r.ttft;
-      ev.total_s = now_s() - r.t_submit;
+      ev.total_s = steady_seconds() - r.t_submit;
       r.sink(ev);
     }
     std::lock_guard<std::mutex> lock(mu_);
@@ -323,7 +319,7 @@ class BatchEngine final : public Engine {
       incoming_.clear();
       cancels.swap(cancels_);
     }
-    const double now = now_s();
+    const double now = steady_seconds();
     drop_ended(cancels, now);
     std::stable_sort(queue_.begin(), queue_.end(),
                      [](const auto& a, const auto& b) { return a->priority_rank() < b->priority_rank(); });
@@ -458,7 +454,7 @@ class BatchEngine final : public Engine {
   // One forward pass over the planned chunks. On failure nothing of the step can be
   // trusted: every request in it ends with the error, and the result is false.
   bool forward(double& seconds) {
-    const double t0 = now_s();
+    const double t0 = steady_seconds();
     try {
       model_.forward(*kv_, chunks_, out_, ws_, *pool_, ForwardOptions{opts_.precision, nullptr});
     } catch (const std::exception& e) {
@@ -468,7 +464,7 @@ class BatchEngine final : public Engine {
       }
       return false;
     }
-    seconds = now_s() - t0;
+    seconds = steady_seconds() - t0;
     return true;
   }
 
@@ -482,7 +478,7 @@ class BatchEngine final : public Engine {
       const std::optional<FinishReason> end = r.seq->consume(out_, c);
       const int32_t produced = r.seq->n_generated() - before;
       if (produced > 0) {
-        if (before == 0) r.ttft = now_s() - r.t_submit;
+        if (before == 0) r.ttft = steady_seconds() - r.t_submit;
         std::lock_guard<std::mutex> lock(mu_);
         stats_.generated_tokens += uint64_t(produced);
       }

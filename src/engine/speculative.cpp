@@ -1,12 +1,12 @@
 #include "engine/speculative.h"
 
 #include <algorithm>
-#include <chrono>
 #include <cmath>
 #include <cstring>
 #include <stdexcept>
 
 #include "engine/sequence.h"
+#include "exec/clock.h"
 #include "exec/thread_pool.h"
 #include "model/step35.h"
 #include "model/workspace.h"
@@ -456,13 +456,6 @@ void AdaptiveK::record_cost(int32_t k, double trunk_s, double draft_s, int64_t c
 
 // ---------------------------------------------------------------------------------------
 
-namespace {
-double seconds_now() {
-  using namespace std::chrono;
-  return duration<double>(steady_clock::now().time_since_epoch()).count();
-}
-}  // namespace
-
 Speculation::Speculation(const Model& model, int32_t max_k, bool adaptive, int32_t max_seqs, int32_t n_ctx,
                          KvTypes kv_types)
     : drafter_(model, max_k, max_seqs, n_ctx, kv_types), adaptive_k_(drafter_.max_k()), adaptive_(adaptive) {}
@@ -480,13 +473,13 @@ void Speculation::draft(const std::vector<Sequence*>& seqs, ThreadPool& pool, Wo
   for (Sequence* s : seqs)
     if (std::optional<MtpDrafter::Job> job = s->draft_job(k, probe)) jobs_.push_back(*job);
   if (jobs_.empty()) return;
-  const double t0 = seconds_now();
+  const double t0 = steady_seconds();
   try {
     drafter_.draft(jobs_, pool, ws, precision);
   } catch (const std::exception&) {
     for (MtpDrafter::Job& j : jobs_) j.st->drafts.clear(), j.st->q.clear(), j.st->synced = false;
   }
-  last_draft_s_ = seconds_now() - t0;
+  last_draft_s_ = steady_seconds() - t0;
   last_catch_up_ = drafter_.catch_up_tokens();
 }
 

@@ -31,14 +31,11 @@ static_assert(sizeof(size_t) == sizeof(uint64_t), "64-bit host assumed for file 
 
 namespace {
 
-// Arrays nested deeper than this are rejected (parsing is recursive; real files use 1 level).
-constexpr uint32_t kMaxArrayDepth = 8;
 // Each array element becomes a Value (~100 bytes), so a file of N bytes could otherwise ask
 // for ~100·N bytes of memory. Real models hold well under 2M array elements in total
 // (tokens + scores + types + merges); 2^24 keeps the worst case bounded.
 constexpr uint64_t kMaxArrayElementsPerFile = uint64_t(1) << 24;
 constexpr uint32_t kMaxDims = 4;
-constexpr uint32_t kDefaultAlignment = 32;
 // Quoted names in messages are cut to this many bytes.
 constexpr size_t kMaxQuotedBytes = 96;
 // Smallest possible encodings, used to reject counts that cannot fit in the bytes left.

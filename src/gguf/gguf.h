@@ -22,6 +22,12 @@ class Error : public std::runtime_error {
   using std::runtime_error::runtime_error;
 };
 
+// Data alignment of a file without a general.alignment key.
+constexpr uint32_t kDefaultAlignment = 32;
+// Arrays nested deeper than this are rejected by the reader (parsing is recursive; real
+// files use 1 level) and refused by the writer.
+constexpr uint32_t kMaxArrayDepth = 8;
+
 enum class ValueType : uint32_t {
   U8 = 0, I8 = 1, U16 = 2, I16 = 3, U32 = 4, I32 = 5, F32 = 6, BOOL = 7,
   STRING = 8, ARRAY = 9, U64 = 10, I64 = 11, F64 = 12,
@@ -149,7 +155,7 @@ class File {
 
   std::string path_;
   uint32_t version_ = 0;
-  uint32_t alignment_ = 32;
+  uint32_t alignment_ = kDefaultAlignment;
   std::vector<std::unique_ptr<MappedFile>> files_;
   std::vector<uint64_t> file_sizes_;    // one per parsed part (also for parse_buffer)
   std::vector<uint64_t> data_offsets_;  // one per parsed part

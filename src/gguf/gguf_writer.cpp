@@ -20,10 +20,6 @@ static_assert(std::endian::native == std::endian::little, "the writer emits host
 
 namespace {
 
-constexpr uint32_t kDefaultAlignment = 32;
-// Same limit as the reader: deeper nesting would be rejected on load.
-constexpr uint32_t kMaxArrayDepth = 8;
-
 [[noreturn]] void writer_error(const std::string& msg) { throw Error("gguf writer: " + msg); }
 
 void put_bytes(std::vector<uint8_t>& out, const void* p, size_t n) {

@@ -13,8 +13,6 @@ namespace step35::jinja {
 
 namespace {
 
-[[noreturn]] void type_error(std::string message) { throw Error(ErrorKind::Type, std::move(message)); }
-
 Value invoke_bound_method(Interpreter& interp, const NativeFunction& self, Arguments& args) {
   return call_method(interp, self.bound_to(), self.name(), args);
 }
@@ -36,11 +34,6 @@ Value method_attribute(const Value& object, const std::shared_ptr<const std::str
   }
   *found = false;
   return Value();
-}
-
-// Text cut from a str (or from a Markup, which keeps the mark: Markup.__getitem__).
-Value same_kind(const Value& like, std::string s) {
-  return like.is_markup() ? Value::markup(std::move(s)) : Value::string(std::move(s));
 }
 
 // Python index into a sequence of `size`: negative counts from the end; -1 when out of range.
@@ -142,13 +135,13 @@ Value get_item(const Value& object, const Value& key) {
         const int64_t index = key.is_bool() ? key.bool_value() : key.int_value();
         if (text::is_ascii(s)) {
           const int64_t at = normalize_index(index, s.size());
-          if (at >= 0) return same_kind(object, s.substr(static_cast<size_t>(at), 1));
+          if (at >= 0) return Value::string_like(object, s.substr(static_cast<size_t>(at), 1));
         } else {
           const std::vector<size_t> offsets = text::code_point_offsets(s);
           const int64_t at = normalize_index(index, offsets.size() - 1);
           if (at >= 0) {
             const size_t begin = offsets[static_cast<size_t>(at)];
-            return same_kind(object, s.substr(begin, offsets[static_cast<size_t>(at) + 1] - begin));
+            return Value::string_like(object, s.substr(begin, offsets[static_cast<size_t>(at) + 1] - begin));
           }
         }
       }

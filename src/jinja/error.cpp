@@ -34,4 +34,6 @@ Error::Error(ErrorKind kind, std::string message, uint32_t line, uint32_t column
       line_(line),
       column_(column) {}
 
+void type_error(std::string message) { throw Error(ErrorKind::Type, std::move(message)); }
+
 }  // namespace step35::jinja

@@ -41,4 +41,7 @@ class Error : public std::runtime_error {
   uint32_t column_;
 };
 
+// Throws a Type error with this message: Python's TypeError / ValueError of a builtin.
+[[noreturn]] void type_error(std::string message);
+
 }  // namespace step35::jinja

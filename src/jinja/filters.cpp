@@ -18,16 +18,10 @@ namespace step35::jinja {
 
 namespace {
 
-[[noreturn]] void type_error(std::string message) { throw Error(ErrorKind::Type, std::move(message)); }
-
 // jinja2's soft_str: Markup stays Markup, everything else becomes str(value).
 Value soft_str(const Value& v) {
   if (v.is_string()) return v;
   return Value::string(v.str());
-}
-
-Value same_kind(const Value& like, std::string s) {
-  return like.is_markup() ? Value::markup(std::move(s)) : Value::string(std::move(s));
 }
 
 int64_t int_argument(const char* filter, const Value& v) {
@@ -294,7 +288,7 @@ Value f_batch(Interpreter& interp, const Value& v, Arguments& args) {
 Value f_capitalize(Interpreter&, const Value& v, Arguments& args) {
   bind_arguments("do_capitalize", args, {});
   const Value s = soft_str(v);
-  return same_kind(s, text::python_capitalize(s.string_value()));
+  return Value::string_like(s, text::python_capitalize(s.string_value()));
 }
 
 Value f_center(Interpreter& interp, const Value& v, Arguments& args) {
@@ -416,7 +410,7 @@ Value f_indent(Interpreter& interp, const Value& v, Arguments& args) {
     }
   }
   if (a[1].truthy()) out = indention + out;
-  return same_kind(s, std::move(out));
+  return Value::string_like(s, std::move(out));
 }
 
 Value f_int(Interpreter&, const Value& v, Arguments& args) {
@@ -492,7 +486,7 @@ Value f_list(Interpreter& interp, const Value& v, Arguments& args) {
 Value f_lower(Interpreter&, const Value& v, Arguments& args) {
   bind_arguments("do_lower", args, {});
   const Value s = soft_str(v);
-  return same_kind(s, text::lower(s.string_value()));
+  return Value::string_like(s, text::lower(s.string_value()));
 }
 
 Value f_map(Interpreter& interp, const Value& v, Arguments& args) {
@@ -671,7 +665,7 @@ Value f_sum(Interpreter& interp, const Value& v, Arguments& args) {
 Value f_title(Interpreter&, const Value& v, Arguments& args) {
   bind_arguments("do_title", args, {});
   const Value s = soft_str(v);
-  return same_kind(s, text::jinja_title(s.string_value()));
+  return Value::string_like(s, text::jinja_title(s.string_value()));
 }
 
 Value f_tojson(Interpreter& interp, const Value& v, Arguments& args) {
@@ -706,9 +700,9 @@ Value f_tojson(Interpreter& interp, const Value& v, Arguments& args) {
 Value f_trim(Interpreter&, const Value& v, Arguments& args) {
   const auto a = bind_arguments("do_trim", args, {{"chars", Value::none()}});
   const Value s = soft_str(v);
-  if (a[0].is_none()) return same_kind(s, std::string(text::strip(s.string_value(), true, true)));
+  if (a[0].is_none()) return Value::string_like(s, std::string(text::strip(s.string_value(), true, true)));
   if (!a[0].is_string()) type_error(std::string("strip arg must be None or str, not ") + a[0].python_type());
-  return same_kind(s, std::string(text::strip_chars(s.string_value(), a[0].string_value(), true, true)));
+  return Value::string_like(s, std::string(text::strip_chars(s.string_value(), a[0].string_value(), true, true)));
 }
 
 Value f_truncate(Interpreter&, const Value& v, Arguments& args) {
@@ -774,7 +768,7 @@ Value f_unique(Interpreter& interp, const Value& v, Arguments& args) {
 Value f_upper(Interpreter&, const Value& v, Arguments& args) {
   bind_arguments("do_upper", args, {});
   const Value s = soft_str(v);
-  return same_kind(s, text::upper(s.string_value()));
+  return Value::string_like(s, text::upper(s.string_value()));
 }
 
 Value f_wordcount(Interpreter&, const Value& v, Arguments& args) {

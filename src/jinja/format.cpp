@@ -11,8 +11,6 @@ namespace step35::jinja {
 
 namespace {
 
-[[noreturn]] void type_error(std::string message) { throw Error(ErrorKind::Type, std::move(message)); }
-
 void check_width(int64_t width) {
   if (width > kMaxFormatWidth) {
     throw Error(ErrorKind::Limit, "format width or precision " + std::to_string(width) + " is above the limit of " +
@@ -357,7 +355,7 @@ FormatSpec parse_spec(std::string_view spec) {
     type_error(message);
   }
   if (f.zero && f.align == 0) {
-    f.fill = "0";
+    f.fill = std::string(1, '0');  // not = "0": GCC 12 warns falsely (-Wrestrict) on that assignment
     f.align = '=';
   }
   return f;

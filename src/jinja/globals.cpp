@@ -14,8 +14,6 @@ namespace {
 // jinja2.sandbox.MAX_RANGE.
 constexpr int64_t kMaxRange = 100000;
 
-[[noreturn]] void type_error(std::string message) { throw Error(ErrorKind::Type, std::move(message)); }
-
 void no_keywords(const char* function, const Arguments& args) {
   if (!args.keyword.empty()) type_error(std::string(function) + "() takes no keyword arguments");
 }

@@ -9,8 +9,6 @@ namespace step35::jinja {
 
 namespace {
 
-[[noreturn]] void type_error(std::string message) { throw Error(ErrorKind::Type, std::move(message)); }
-
 using TestFn = bool (*)(Interpreter& interp, const Value& v, const std::vector<Value>& args);
 
 const Value& one_argument(const char* test, const std::vector<Value>& args) {

@@ -13,8 +13,6 @@ namespace step35::jinja {
 
 namespace {
 
-[[noreturn]] void type_error(std::string message) { throw Error(ErrorKind::Type, std::move(message)); }
-
 void append_json_string(std::string& out, std::string_view s, bool ensure_ascii) {
   out += '"';
   for (size_t pos = 0; pos < s.size();) {

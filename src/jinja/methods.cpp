@@ -14,8 +14,6 @@ namespace step35::jinja {
 
 namespace {
 
-[[noreturn]] void type_error(std::string message) { throw Error(ErrorKind::Type, std::move(message)); }
-
 constexpr std::string_view kStrMethods[] = {
     "capitalize", "casefold", "center",     "count",        "endswith",  "find",       "format",    "index",
     "isalnum",    "isalpha",  "isdecimal",  "isdigit",      "islower",   "isnumeric",  "isspace",   "isupper",
@@ -89,10 +87,6 @@ void range_arguments(std::string_view method, const Arguments& args, size_t firs
   if (stop < start) stop = start;
   begin = cp.byte_of(static_cast<size_t>(start));
   end = cp.byte_of(static_cast<size_t>(stop));
-}
-
-Value same_kind(const Value& self, std::string s) {
-  return self.is_markup() ? Value::markup(std::move(s)) : Value::string(std::move(s));
 }
 
 std::string pad_to(const std::string& s, int64_t width, const std::string& fill, char align) {
@@ -190,7 +184,7 @@ Value split(const Value& self, const Arguments& args, bool from_right, Interpret
   interp.charge(parts.size());
   std::vector<Value> items;
   items.reserve(parts.size());
-  for (std::string& part : parts) items.push_back(same_kind(self, std::move(part)));
+  for (std::string& part : parts) items.push_back(Value::string_like(self, std::move(part)));
   return Value::list(std::move(items));
 }
 
@@ -210,11 +204,11 @@ Value splitlines(Interpreter& interp, const Value& self, const Arguments& args) 
       continue;
     }
     if (cp == '\r' && next < s.size() && s[next] == '\n') ++next;
-    lines.push_back(same_kind(self, s.substr(begin, (keep ? next : pos) - begin)));
+    lines.push_back(Value::string_like(self, s.substr(begin, (keep ? next : pos) - begin)));
     if ((lines.size() & 1023) == 0) interp.check_list_size(lines.size());
     begin = pos = next;
   }
-  if (begin < s.size()) lines.push_back(same_kind(self, s.substr(begin)));
+  if (begin < s.size()) lines.push_back(Value::string_like(self, s.substr(begin)));
   interp.check_list_size(lines.size());
   interp.charge(lines.size());
   return Value::list(std::move(lines));
@@ -241,19 +235,19 @@ Value str_method(Interpreter& interp, const Value& self, std::string_view name, 
   const auto& a = args.positional;
   if (name == "upper") {
     arity(name, args, 0, 0);
-    return same_kind(self, text::upper(s));
+    return Value::string_like(self, text::upper(s));
   }
   if (name == "lower" || name == "casefold") {
     arity(name, args, 0, 0);
-    return same_kind(self, text::lower(s));
+    return Value::string_like(self, text::lower(s));
   }
   if (name == "title") {
     arity(name, args, 0, 0);
-    return same_kind(self, text::python_title(s));
+    return Value::string_like(self, text::python_title(s));
   }
   if (name == "capitalize") {
     arity(name, args, 0, 0);
-    return same_kind(self, text::python_capitalize(s));
+    return Value::string_like(self, text::python_capitalize(s));
   }
   if (name == "swapcase") {
     arity(name, args, 0, 0);
@@ -262,13 +256,13 @@ Value str_method(Interpreter& interp, const Value& self, std::string_view name, 
       const uint32_t cp = text::next_code_point(s, pos);
       text::append_utf8(out, text::is_upper_cp(cp) ? text::to_lower_cp(cp) : text::to_upper_cp(cp));
     }
-    return same_kind(self, std::move(out));
+    return Value::string_like(self, std::move(out));
   }
   if (name == "strip" || name == "lstrip" || name == "rstrip") {
     arity(name, args, 0, 1);
     const bool left = name != "rstrip", right = name != "lstrip";
-    if (a.empty() || a[0].is_none()) return same_kind(self, std::string(text::strip(s, left, right)));
-    return same_kind(self, std::string(text::strip_chars(s, string_argument(name, a[0]), left, right)));
+    if (a.empty() || a[0].is_none()) return Value::string_like(self, std::string(text::strip(s, left, right)));
+    return Value::string_like(self, std::string(text::strip_chars(s, string_argument(name, a[0]), left, right)));
   }
   if (name == "split") return split(self, args, false, interp);
   if (name == "rsplit") return split(self, args, true, interp);
@@ -365,7 +359,7 @@ Value str_method(Interpreter& interp, const Value& self, std::string_view name, 
       out.append(s, pos, std::string::npos);
     }
     interp.check_value_size(out.size());
-    return same_kind(self, std::move(out));
+    return Value::string_like(self, std::move(out));
   }
   if (name == "join") {
     arity(name, args, 1, 1);
@@ -380,12 +374,12 @@ Value str_method(Interpreter& interp, const Value& self, std::string_view name, 
       out += items[i].string_value();
       interp.check_value_size(out.size());
     }
-    return same_kind(self, std::move(out));
+    return Value::string_like(self, std::move(out));
   }
   if (name == "format") {
     std::string out = str_format(s, args, format_lookup);
     interp.check_value_size(out.size());
-    return same_kind(self, std::move(out));
+    return Value::string_like(self, std::move(out));
   }
   if (name == "center" || name == "ljust" || name == "rjust") {
     arity(name, args, 1, 2);
@@ -396,7 +390,7 @@ Value str_method(Interpreter& interp, const Value& self, std::string_view name, 
       if (text::length(fill) != 1) type_error("The fill character must be exactly one character long");
     }
     interp.check_value_size(static_cast<size_t>(std::max<int64_t>(0, a[0].int_value())));
-    return same_kind(self, pad_to(s, a[0].int_value(), fill, name == "center" ? '^' : name == "ljust" ? '<' : '>'));
+    return Value::string_like(self, pad_to(s, a[0].int_value(), fill, name == "center" ? '^' : name == "ljust" ? '<' : '>'));
   }
   if (name == "zfill") {
     arity(name, args, 1, 1);
@@ -405,7 +399,7 @@ Value str_method(Interpreter& interp, const Value& self, std::string_view name, 
     const int64_t length = static_cast<int64_t>(text::length(s));
     if (a[0].int_value() <= length) return self;
     const size_t sign = !s.empty() && (s[0] == '+' || s[0] == '-') ? 1 : 0;
-    return same_kind(self, s.substr(0, sign) + std::string(static_cast<size_t>(a[0].int_value() - length), '0') + s.substr(sign));
+    return Value::string_like(self, s.substr(0, sign) + std::string(static_cast<size_t>(a[0].int_value() - length), '0') + s.substr(sign));
   }
   if (name == "partition" || name == "rpartition") {
     arity(name, args, 1, 1);
@@ -413,18 +407,18 @@ Value str_method(Interpreter& interp, const Value& self, std::string_view name, 
     if (sep.empty()) type_error("empty separator");
     const size_t at = name == "partition" ? s.find(sep) : s.rfind(sep);
     if (at == std::string::npos) {
-      if (name == "partition") return Value::tuple({self, same_kind(self, ""), same_kind(self, "")});
-      return Value::tuple({same_kind(self, ""), same_kind(self, ""), self});
+      if (name == "partition") return Value::tuple({self, Value::string_like(self, ""), Value::string_like(self, "")});
+      return Value::tuple({Value::string_like(self, ""), Value::string_like(self, ""), self});
     }
-    return Value::tuple({same_kind(self, s.substr(0, at)), same_kind(self, sep), same_kind(self, s.substr(at + sep.size()))});
+    return Value::tuple({Value::string_like(self, s.substr(0, at)), Value::string_like(self, sep), Value::string_like(self, s.substr(at + sep.size()))});
   }
   if (name == "removeprefix" || name == "removesuffix") {
     arity(name, args, 1, 1);
     const std::string& affix = string_argument(name, a[0]);
-    if (name == "removeprefix" && s.compare(0, affix.size(), affix) == 0) return same_kind(self, s.substr(affix.size()));
+    if (name == "removeprefix" && s.compare(0, affix.size(), affix) == 0) return Value::string_like(self, s.substr(affix.size()));
     if (name == "removesuffix" && !affix.empty() && s.size() >= affix.size() &&
         s.compare(s.size() - affix.size(), affix.size(), affix) == 0) {
-      return same_kind(self, s.substr(0, s.size() - affix.size()));
+      return Value::string_like(self, s.substr(0, s.size() - affix.size()));
     }
     return self;
   }

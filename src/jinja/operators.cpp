@@ -10,8 +10,6 @@ namespace step35::jinja {
 
 namespace {
 
-[[noreturn]] void type_error(std::string message) { throw Error(ErrorKind::Type, std::move(message)); }
-
 [[noreturn]] void unsupported(std::string_view op, const Value& a, const Value& b) {
   type_error("unsupported operand type(s) for " + std::string(op) + ": '" + a.python_type() + "' and '" +
              b.python_type() + "'");

@@ -138,6 +138,10 @@ Value Value::markup(std::string s) {
   return v;
 }
 
+Value Value::string_like(const Value& like, std::string s) {
+  return like.is_markup() ? markup(std::move(s)) : string(std::move(s));
+}
+
 Value Value::list(std::vector<Value> items, ListFlavor flavor) {
   const uint32_t depth = deepest(items) + 1;
   if (depth > kMaxValueNesting) too_deep();

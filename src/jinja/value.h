@@ -65,6 +65,9 @@ class Value {
   static Value string(std::string s);
   static Value string(std::shared_ptr<const std::string> s);
   static Value markup(std::string s);  // jinja2's Markup: a str marked safe
+  // Text derived from `like` (cut, cased, replaced): a Markup when `like` is one, else a str,
+  // as Markup's str methods keep the mark.
+  static Value string_like(const Value& like, std::string s);
   static Value list(std::vector<Value> items, ListFlavor flavor = ListFlavor::List);
   static Value tuple(std::vector<Value> items) { return list(std::move(items), ListFlavor::Tuple); }
   static Value range(int64_t start, int64_t stop, int64_t step, std::vector<Value> items);

@@ -26,6 +26,7 @@
 #include <vector>
 
 #include "gguf/gguf_writer.h"
+#include "model/step35.h"
 #include "tensor/quants.h"
 
 namespace step35 {
@@ -559,8 +560,6 @@ class TensorEmitter {
 // The std of a matrix applied to fan_in inputs: gain / sqrt(fan_in).
 double fan_std(int64_t fan_in, double gain = 1.0) { return gain / std::sqrt(double(fan_in)); }
 
-std::string blk(int32_t il, const char* name) { return "blk." + std::to_string(il) + "." + name; }
-
 uint32_t file_type_of(DType t) {
   switch (t) {  // llama.cpp's LLAMA_FTYPE_ALL_F32 / MOSTLY_F16 / MOSTLY_Q8_0 / MOSTLY_BF16
     case DType::F32: return 0;
@@ -679,36 +678,36 @@ void make_tiny_model(const TinyModelOptions& options, const std::string& path, T
     T.values("rope_freqs.weight", llama3_rope_factors(S.head_dim, kRopeBase, S.rope_orig_ctx));
     for (int32_t il = 0; il < n_all; ++il) {
       const int64_t H = n_head[size_t(il)], G = n_head_kv[size_t(il)];
-      T.norm(blk(il, "attn_norm.weight"), E);
-      T.matrix(blk(il, "attn_q.weight"), {E, H * D}, fan_std(E));
-      T.matrix(blk(il, "attn_k.weight"), {E, G * D}, fan_std(E));
-      T.matrix(blk(il, "attn_v.weight"), {E, G * D}, fan_std(E));
-      T.norm(blk(il, "attn_q_norm.weight"), D);
-      T.norm(blk(il, "attn_k_norm.weight"), D);
-      T.matrix(blk(il, "attn_gate.weight"), {E, H}, fan_std(E));
-      T.matrix(blk(il, "attn_output.weight"), {H * D, E}, fan_std(H * D, kResidGain));
-      T.norm(blk(il, "ffn_norm.weight"), E);
+      T.norm(block_tensor_name(il, "attn_norm.weight"), E);
+      T.matrix(block_tensor_name(il, "attn_q.weight"), {E, H * D}, fan_std(E));
+      T.matrix(block_tensor_name(il, "attn_k.weight"), {E, G * D}, fan_std(E));
+      T.matrix(block_tensor_name(il, "attn_v.weight"), {E, G * D}, fan_std(E));
+      T.norm(block_tensor_name(il, "attn_q_norm.weight"), D);
+      T.norm(block_tensor_name(il, "attn_k_norm.weight"), D);
+      T.matrix(block_tensor_name(il, "attn_gate.weight"), {E, H}, fan_std(E));
+      T.matrix(block_tensor_name(il, "attn_output.weight"), {H * D, E}, fan_std(H * D, kResidGain));
+      T.norm(block_tensor_name(il, "ffn_norm.weight"), E);
       if (is_moe[size_t(il)]) {
         const int64_t X = S.n_expert, F = S.n_ff_exp, FS = S.n_ff_shexp;
-        T.f32(blk(il, "ffn_gate_inp.weight"), {E, X}, 0.0, fan_std(E, kRouterGain));
-        T.f32(blk(il, "exp_probs_b.bias"), {X}, 0.0, kRouterBiasStd);
-        T.matrix(blk(il, "ffn_gate_exps.weight"), {E, F, X}, fan_std(E), true);
-        T.matrix(blk(il, "ffn_up_exps.weight"), {E, F, X}, fan_std(E), true);
-        T.matrix(blk(il, "ffn_down_exps.weight"), {F, E, X}, fan_std(F, kResidGain), true);
-        T.matrix(blk(il, "ffn_gate_shexp.weight"), {E, FS}, fan_std(E));
-        T.matrix(blk(il, "ffn_up_shexp.weight"), {E, FS}, fan_std(E));
-        T.matrix(blk(il, "ffn_down_shexp.weight"), {FS, E}, fan_std(FS, kResidGain));
+        T.f32(block_tensor_name(il, "ffn_gate_inp.weight"), {E, X}, 0.0, fan_std(E, kRouterGain));
+        T.f32(block_tensor_name(il, "exp_probs_b.bias"), {X}, 0.0, kRouterBiasStd);
+        T.matrix(block_tensor_name(il, "ffn_gate_exps.weight"), {E, F, X}, fan_std(E), true);
+        T.matrix(block_tensor_name(il, "ffn_up_exps.weight"), {E, F, X}, fan_std(E), true);
+        T.matrix(block_tensor_name(il, "ffn_down_exps.weight"), {F, E, X}, fan_std(F, kResidGain), true);
+        T.matrix(block_tensor_name(il, "ffn_gate_shexp.weight"), {E, FS}, fan_std(E));
+        T.matrix(block_tensor_name(il, "ffn_up_shexp.weight"), {E, FS}, fan_std(E));
+        T.matrix(block_tensor_name(il, "ffn_down_shexp.weight"), {FS, E}, fan_std(FS, kResidGain));
       } else {
-        T.matrix(blk(il, "ffn_gate.weight"), {E, S.n_ff}, fan_std(E));
-        T.matrix(blk(il, "ffn_up.weight"), {E, S.n_ff}, fan_std(E));
-        T.matrix(blk(il, "ffn_down.weight"), {S.n_ff, E}, fan_std(S.n_ff, kResidGain));
+        T.matrix(block_tensor_name(il, "ffn_gate.weight"), {E, S.n_ff}, fan_std(E));
+        T.matrix(block_tensor_name(il, "ffn_up.weight"), {E, S.n_ff}, fan_std(E));
+        T.matrix(block_tensor_name(il, "ffn_down.weight"), {S.n_ff, E}, fan_std(S.n_ff, kResidGain));
       }
       if (il >= S.n_layer) {  // MTP block (§3.1)
-        T.matrix(blk(il, "nextn.eh_proj.weight"), {2 * E, E}, fan_std(2 * E));
-        T.norm(blk(il, "nextn.enorm.weight"), E);
-        T.norm(blk(il, "nextn.hnorm.weight"), E);
-        T.norm(blk(il, "nextn.shared_head_norm.weight"), E);
-        T.matrix(blk(il, "nextn.shared_head_head.weight"), {E, V}, fan_std(E, kOutGain));
+        T.matrix(block_tensor_name(il, "nextn.eh_proj.weight"), {2 * E, E}, fan_std(2 * E));
+        T.norm(block_tensor_name(il, "nextn.enorm.weight"), E);
+        T.norm(block_tensor_name(il, "nextn.hnorm.weight"), E);
+        T.norm(block_tensor_name(il, "nextn.shared_head_norm.weight"), E);
+        T.matrix(block_tensor_name(il, "nextn.shared_head_head.weight"), {E, V}, fan_std(E, kOutGain));
       }
     }
     T.norm("output_norm.weight", E);

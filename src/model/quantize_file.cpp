@@ -6,7 +6,6 @@
 #include <algorithm>
 #include <atomic>
 #include <cerrno>
-#include <chrono>
 #include <cstdarg>
 #include <cmath>
 #include <cstdio>
@@ -17,6 +16,7 @@
 #include <system_error>
 
 #include "gguf/gguf.h"
+#include "exec/clock.h"
 #include "gguf/gguf_writer.h"
 #include "model/quantize.h"
 #include "exec/thread_pool.h"
@@ -33,10 +33,6 @@ constexpr uint64_t kSlabOutputBytes = 32ull << 20;
 // llama.cpp's GGML_QNT_VERSION, written to general.quantization_version.
 constexpr uint32_t kQuantizationVersion = 2;
 
-double now_seconds() {
-  using namespace std::chrono;
-  return duration<double>(steady_clock::now().time_since_epoch()).count();
-}
 
 std::string format(const char* fmt, ...) __attribute__((format(printf, 1, 2)));
 std::string format(const char* fmt, ...) {
@@ -172,7 +168,7 @@ void copy_tensor(const gguf::File& in, const gguf::TensorInfo& t, OutputFile& ou
 }  // namespace
 
 QuantizeSummary quantize_gguf(const std::string& in_path, const std::string& out_path, const QuantizeOptions& opts) {
-  const double t0 = now_seconds();
+  const double t0 = steady_seconds();
   auto log = [&](const std::string& line) {
     if (opts.log) opts.log(line);
   };
@@ -236,7 +232,7 @@ QuantizeSummary quantize_gguf(const std::string& in_path, const std::string& out
   for (size_t i = 0; i < descs.size(); ++i) {
     const gguf::TensorInfo& t = in->tensors()[i];
     const DType from = descs[i].type, to = choices[i].type;
-    const double ts = now_seconds();
+    const double ts = steady_seconds();
     const uint64_t out_bytes = uint64_t(*row_bytes(to, t.ne[0])) * uint64_t(t.n_elements() / t.ne[0]);
     if (from == to) {
       copy_tensor(*in, t, out);
@@ -256,11 +252,11 @@ QuantizeSummary quantize_gguf(const std::string& in_path, const std::string& out
     sum.output_bytes += out_bytes;
     log(format("[%4zu/%4zu] %-40s %-20s %-5s -> %-5s %9.2f MiB -> %8.2f MiB  %6.2f s%s%s", i + 1, descs.size(),
                t.name.c_str(), shape_text(t).c_str(), dtype_name(from), dtype_name(to), mib(t.nbytes), mib(out_bytes),
-               now_seconds() - ts, choices[i].fallback ? "  fallback: " : "", choices[i].note.c_str()));
+               steady_seconds() - ts, choices[i].fallback ? "  fallback: " : "", choices[i].note.c_str()));
   }
   sum.output_file_bytes = out.written();
   out.commit();
-  sum.seconds = now_seconds() - t0;
+  sum.seconds = steady_seconds() - t0;
   return sum;
 }
 

@@ -21,7 +21,6 @@ namespace step35 {
 namespace {
 
 std::string key(const char* k) { return std::string("step35.") + k; }
-std::string blk(int il, const char* name) { return "blk." + std::to_string(il) + "." + name; }
 
 std::string shape_str(const int64_t* ne, uint32_t n) {
   std::string s = "{";
@@ -30,6 +29,10 @@ std::string shape_str(const int64_t* ne, uint32_t n) {
 }
 
 }  // namespace
+
+std::string block_tensor_name(int layer, const char* name) {
+  return "blk." + std::to_string(layer) + "." + name;
+}
 
 // ---------------------------------------------------------------------------------------
 // Loading
@@ -169,7 +172,7 @@ void Model::load_hparams() {
                         " (expected an even number <= key_length " + std::to_string(hp.head_dim_k) + ")");
     L.rope_base = L.is_swa ? base_swa : base;
     L.use_rope_freqs = !L.is_swa && has_rope_freqs;
-    L.is_moe = f.find_tensor(blk(int(il), "ffn_gate_inp.weight")) != nullptr;
+    L.is_moe = f.find_tensor(block_tensor_name(int(il), "ffn_gate_inp.weight")) != nullptr;
     L.n_ff = int32_t(n_ff[il]);
     L.n_expert_used = int32_t(n_used[il]);
     L.n_ff_exp = int32_t(n_ff_exp[il]);
@@ -262,54 +265,54 @@ void Model::load_tensors(const LoadOptions& opts) {
     const LayerHParams& L = hp.layers[size_t(il)];
     LayerWeights& W = layers_[size_t(il)];
     const bool is_mtp = il >= hp.n_layer;
-    if (is_mtp && !f.find_tensor(blk(il, "nextn.eh_proj.weight"))) continue;  // MTP tensors absent
+    if (is_mtp && !f.find_tensor(block_tensor_name(il, "nextn.eh_proj.weight"))) continue;  // MTP tensors absent
     const int64_t D = hp.head_dim_k, Dv = hp.head_dim_v, H = L.n_head, G = L.n_head_kv;
-    W.attn_norm = vec(blk(il, "attn_norm.weight"), E, true);
-    if (f.find_tensor(blk(il, "attn_qkv.weight"))) {
+    W.attn_norm = vec(block_tensor_name(il, "attn_norm.weight"), E, true);
+    if (f.find_tensor(block_tensor_name(il, "attn_qkv.weight"))) {
       // Fused Q‖K‖V: three consecutive row ranges of one matrix.
-      WeightMatrix qkv = get(blk(il, "attn_qkv.weight"), {E, H * D + G * D + G * Dv}, true);
+      WeightMatrix qkv = get(block_tensor_name(il, "attn_qkv.weight"), {E, H * D + G * D + G * Dv}, true);
       W.attn_q = qkv, W.attn_q.n_out = H * D;
       W.attn_k = qkv, W.attn_k.n_out = G * D, W.attn_k.data = qkv.row(H * D);
       W.attn_v = qkv, W.attn_v.n_out = G * Dv, W.attn_v.data = qkv.row(H * D + G * D);
     } else {
-      W.attn_q = get(blk(il, "attn_q.weight"), {E, H * D}, true);
-      W.attn_k = get(blk(il, "attn_k.weight"), {E, G * D}, true);
-      W.attn_v = get(blk(il, "attn_v.weight"), {E, G * Dv}, true);
+      W.attn_q = get(block_tensor_name(il, "attn_q.weight"), {E, H * D}, true);
+      W.attn_k = get(block_tensor_name(il, "attn_k.weight"), {E, G * D}, true);
+      W.attn_v = get(block_tensor_name(il, "attn_v.weight"), {E, G * Dv}, true);
     }
-    W.attn_q_norm = vec(blk(il, "attn_q_norm.weight"), D, false);
-    W.attn_k_norm = vec(blk(il, "attn_k_norm.weight"), D, false);
-    W.attn_gate = get(blk(il, "attn_gate.weight"), {E, H}, false);
-    W.attn_output = get(blk(il, "attn_output.weight"), {H * Dv, E}, true);
-    W.ffn_norm = vec(blk(il, "ffn_norm.weight"), E, true);
+    W.attn_q_norm = vec(block_tensor_name(il, "attn_q_norm.weight"), D, false);
+    W.attn_k_norm = vec(block_tensor_name(il, "attn_k_norm.weight"), D, false);
+    W.attn_gate = get(block_tensor_name(il, "attn_gate.weight"), {E, H}, false);
+    W.attn_output = get(block_tensor_name(il, "attn_output.weight"), {H * Dv, E}, true);
+    W.ffn_norm = vec(block_tensor_name(il, "ffn_norm.weight"), E, true);
     if (L.is_moe) {
       const int64_t X = hp.n_expert, F = L.n_ff_exp;
-      W.ffn_gate_inp = get(blk(il, "ffn_gate_inp.weight"), {E, X}, true);
-      W.exp_probs_b = vec(blk(il, "exp_probs_b.bias"), X, false);
-      W.ffn_gate_exps = get(blk(il, "ffn_gate_exps.weight"), {E, F, X}, true);
-      W.ffn_up_exps = get(blk(il, "ffn_up_exps.weight"), {E, F, X}, true);
-      W.ffn_down_exps = get(blk(il, "ffn_down_exps.weight"), {F, E, X}, true);
-      if (f.find_tensor(blk(il, "ffn_up_shexp.weight"))) {
-        const gguf::TensorInfo* sh = f.find_tensor(blk(il, "ffn_up_shexp.weight"));
+      W.ffn_gate_inp = get(block_tensor_name(il, "ffn_gate_inp.weight"), {E, X}, true);
+      W.exp_probs_b = vec(block_tensor_name(il, "exp_probs_b.bias"), X, false);
+      W.ffn_gate_exps = get(block_tensor_name(il, "ffn_gate_exps.weight"), {E, F, X}, true);
+      W.ffn_up_exps = get(block_tensor_name(il, "ffn_up_exps.weight"), {E, F, X}, true);
+      W.ffn_down_exps = get(block_tensor_name(il, "ffn_down_exps.weight"), {F, E, X}, true);
+      if (f.find_tensor(block_tensor_name(il, "ffn_up_shexp.weight"))) {
+        const gguf::TensorInfo* sh = f.find_tensor(block_tensor_name(il, "ffn_up_shexp.weight"));
         const int64_t FS = hp.n_ff_shexp > 0 ? hp.n_ff_shexp : sh->ne[1];
-        W.ffn_gate_shexp = get(blk(il, "ffn_gate_shexp.weight"), {E, FS}, true);
-        W.ffn_up_shexp = get(blk(il, "ffn_up_shexp.weight"), {E, FS}, true);
-        W.ffn_down_shexp = get(blk(il, "ffn_down_shexp.weight"), {FS, E}, true);
+        W.ffn_gate_shexp = get(block_tensor_name(il, "ffn_gate_shexp.weight"), {E, FS}, true);
+        W.ffn_up_shexp = get(block_tensor_name(il, "ffn_up_shexp.weight"), {E, FS}, true);
+        W.ffn_down_shexp = get(block_tensor_name(il, "ffn_down_shexp.weight"), {FS, E}, true);
       }
     } else {
       if (L.n_ff <= 0)
         throw gguf::Error(path + ": layer " + std::to_string(il) + ": dense layer but key '" +
                           key("feed_forward_length") + "' is missing or 0");
-      W.ffn_gate = get(blk(il, "ffn_gate.weight"), {E, L.n_ff}, true);
-      W.ffn_up = get(blk(il, "ffn_up.weight"), {E, L.n_ff}, true);
-      W.ffn_down = get(blk(il, "ffn_down.weight"), {L.n_ff, E}, true);
+      W.ffn_gate = get(block_tensor_name(il, "ffn_gate.weight"), {E, L.n_ff}, true);
+      W.ffn_up = get(block_tensor_name(il, "ffn_up.weight"), {E, L.n_ff}, true);
+      W.ffn_down = get(block_tensor_name(il, "ffn_down.weight"), {L.n_ff, E}, true);
     }
     if (is_mtp) {
-      W.nextn_eh_proj = get(blk(il, "nextn.eh_proj.weight"), {2 * E, E}, true);
-      W.nextn_enorm = vec(blk(il, "nextn.enorm.weight"), E, true);
-      W.nextn_hnorm = vec(blk(il, "nextn.hnorm.weight"), E, true);
-      W.nextn_shared_head_norm = vec(blk(il, "nextn.shared_head_norm.weight"), E, false);
-      W.nextn_shared_head_head = get(blk(il, "nextn.shared_head_head.weight"), {E, V}, false);
-      W.nextn_embed_tokens = get(blk(il, "nextn.embed_tokens.weight"), {E, V}, false);
+      W.nextn_eh_proj = get(block_tensor_name(il, "nextn.eh_proj.weight"), {2 * E, E}, true);
+      W.nextn_enorm = vec(block_tensor_name(il, "nextn.enorm.weight"), E, true);
+      W.nextn_hnorm = vec(block_tensor_name(il, "nextn.hnorm.weight"), E, true);
+      W.nextn_shared_head_norm = vec(block_tensor_name(il, "nextn.shared_head_norm.weight"), E, false);
+      W.nextn_shared_head_head = get(block_tensor_name(il, "nextn.shared_head_head.weight"), {E, V}, false);
+      W.nextn_embed_tokens = get(block_tensor_name(il, "nextn.embed_tokens.weight"), {E, V}, false);
       ++n_mtp_loaded_;
     }
   }

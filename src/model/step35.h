@@ -60,6 +60,9 @@ struct HParams {
   std::vector<LayerHParams> layers;  // block_count entries (trunk, then MTP)
 };
 
+// §4.3: the GGUF name of block `layer`'s tensor `name`: "blk.LAYER.NAME".
+std::string block_tensor_name(int layer, const char* name);
+
 // §4.3: one block's tensors, in place in the mapping. Norm vectors are small and copied
 // to F32 at load (they may be stored in any type).
 struct LayerWeights {

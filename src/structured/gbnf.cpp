@@ -6,6 +6,7 @@
 #include <vector>
 
 #include "structured/regex_grammar.h"
+#include "tokenizer/unicode.h"
 
 namespace step35::grammar {
 
@@ -30,24 +31,6 @@ struct Parsed {
   std::vector<std::pair<std::string, Alternatives>> rules;  // in definition order
   std::vector<Alternatives> groups;
 };
-
-void append_utf8(std::string& out, uint32_t cp) {
-  if (cp < 0x80) {
-    out += char(cp);
-  } else if (cp < 0x800) {
-    out += char(0xC0 | (cp >> 6));
-    out += char(0x80 | (cp & 0x3F));
-  } else if (cp < 0x10000) {
-    out += char(0xE0 | (cp >> 12));
-    out += char(0x80 | ((cp >> 6) & 0x3F));
-    out += char(0x80 | (cp & 0x3F));
-  } else {
-    out += char(0xF0 | (cp >> 18));
-    out += char(0x80 | ((cp >> 12) & 0x3F));
-    out += char(0x80 | ((cp >> 6) & 0x3F));
-    out += char(0x80 | (cp & 0x3F));
-  }
-}
 
 class Parser {
  public:
@@ -200,7 +183,7 @@ class Parser {
       Item it;
       if (c == '"') {
         ++pos_;
-        while (peek() != '"') append_utf8(it.text, parse_char());
+        while (peek() != '"') unicode::append_utf8(it.text, parse_char());
         ++pos_;
       } else if (c == '[') {
         ++pos_;

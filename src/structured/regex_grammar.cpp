@@ -5,6 +5,8 @@
 #include <map>
 #include <stdexcept>
 
+#include "tokenizer/unicode.h"
+
 namespace step35::grammar {
 
 namespace {
@@ -13,24 +15,6 @@ constexpr uint32_t kMaxCp = 0x10FFFF;
 constexpr size_t kMaxPatternBytes = 8192;
 constexpr uint32_t kMaxRepeat = 10000;
 constexpr int kMaxGroupDepth = 64;
-
-void append_utf8(std::string& out, uint32_t cp) {
-  if (cp < 0x80) {
-    out += char(cp);
-  } else if (cp < 0x800) {
-    out += char(0xC0 | (cp >> 6));
-    out += char(0x80 | (cp & 0x3F));
-  } else if (cp < 0x10000) {
-    out += char(0xE0 | (cp >> 12));
-    out += char(0x80 | ((cp >> 6) & 0x3F));
-    out += char(0x80 | (cp & 0x3F));
-  } else {
-    out += char(0xF0 | (cp >> 18));
-    out += char(0x80 | ((cp >> 12) & 0x3F));
-    out += char(0x80 | ((cp >> 6) & 0x3F));
-    out += char(0x80 | (cp & 0x3F));
-  }
-}
 
 // Decodes one code point at s[pos]; returns its length, 0 for invalid UTF-8.
 size_t decode_utf8(std::string_view s, size_t pos, uint32_t& cp) {
@@ -81,7 +65,7 @@ std::string json_char(uint32_t cp) {
     out += hex[cp & 15];
     return out;
   }
-  append_utf8(out, cp);
+  unicode::append_utf8(out, cp);
   return out;
 }
 
@@ -110,8 +94,8 @@ void utf8_split(uint32_t lo, uint32_t hi, size_t len, std::vector<ByteSeq>& out)
     }
   }
   std::string a, b;
-  append_utf8(a, lo);
-  append_utf8(b, hi);
+  unicode::append_utf8(a, lo);
+  unicode::append_utf8(b, hi);
   ByteSeq seq;
   for (size_t i = 0; i < a.size(); ++i) seq.push_back({uint8_t(a[i]), uint8_t(b[i])});
   out.push_back(std::move(seq));

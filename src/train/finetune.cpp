@@ -1,20 +1,16 @@
 #include "train/finetune.h"
 
 #include <algorithm>
-#include <chrono>
 #include <numeric>
 #include <random>
 #include <set>
 #include <stdexcept>
 
+#include "exec/clock.h"
+
 namespace step35::train {
 
 namespace {
-
-double now_s() {
-  using namespace std::chrono;
-  return duration<double>(steady_clock::now().time_since_epoch()).count();
-}
 
 // Fisher-Yates with our own bounded draw, so the order depends only on the seed (not on
 // the standard library's distribution code).
@@ -148,7 +144,7 @@ TrainSummary Finetuner::train(const TokenWindows& data, const std::function<void
   std::iota(order.begin(), order.end(), int64_t(0));
   size_t next = order.size();  // reshuffle on first use
   std::vector<int64_t> picked(static_cast<size_t>(s_.batch));
-  const double t0 = now_s();
+  const double t0 = steady_seconds();
   for (int64_t step = 0; step < s_.steps; ++step) {
     // The next batch of windows of the shuffled order (a new order every epoch).
     for (int32_t i = 0; i < s_.batch; ++i) {
@@ -167,13 +163,13 @@ TrainSummary Finetuner::train(const TokenWindows& data, const std::function<void
     info.steps = s_.steps;
     info.loss = st.loss();
     sum.tokens += int64_t(s_.batch) * data.n_ctx();
-    info.elapsed_s = now_s() - t0;
+    info.elapsed_s = steady_seconds() - t0;
     info.tokens_per_s = info.elapsed_s > 0 ? double(sum.tokens) / info.elapsed_s : 0.0;
     sum.losses.push_back(info.loss);
     if (on_step) on_step(info);
   }
   sum.steps = s_.steps;
-  sum.seconds = now_s() - t0;
+  sum.seconds = steady_seconds() - t0;
   sum.tokens_per_s = sum.seconds > 0 ? double(sum.tokens) / sum.seconds : 0.0;
   return sum;
 }

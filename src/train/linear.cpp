@@ -30,10 +30,6 @@ const float* rows_f32(const WeightMatrix& w, int64_t o0, int64_t o1, std::vector
 // threads on a 3072 x 1024 Q4_K matrix and 512 tokens, dequantization included).
 constexpr int64_t kBackwardRowBlock = 128;
 
-// Below this many multiply-adds a product runs on the calling thread: waking the pool
-// costs more than it saves (and much more when other processes hold the cores).
-constexpr double kMinParallelWork = 1 << 20;
-
 // Runs fn(begin, end) over [0, n) split between the pool's threads, or at once without
 // one or when the work (multiply-adds) is small.
 template <typename Fn>

@@ -19,6 +19,11 @@ class ThreadPool;
 
 namespace step35::train {
 
+// Below this many (roughly) multiply-adds a training loop runs on the calling thread:
+// waking the pool costs more than it saves, and much more when other processes hold the
+// cores.
+constexpr double kMinParallelWork = 1 << 20;
+
 // y[t*ldy + o] = W[o] · x[t*ldx + ...] for o < n_out, t < n_tok. At Precision::Exact
 // every element is the same float kernels::matmul computes at Exact (the dequantized row
 // dotted with the token row by kernels::dot_f32), so the training forward reproduces

@@ -36,8 +36,6 @@ int32_t parse_int(const std::string& s, const std::string& what) {
   return int32_t(std::stol(s));
 }
 
-std::string blk(int il, const char* name) { return "blk." + std::to_string(il) + "." + name; }
-
 const char* kExpertTensors[3] = {"ffn_gate_exps.weight", "ffn_up_exps.weight", "ffn_down_exps.weight"};
 const char* kSharedTensors[3] = {"ffn_gate_shexp.weight", "ffn_up_shexp.weight", "ffn_down_shexp.weight"};
 
@@ -162,19 +160,19 @@ TrainedParams TrainedParams::from_model(const Model& m, const TrainGroups& group
   for (const TrainGroups::Expert& e : groups.experts) {
     const LayerWeights& W = m.layer(e.layer);
     const WeightMatrix* mats[3] = {&W.ffn_gate_exps, &W.ffn_up_exps, &W.ffn_down_exps};
-    for (int k = 0; k < 3; ++k) add(blk(e.layer, kExpertTensors[k]), e.layer, e.expert, mats[k]->matrix(e.expert));
+    for (int k = 0; k < 3; ++k) add(block_tensor_name(e.layer, kExpertTensors[k]), e.layer, e.expert, mats[k]->matrix(e.expert));
   }
-  for (int32_t il : groups.routers) add(blk(il, "ffn_gate_inp.weight"), il, -1, m.layer(il).ffn_gate_inp);
+  for (int32_t il : groups.routers) add(block_tensor_name(il, "ffn_gate_inp.weight"), il, -1, m.layer(il).ffn_gate_inp);
   for (int32_t il : groups.shared) {
     const LayerWeights& W = m.layer(il);
     const WeightMatrix* mats[3] = {&W.ffn_gate_shexp, &W.ffn_up_shexp, &W.ffn_down_shexp};
-    for (int k = 0; k < 3; ++k) add(blk(il, kSharedTensors[k]), il, -1, *mats[k]);
+    for (int k = 0; k < 3; ++k) add(block_tensor_name(il, kSharedTensors[k]), il, -1, *mats[k]);
   }
   return p;
 }
 
 int TrainedParams::find(int il, int32_t expert, const std::string& suffix) const {
-  auto it = index_.find(blk(il, suffix.c_str()) + "#" + std::to_string(expert));
+  auto it = index_.find(block_tensor_name(il, suffix.c_str()) + "#" + std::to_string(expert));
   return it == index_.end() ? -1 : int(it->second);
 }
 

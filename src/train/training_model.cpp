@@ -42,10 +42,6 @@ struct Buf {
   }
 };
 
-// Below this many (roughly) multiply-adds a loop runs on the calling thread: waking the
-// pool costs more than it saves, and much more when other processes hold the cores.
-constexpr double kMinParallelWork = 1 << 20;
-
 // Runs fn(i) for i < n on the pool (work stealing), serially when the pool has one thread
 // or the whole loop (`work`) is small.
 template <typename Fn>
