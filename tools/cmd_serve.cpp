@@ -154,6 +154,8 @@ static int serve_main(const Args& args) {
   p.option("--keep-alive", "S", "seconds an idle connection keeps its HTTP thread, before its first request or "
            "between keep-alive requests (httplib's own default is 5): with more idle connections than threads, a new "
            "request waits at most about this long", o.keep_alive_s, 1, 3600);
+  p.option("--read-timeout", "S", "seconds a client may go silent while sending its request (line, headers or body) "
+           "before the connection is dropped", o.read_timeout_s, 1, 3600);
   p.option("--shutdown-grace", "S", "on SIGTERM, seconds in-flight requests may finish before they are cancelled",
            o.shutdown_grace_s, 0, 3600);
   p.option("--log-disable", "no access log line per request", o.access_log, false);

@@ -565,7 +565,7 @@ class Listener {
 // The HTTP settings: limits, timeouts, socket options, threads.
 void configure_http(httplib::Server& svr, const ServerOptions& options) {
   svr.set_payload_max_length(options.max_body_bytes);
-  svr.set_read_timeout(30, 0);
+  svr.set_read_timeout(options.read_timeout_s, 0);
   svr.set_write_timeout(30, 0);
   svr.set_keep_alive_max_count(1000);
   svr.set_keep_alive_timeout(options.keep_alive_s);

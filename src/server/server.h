@@ -54,6 +54,9 @@ struct ServerOptions {
   // requests, while holding an HTTP thread: it bounds how long a burst of idle connections
   // can keep a new request waiting for a thread.
   int keep_alive_s = 2;
+  // How long a client may go silent while sending its request line, headers or body before
+  // the connection is dropped: a stalled or slow-loris client frees its HTTP thread then.
+  int read_timeout_s = 30;
   ExpertPolicy default_expert_policy = ExpertPolicy::Strict;  // what "auto" means
   float adaptive_mass = kDefaultAdaptiveMass;
   int32_t adaptive_min_k = kDefaultAdaptiveMinK;
