@@ -1,12 +1,12 @@
 // The official `@anthropic-ai/sdk` npm client against `step35 serve`: messages (plain and
 // streamed through the SDK's MessageStream), countTokens, an assistant prefill, forced
 // tool use (input streamed as input_json deltas), errors as the client's exception
-// classes, and a clean SIGTERM exit. Starts the server itself and kills it on every path.
+// classes, and a clean SIGTERM exit. Starts the server itself
+// (serve.mjs), which kills it on every path.
 // usage: node anthropic_client.test.mjs STEP35_BINARY MODEL.gguf
-// The server takes a free port (--port 0) and the test reads it from the server's
-// "listening on" line, so runs in parallel (other worktrees, other builds) never collide.
-import { spawn } from 'node:child_process';
 import assert from 'node:assert/strict';
+
+import { startServer } from './serve.mjs';
 
 const [binary, model] = process.argv.slice(2);
 let Anthropic;
@@ -17,38 +17,7 @@ try {
   process.exit(77);
 }
 
-const server = spawn(binary, ['serve', '-m', model, '--port', '0', '-t', '1', '--api-key', 'node-key'],
-                     { stdio: ['ignore', 'inherit', 'pipe'] });
-// The server's log goes on to ours; its first line names the port it listens on.
-let port = null;
-let logged = '';
-server.stderr.on('data', (chunk) => {
-  process.stderr.write(chunk);
-  if (port === null) {
-    logged += chunk.toString();
-    const m = logged.match(/listening on http:\/\/[^:\s]+:(\d+)/);
-    if (m) port = Number(m[1]);
-  }
-});
-let exited = null;
-server.on('exit', (code, signal) => { exited = { code, signal }; });
-const killServer = () => { if (exited === null) server.kill('SIGKILL'); };
-process.on('exit', killServer);
-process.on('uncaughtException', (e) => { console.error(e); killServer(); process.exit(1); });
-process.on('unhandledRejection', (e) => { console.error(e); killServer(); process.exit(1); });
-
-for (let i = 0; port === null; ++i) {
-  if (i > 200 || exited) throw new Error('server did not start listening');
-  await new Promise((r) => setTimeout(r, 50));
-}
-const base = `http://127.0.0.1:${port}`;
-for (let i = 0; ; ++i) {
-  try {
-    if ((await fetch(`${base}/health`)).status === 200) break;
-  } catch {}
-  if (i > 200 || exited) throw new Error('server did not start');
-  await new Promise((r) => setTimeout(r, 50));
-}
+const { base, terminate } = await startServer(binary, model, ['-t', '1', '--api-key', 'node-key']);
 
 const client = new Anthropic({ baseURL: base, apiKey: 'node-key', maxRetries: 0 });
 const messages = [{ role: 'user', content: 'Hello there' }];
@@ -111,7 +80,5 @@ const anonymous = new Anthropic({ baseURL: base, apiKey: 'wrong', maxRetries: 0 
 await assert.rejects(anonymous.messages.create(request), (e) => e instanceof Anthropic.AuthenticationError);
 
 // SIGTERM: exit status 0.
-server.kill('SIGTERM');
-for (let i = 0; exited === null && i < 400; ++i) await new Promise((r) => setTimeout(r, 25));
-assert.deepEqual(exited, { code: 0, signal: null });
+assert.deepEqual(await terminate(), { code: 0, signal: null });
 console.log('anthropic client test: all checks passed');
