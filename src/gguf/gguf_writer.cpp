@@ -338,39 +338,51 @@ std::vector<uint8_t> Writer::to_bytes() const {
 void Writer::write(const std::string& path) const {
   check_no_streamed();
   // Header first (may throw on invalid metadata before anything is created).
-  std::vector<uint8_t> header = header_bytes();
-
-  auto io_error = [&](const char* what, int err) {
-    return Error(path + ": " + what + ": " + std::error_code(err, std::generic_category()).message());
-  };
-  std::FILE* f = std::fopen(path.c_str(), "wb");
-  if (f == nullptr) throw io_error("cannot create", errno);
+  const std::vector<uint8_t> header = header_bytes();
+  OutputFile out(path);
+  out.write(header.data(), header.size());
   // Tensor data is written straight from each buffer (no second copy of a whole model).
+  for (const PendingTensor& t : tensors_) {
+    out.write(t.data.data(), t.data.size());
+    out.write_zeros(padding(t.data.size(), alignment_));
+  }
+  out.commit();
+}
+
+OutputFile::OutputFile(const std::string& path) : path_(path) {
+  f_ = std::fopen(path.c_str(), "wb");
+  if (!f_) throw Error("cannot create " + path + ": " + std::strerror(errno));
+  std::setvbuf(f_, nullptr, _IOFBF, 4 << 20);
+}
+
+OutputFile::~OutputFile() {
+  if (f_) {
+    std::fclose(f_);
+    std::remove(path_.c_str());
+  }
+}
+
+void OutputFile::write(const void* p, size_t n) {
+  if (n != 0 && std::fwrite(p, 1, n, f_) != n) throw Error("write to " + path_ + " failed: " + std::strerror(errno));
+  written_ += n;
+}
+
+void OutputFile::write_zeros(uint64_t n) {
   static const uint8_t zeros[256] = {};
-  auto write_all = [&](const void* p, size_t n) {
-    return n == 0 || std::fwrite(p, 1, n, f) == n;
-  };
-  auto write_zeros = [&](uint64_t n) {
-    while (n > 0) {
-      size_t chunk = n < sizeof zeros ? size_t(n) : sizeof zeros;
-      if (!write_all(zeros, chunk)) return false;
-      n -= chunk;
-    }
-    return true;
-  };
-  bool ok = write_all(header.data(), header.size());
-  for (size_t k = 0; ok && k < tensors_.size(); k++) {
-    const PendingTensor& t = tensors_[k];
-    ok = write_all(t.data.data(), t.data.size()) && write_zeros(padding(t.data.size(), alignment_));
+  while (n > 0) {
+    const size_t chunk = n < sizeof zeros ? size_t(n) : sizeof zeros;
+    write(zeros, chunk);
+    n -= chunk;
   }
-  int err = errno;
-  if (std::fclose(f) != 0 && ok) {
-    ok = false;
-    err = errno;
-  }
-  if (!ok) {
-    std::remove(path.c_str());
-    throw io_error("write failed", err);
+}
+
+void OutputFile::commit() {
+  std::FILE* f = f_;
+  f_ = nullptr;
+  if (std::fclose(f) != 0) {
+    const int err = errno;
+    std::remove(path_.c_str());
+    throw Error("write to " + path_ + " failed: " + std::strerror(err));
   }
 }
 

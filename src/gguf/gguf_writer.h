@@ -1,8 +1,10 @@
 // GGUF v3 writer: builds metadata and tensors in memory order and writes one file.
-// Used by `step35 make-tiny`, `step35 quantize` and the tests (corrupt-file corpus).
+// Used by `step35 make-tiny`, `step35 quantize`, `step35 patch apply` and the tests
+// (corrupt-file corpus).
 #pragma once
 
 #include <cstdint>
+#include <cstdio>
 #include <string>
 #include <vector>
 
@@ -63,6 +65,30 @@ class Writer {
   uint32_t alignment_;
   std::vector<std::pair<std::string, Value>> kv_;
   std::vector<PendingTensor> tensors_;
+};
+
+// A model file being written (by Writer::write, or piece by piece in the streaming mode:
+// header_bytes(), then each tensor's bytes and padding_after()). Unless commit() closes it
+// successfully, the destructor removes it again: a failed or interrupted conversion leaves
+// no truncated model behind. Throws Error ("cannot create PATH: ...", "write to PATH
+// failed: ...") on I/O failure.
+class OutputFile {
+ public:
+  explicit OutputFile(const std::string& path);
+  ~OutputFile();
+  OutputFile(const OutputFile&) = delete;
+  OutputFile& operator=(const OutputFile&) = delete;
+
+  void write(const void* p, size_t n);
+  void write_zeros(uint64_t n);
+  // Closes the file, which then stays.
+  void commit();
+  uint64_t written() const { return written_; }
+
+ private:
+  std::string path_;
+  std::FILE* f_ = nullptr;
+  uint64_t written_ = 0;
 };
 
 }  // namespace step35::gguf

@@ -65,59 +65,12 @@ void check_output_is_not_input(const gguf::File& in, const std::string& out_path
   }
 }
 
-// The output file: removed again unless commit() is reached.
-class OutputFile {
- public:
-  explicit OutputFile(const std::string& path) : path_(path) {
-    f_ = std::fopen(path.c_str(), "wb");
-    if (!f_) throw std::runtime_error("cannot create " + path + ": " + std::strerror(errno));
-    std::setvbuf(f_, nullptr, _IOFBF, 4 << 20);
-  }
-  ~OutputFile() {
-    if (f_) {
-      std::fclose(f_);
-      std::remove(path_.c_str());
-    }
-  }
-  OutputFile(const OutputFile&) = delete;
-  OutputFile& operator=(const OutputFile&) = delete;
-
-  void write(const void* p, size_t n) {
-    if (n != 0 && std::fwrite(p, 1, n, f_) != n)
-      throw std::runtime_error("write to " + path_ + " failed: " + std::strerror(errno));
-    written_ += n;
-  }
-  void write_zeros(uint64_t n) {
-    static const uint8_t zeros[256] = {};
-    while (n > 0) {
-      const size_t chunk = n < sizeof zeros ? size_t(n) : sizeof zeros;
-      write(zeros, chunk);
-      n -= chunk;
-    }
-  }
-  void commit() {
-    std::FILE* f = f_;
-    f_ = nullptr;
-    if (std::fclose(f) != 0) {
-      const int err = errno;
-      std::remove(path_.c_str());
-      throw std::runtime_error("write to " + path_ + " failed: " + std::strerror(err));
-    }
-  }
-  uint64_t written() const { return written_; }
-
- private:
-  std::string path_;
-  std::FILE* f_ = nullptr;
-  uint64_t written_ = 0;
-};
-
 // Converts one tensor (rows of ne[0] elements) from `from` to `to`, writing it to out.
 // The input's pages of a range once it has been read are given back
 // (gguf::File::release_pages): a 100+ GB model then does not crowd the page cache into
 // looking like resident memory.
 void convert_tensor(const gguf::File& in, const gguf::TensorInfo& t, DType from, DType to, ThreadPool& pool,
-                    OutputFile& out) {
+                    gguf::OutputFile& out) {
   const int64_t n_per_row = t.ne[0];
   const int64_t n_rows = t.n_elements() / n_per_row;
   const size_t src_row = *row_bytes(from, n_per_row);
@@ -156,7 +109,7 @@ void convert_tensor(const gguf::File& in, const gguf::TensorInfo& t, DType from,
   }
 }
 
-void copy_tensor(const gguf::File& in, const gguf::TensorInfo& t, OutputFile& out) {
+void copy_tensor(const gguf::File& in, const gguf::TensorInfo& t, gguf::OutputFile& out) {
   constexpr uint64_t chunk = 64ull << 20;
   for (uint64_t off = 0; off < t.nbytes; off += chunk) {
     const uint64_t n = std::min(chunk, t.nbytes - off);
@@ -224,7 +177,7 @@ QuantizeSummary quantize_gguf(const std::string& in_path, const std::string& out
   log(format("quantizing %s (%zu tensors, %zu file%s) to %s (base type %s) with %d thread%s", in_path.c_str(),
              descs.size(), in->n_files(), in->n_files() > 1 ? "s" : "", file_type_name(opts.type), dtype_name(base),
              opts.n_threads, opts.n_threads > 1 ? "s" : ""));
-  OutputFile out(out_path);
+  gguf::OutputFile out(out_path);
   const std::vector<uint8_t> header = w.header_bytes();
   out.write(header.data(), header.size());
 

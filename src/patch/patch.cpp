@@ -292,49 +292,6 @@ std::vector<std::shared_ptr<const Patch>> load_and_apply(Model& model, const std
 // ---------------------------------------------------------------------------------------
 // patch apply: a new full model file
 
-namespace {
-
-class OutputFile {
- public:
-  explicit OutputFile(const std::string& path) : path_(path) {
-    f_ = std::fopen(path.c_str(), "wb");
-    if (!f_) throw PatchError("cannot create " + path + ": " + std::strerror(errno));
-  }
-  ~OutputFile() {
-    if (f_) {
-      std::fclose(f_);
-      std::remove(path_.c_str());
-    }
-  }
-  OutputFile(const OutputFile&) = delete;
-  OutputFile& operator=(const OutputFile&) = delete;
-  void write(const void* p, size_t n) {
-    if (n != 0 && std::fwrite(p, 1, n, f_) != n) throw PatchError("write to " + path_ + " failed: " + std::strerror(errno));
-  }
-  void zeros(uint64_t n) {
-    static const uint8_t z[64] = {};
-    while (n > 0) {
-      const size_t c = n < sizeof z ? size_t(n) : sizeof z;
-      write(z, c);
-      n -= c;
-    }
-  }
-  void commit() {
-    std::FILE* f = f_;
-    f_ = nullptr;
-    if (std::fclose(f) != 0) {
-      std::remove(path_.c_str());
-      throw PatchError("write to " + path_ + " failed");
-    }
-  }
-
- private:
-  std::string path_;
-  std::FILE* f_ = nullptr;
-};
-
-}  // namespace
-
 size_t apply_to_file(const Model& model, const std::vector<Patch>& patches, const std::string& out_path) {
   const gguf::File& in = model.file();
   if (in.n_files() != 1) throw PatchError("patch apply: split models are not supported (merge the parts first)");
@@ -361,7 +318,7 @@ size_t apply_to_file(const Model& model, const std::vector<Patch>& patches, cons
   for (const auto& [key, value] : in.metadata()) w.set(key, value);
   for (const gguf::TensorInfo& t : in.tensors())
     w.add_tensor_info(t.name, t.type, std::vector<int64_t>(t.ne, t.ne + t.n_dims));
-  OutputFile out(out_path);
+  gguf::OutputFile out(out_path);
   const std::vector<uint8_t> header = w.header_bytes();
   out.write(header.data(), header.size());
   for (const gguf::TensorInfo& t : in.tensors()) {
@@ -374,7 +331,7 @@ size_t apply_to_file(const Model& model, const std::vector<Patch>& patches, cons
       else
         out.write(t.data + size_t(e) * mat, mat);
     }
-    out.zeros(w.padding_after(t.nbytes));
+    out.write_zeros(w.padding_after(t.nbytes));
   }
   out.commit();
   return bytes.size();
