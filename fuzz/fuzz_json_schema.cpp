@@ -27,24 +27,6 @@ using nlohmann::json;
 namespace {
 
 // GPT-2 byte-level mapping: the vocabulary spelling of one byte.
-std::string mapped_byte(uint8_t b) {
-  uint32_t cp = b;
-  if (!((b >= 0x21 && b <= 0x7E) || (b >= 0xA1 && b <= 0xAC) || (b >= 0xAE))) {
-    uint32_t n = 0;
-    for (uint32_t x = 0; x < b; ++x)
-      if (!((x >= 0x21 && x <= 0x7E) || (x >= 0xA1 && x <= 0xAC) || (x >= 0xAE))) ++n;
-    cp = 0x100 + n;
-  }
-  std::string s;
-  if (cp < 0x80) {
-    s += char(cp);
-  } else {
-    s += char(0xC0 | (cp >> 6));
-    s += char(0x80 | (cp & 0x3F));
-  }
-  return s;
-}
-
 // A small byte-level vocabulary: every byte, some JSON-ish multi-byte pieces, an EOG
 // control token and a user-defined one.
 const step35::Tokenizer& vocab() {
@@ -52,12 +34,12 @@ const step35::Tokenizer& vocab() {
     std::vector<std::string> tokens;
     std::vector<int32_t> types;
     for (int b = 0; b < 256; ++b) {
-      tokens.push_back(mapped_byte(uint8_t(b)));
+      tokens.push_back(step35::byte_level_text(uint8_t(b)));
       types.push_back(1);
     }
     for (const char* piece : {"{\"", "\":", "\", \"", "\"}", "true", "false", "null", "  ", "\n  ", "12", "ab", ", "}) {
       std::string m;
-      for (const char* c = piece; *c; ++c) m += mapped_byte(uint8_t(*c));
+      for (const char* c = piece; *c; ++c) m += step35::byte_level_text(uint8_t(*c));
       tokens.push_back(m);
       types.push_back(1);
     }

@@ -34,21 +34,7 @@ std::unique_ptr<Tokenizer> make_tokenizer() {
   std::vector<std::string> tokens = {"<s>", "</s>", "<|im_end|>"};
   std::vector<int32_t> types = {3, 3, 3};
   for (int b = 0; b < 256; ++b) {
-    uint32_t cp = uint32_t(b);
-    if (!((b >= 0x21 && b <= 0x7E) || (b >= 0xA1 && b <= 0xAC) || b >= 0xAE)) {
-      uint32_t k = 0;
-      for (int x = 0; x < b; ++x)
-        if (!((x >= 0x21 && x <= 0x7E) || (x >= 0xA1 && x <= 0xAC) || x >= 0xAE)) ++k;
-      cp = 0x100 + k;
-    }
-    std::string s;
-    if (cp < 0x80) {
-      s += char(cp);
-    } else {
-      s += char(0xC0 | (cp >> 6));
-      s += char(0x80 | (cp & 0x3F));
-    }
-    tokens.push_back(s);
+    tokens.push_back(step35::byte_level_text(uint8_t(b)));
     types.push_back(1);
   }
   for (const char* tag : {"<think>", "</think>"}) {

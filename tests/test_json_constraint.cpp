@@ -939,27 +939,11 @@ namespace {
 
 // A 128,896-token byte-level vocabulary (like Step 3.5's), for the per-request costs.
 std::unique_ptr<Tokenizer> big_tokenizer() {
-  auto mapped = [](uint8_t b) {
-    auto printable = [](uint32_t x) { return (x >= 0x21 && x <= 0x7E) || (x >= 0xA1 && x <= 0xAC) || x >= 0xAE; };
-    uint32_t cp = b;
-    if (!printable(b)) {
-      cp = 0x100;
-      for (uint32_t x = 0; x < b; ++x) cp += !printable(x);
-    }
-    std::string s;
-    if (cp < 0x80) {
-      s += char(cp);
-    } else {
-      s += char(0xC0 | (cp >> 6));
-      s += char(0x80 | (cp & 0x3F));
-    }
-    return s;
-  };
   std::vector<std::string> tokens;
   std::vector<int32_t> types;
   std::set<std::string> seen;
   for (int b = 0; b < 256; ++b) {
-    tokens.push_back(mapped(uint8_t(b)));
+    tokens.push_back(step35::byte_level_text(uint8_t(b)));
     types.push_back(1);
   }
   std::mt19937 rng(9);
@@ -969,7 +953,7 @@ std::unique_ptr<Tokenizer> big_tokenizer() {
     for (int i = len(rng); i > 0; --i) raw += char('a' + letter(rng));
     if (!seen.insert(raw).second) continue;
     std::string m;
-    for (char c : raw) m += mapped(uint8_t(c));
+    for (char c : raw) m += step35::byte_level_text(uint8_t(c));
     tokens.push_back(m);
     types.push_back(1);
   }

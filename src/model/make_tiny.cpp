@@ -28,6 +28,7 @@
 #include "gguf/gguf_writer.h"
 #include "model/step35.h"
 #include "tensor/quants.h"
+#include "tokenizer/tokenizer.h"
 
 namespace step35 {
 
@@ -223,32 +224,6 @@ const char* const kTrainText =
     "were used to it. They mended their nets, told old stories by the fire, and waited for\n"
     "the first warm day, when the ice on the river cracked and the birds came back.\n";
 
-// GPT-2 byte-to-unicode map (§5): printable Latin-1 bytes map to themselves, the other 68
-// bytes to U+0100.. in increasing byte order. Returns each byte's code point as UTF-8.
-std::vector<std::string> byte_symbols() {
-  auto utf8 = [](uint32_t cp) {
-    std::string s;
-    if (cp < 0x80) {
-      s += char(cp);
-    } else if (cp < 0x800) {
-      s += char(0xC0 | (cp >> 6));
-      s += char(0x80 | (cp & 0x3F));
-    } else {
-      s += char(0xE0 | (cp >> 12));
-      s += char(0x80 | ((cp >> 6) & 0x3F));
-      s += char(0x80 | (cp & 0x3F));
-    }
-    return s;
-  };
-  std::vector<std::string> out(256);
-  uint32_t next_extra = 256;
-  for (uint32_t b = 0; b < 256; ++b) {
-    const bool printable = (b >= 0x21 && b <= 0x7E) || (b >= 0xA1 && b <= 0xAC) || (b >= 0xAE);
-    out[b] = utf8(printable ? b : next_extra++);
-  }
-  return out;
-}
-
 bool is_letter(char c) { return (c >= 'A' && c <= 'Z') || (c >= 'a' && c <= 'z'); }
 bool is_digit(char c) { return c >= '0' && c <= '9'; }
 bool is_space(char c) { return c == ' ' || c == '\t' || c == '\n' || c == '\r'; }
@@ -306,7 +281,6 @@ struct Vocab {
 constexpr int32_t kTokNormal = 1, kTokControl = 3, kTokUserDefined = 4, kTokUnused = 5;
 
 Vocab build_vocab(int32_t n_merges, int32_t vocab_pad) {
-  const std::vector<std::string> sym_of_byte = byte_symbols();
   // Symbols are small ints naming strings; the same string is always the same symbol
   // (two merge paths can produce one string, and later merges must see it as one).
   std::vector<std::string> sym_str;
@@ -321,7 +295,7 @@ Vocab build_vocab(int32_t n_merges, int32_t vocab_pad) {
   std::map<std::vector<int32_t>, int64_t> word_counts;
   for (const std::string& piece : pre_split(kTrainText)) {
     std::vector<int32_t> syms;
-    for (unsigned char b : piece) syms.push_back(symbol(sym_of_byte[b]));
+    for (unsigned char b : piece) syms.push_back(symbol(byte_level_text(b)));
     word_counts[syms]++;
   }
   std::vector<std::pair<std::vector<int32_t>, int64_t>> words(word_counts.begin(), word_counts.end());
@@ -386,7 +360,10 @@ Vocab build_vocab(int32_t n_merges, int32_t vocab_pad) {
   v.eos = add("<\xEF\xBD\x9C" "end\xE2\x96\x81of\xE2\x96\x81sentence\xEF\xBD\x9C>", kTokControl);
   v.pad = add("<\xEF\xBD\x9C\xE2\x96\x81pad\xE2\x96\x81\xEF\xBD\x9C>", kTokControl);
   std::map<std::string, int32_t> seen;
-  for (const std::string& s : sym_of_byte) seen[s] = add(s, kTokNormal);
+  for (int b = 0; b < 256; ++b) {
+    const std::string& s = byte_level_text(uint8_t(b));
+    seen[s] = add(s, kTokNormal);
+  }
   for (const auto& [left, right] : merges) {
     v.merges.push_back(left + " " + right);
     const std::string tok = left + right;

@@ -359,6 +359,8 @@ const char* const kEogSpellings[] = {
 
 }  // namespace
 
+const std::string& byte_level_text(uint8_t b) { return byte_map().byte_to_utf8[b]; }
+
 // ---------------------------------------------------------------------------------------
 
 std::unique_ptr<Tokenizer> Tokenizer::from_gguf(const gguf::File& f) {

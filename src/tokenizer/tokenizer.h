@@ -20,6 +20,11 @@ enum class TokenType : int32_t {
   UNDEFINED = 0, NORMAL = 1, UNKNOWN = 2, CONTROL = 3, USER_DEFINED = 4, UNUSED = 5, BYTE = 6,
 };
 
+// GPT-2's bytes_to_unicode (§5): the text that stands for byte b in a byte-level BPE
+// vocabulary (UTF-8). Bytes 0x21-0x7E, 0xA1-0xAC and 0xAE-0xFF stand for themselves, the
+// other 68 for U+0100, U+0101, ... in increasing byte order.
+const std::string& byte_level_text(uint8_t b);
+
 class Tokenizer {
  public:
   // Reads tokens, token types, merges, special ids and the pre-tokenizer name.
