@@ -195,9 +195,11 @@ TEST(PerplexityStatistics, FinalEstimateAndItsUncertainty) {
   EXPECT_EQ(final_estimate(flat), "Unexpected negative standard deviation of log(prob)\n");
 }
 
-TEST(PerplexityStatistics, KlFiguresByHand) {
-  // 12 positions: nll alternating 1 and 2, nll_base 1.5, KLD 0.1 / 0.3, Δp ±0.125,
-  // top token the same at 9 of 12.
+namespace {
+
+// 12 positions: nll alternating 1 and 2, nll_base 1.5, KLD 0.1 / 0.3, Δp ±0.125, top
+// token the same at 9 of 12.
+KlSums twelve_positions() {
   KlSums sums;
   for (int i = 0; i < 12; ++i) {
     KlTokenScore t;
@@ -208,6 +210,13 @@ TEST(PerplexityStatistics, KlFiguresByHand) {
     t.same_top = i < 9;
     sums.add(t);
   }
+  return sums;
+}
+
+}  // namespace
+
+TEST(PerplexityStatistics, KlFiguresByHand) {
+  const KlSums sums = twelve_positions();
   const KlFigures f = kl_figures(sums);
   // mean ln PPL 1.5 both; var(nll) = 2.5 - 2.25 = 0.25, error sqrt(0.25 / 11) = 0.150756.
   EXPECT_NEAR(f.log_ppl.mean, 1.5, 1e-12);
@@ -236,16 +245,7 @@ TEST(PerplexityStatistics, KlFiguresByHand) {
 }
 
 TEST(PerplexityReport, LayoutMatchesLlamaPerplexity) {
-  KlSums sums;
-  for (int i = 0; i < 12; ++i) {
-    KlTokenScore t;
-    t.nll = i % 2 ? 2.0f : 1.0f;
-    t.nll_base = 1.5f;
-    t.kld = i % 2 ? 0.3 : 0.1;
-    t.p_diff = i % 2 ? 0.125f : -0.125f;
-    t.same_top = i < 9;
-    sums.add(t);
-  }
+  const KlSums sums = twelve_positions();
   // Widths of llama-perplexity's table: %4d, %9.4lf, %10.5lf ×2 and %6.3lf % ×2.
   EXPECT_EQ(kl_chunk_line(0, sums),
             "   1       4.4817 \xC2\xB1    0.6756       0.00000 \xC2\xB1    0.15076       0.20000 \xC2\xB1    0.03015"

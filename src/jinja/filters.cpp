@@ -214,27 +214,6 @@ double python_round(double x, int64_t digits) {
   return std::nearbyint(x / scale) * scale;
 }
 
-// Splits text into lines as str.splitlines() does.
-std::vector<std::string> split_lines(const std::string& s) {
-  std::vector<std::string> lines;
-  size_t begin = 0, pos = 0;
-  while (pos < s.size()) {
-    size_t next = pos;
-    const uint32_t cp = text::next_code_point(s, next);
-    const bool is_break = cp == '\n' || cp == '\r' || cp == 0x0B || cp == 0x0C || (cp >= 0x1C && cp <= 0x1E) ||
-                          cp == 0x85 || cp == 0x2028 || cp == 0x2029;
-    if (!is_break) {
-      pos = next;
-      continue;
-    }
-    if (cp == '\r' && next < s.size() && s[next] == '\n') ++next;
-    lines.push_back(s.substr(begin, pos - begin));
-    begin = pos = next;
-  }
-  if (begin < s.size()) lines.push_back(s.substr(begin));
-  return lines;
-}
-
 // --- the filters ------------------------------------------------------------------------------
 
 using FilterFn = Value (*)(Interpreter& interp, const Value& input, Arguments& args);
@@ -391,7 +370,7 @@ Value f_indent(Interpreter& interp, const Value& v, Arguments& args) {
     type_error(std::string("unsupported operand type(s) for +=: '") + v.python_type() + "' and 'str'");
   }
   const Value& s = v;
-  const std::vector<std::string> lines = split_lines(s.string_value() + "\n");
+  const std::vector<std::string> lines = text::split_lines(s.string_value() + "\n", false);
   interp.charge(lines.size());
   std::string out;
   if (a[2].truthy()) {

@@ -191,25 +191,11 @@ Value split(const Value& self, const Arguments& args, bool from_right, Interpret
 Value splitlines(Interpreter& interp, const Value& self, const Arguments& args) {
   const std::vector<Value> bound = bind_arguments("splitlines", args, {{"keepends", Value::boolean(false)}});
   const bool keep = bound[0].truthy();
-  const std::string& s = self.string_value();
+  std::vector<std::string> parts = text::split_lines(self.string_value(), keep);
+  interp.check_list_size(parts.size());
   std::vector<Value> lines;
-  size_t begin = 0, pos = 0;
-  while (pos < s.size()) {
-    size_t next = pos;
-    const uint32_t cp = text::next_code_point(s, next);
-    const bool is_break = cp == '\n' || cp == '\r' || cp == 0x0B || cp == 0x0C || (cp >= 0x1C && cp <= 0x1E) ||
-                          cp == 0x85 || cp == 0x2028 || cp == 0x2029;
-    if (!is_break) {
-      pos = next;
-      continue;
-    }
-    if (cp == '\r' && next < s.size() && s[next] == '\n') ++next;
-    lines.push_back(Value::string_like(self, s.substr(begin, (keep ? next : pos) - begin)));
-    if ((lines.size() & 1023) == 0) interp.check_list_size(lines.size());
-    begin = pos = next;
-  }
-  if (begin < s.size()) lines.push_back(Value::string_like(self, s.substr(begin)));
-  interp.check_list_size(lines.size());
+  lines.reserve(parts.size());
+  for (std::string& part : parts) lines.push_back(Value::string_like(self, std::move(part)));
   interp.charge(lines.size());
   return Value::list(std::move(lines));
 }

@@ -287,6 +287,26 @@ std::string_view strip_code_points(std::string_view s, bool left, bool right, Pr
 
 }  // namespace
 
+std::vector<std::string> split_lines(std::string_view s, bool keep_ends) {
+  std::vector<std::string> lines;
+  size_t begin = 0, pos = 0;
+  while (pos < s.size()) {
+    size_t next = pos;
+    const uint32_t cp = next_code_point(s, next);
+    const bool is_break = cp == '\n' || cp == '\r' || cp == 0x0B || cp == 0x0C || (cp >= 0x1C && cp <= 0x1E) ||
+                          cp == 0x85 || cp == 0x2028 || cp == 0x2029;
+    if (!is_break) {
+      pos = next;
+      continue;
+    }
+    if (cp == '\r' && next < s.size() && s[next] == '\n') ++next;
+    lines.emplace_back(s.substr(begin, (keep_ends ? next : pos) - begin));
+    begin = pos = next;
+  }
+  if (begin < s.size()) lines.emplace_back(s.substr(begin));
+  return lines;
+}
+
 std::string_view strip(std::string_view s, bool left, bool right) {
   return strip_code_points(s, left, right, [](uint32_t cp) { return is_space(cp); });
 }

@@ -46,6 +46,10 @@ uint32_t to_lower_cp(uint32_t cp);
 std::string_view strip(std::string_view s, bool left, bool right);
 std::string_view strip_chars(std::string_view s, std::string_view chars, bool left, bool right);
 
+// str.splitlines(keepends): lines split at \n, \r, \r\n, \v, \f, \x1c-\x1e, U+0085,
+// U+2028 and U+2029, each with its line break when keep_ends is set.
+std::vector<std::string> split_lines(std::string_view s, bool keep_ends);
+
 // str.title() and str.capitalize(), and jinja2's title filter (words start after
 // whitespace, '-', '(', '{', '[' or '<').
 std::string python_title(std::string_view s);
