@@ -1,13 +1,14 @@
 #include "serve_process.h"
 
-#include <netinet/in.h>
 #include <signal.h>
-#include <sys/socket.h>
 #include <sys/wait.h>
 #include <unistd.h>
 
 #include <chrono>
 #include <cstdio>
+#include <fstream>
+#include <regex>
+#include <string>
 #include <thread>
 
 #include <gtest/gtest.h>
@@ -17,41 +18,42 @@
 
 namespace step35::testing {
 
-bool loopback_port_free(int port) {
-  const int fd = socket(AF_INET, SOCK_STREAM, 0);
-  sockaddr_in a{};
-  a.sin_family = AF_INET;
-  a.sin_port = htons(uint16_t(port));
-  a.sin_addr.s_addr = htonl(INADDR_LOOPBACK);
-  const bool ok = bind(fd, reinterpret_cast<sockaddr*>(&a), sizeof a) == 0;
-  close(fd);
-  return ok;
+namespace {
+
+// The port of the server's "listening on http://HOST:PORT" log line (text or JSON log), or
+// 0 while it has not written one.
+int listening_port(const std::string& log_path) {
+  static const std::regex kListening(R"(listening on http://[^\s:/]+:(\d+))");
+  std::ifstream in(log_path);
+  std::string line;
+  std::smatch m;
+  while (std::getline(in, line))
+    if (std::regex_search(line, m, kListening)) return std::stoi(m[1].str());
+  return 0;
 }
 
-ServeProcess::ServeProcess(std::vector<std::string> serve_args, int port_first, int port_last,
+}  // namespace
+
+ServeProcess::ServeProcess(std::vector<std::string> serve_args, const std::string& log_prefix) {
+  start({}, std::move(serve_args), log_prefix);
+}
+
+ServeProcess::ServeProcess(std::vector<std::string> launcher, std::vector<std::string> serve_args,
                            const std::string& log_prefix) {
-  start({}, std::move(serve_args), port_first, port_last, log_prefix);
-}
-
-ServeProcess::ServeProcess(std::vector<std::string> launcher, std::vector<std::string> serve_args, int port_first,
-                           int port_last, const std::string& log_prefix) {
   launched_ = !launcher.empty();
-  start(std::move(launcher), std::move(serve_args), port_first, port_last, log_prefix);
+  start(std::move(launcher), std::move(serve_args), log_prefix);
 }
 
-void ServeProcess::start(std::vector<std::string> launcher, std::vector<std::string> serve_args, int port_first,
-                         int port_last, const std::string& log_prefix) {
-  // Successive servers of one test binary take successive ports (a port just released may
-  // still be in TIME_WAIT); the pid offset keeps parallel test binaries apart.
-  static int next = -1;
-  if (next < 0) next = port_first + int(getpid() % ((port_last - port_first) * 4 / 5));
-  do port_ = next++; while (!loopback_port_free(port_) && next < port_last);
-
+void ServeProcess::start(std::vector<std::string> launcher, std::vector<std::string> serve_args,
+                         const std::string& log_prefix) {
+  // A port of the kernel's choosing: a port chosen here and found free could be taken by
+  // another test process's server before this one binds it.
+  static int started = 0;
   std::vector<std::string> args = launcher;
   args.insert(args.end(), {step35_binary(), "serve"});
   args.insert(args.end(), serve_args.begin(), serve_args.end());
-  args.insert(args.end(), {"--port", std::to_string(port_)});
-  log_ = tmp_dir() + "/" + log_prefix + "_" + std::to_string(port_) + ".log";
+  args.insert(args.end(), {"--port", "0"});
+  log_ = tmp_dir() + "/" + log_prefix + "_" + std::to_string(getpid()) + "_" + std::to_string(started++) + ".log";
   pid_ = fork();
   if (pid_ == 0) {
     if (!std::freopen(log_.c_str(), "w", stderr)) _exit(126);
@@ -61,10 +63,13 @@ void ServeProcess::start(std::vector<std::string> launcher, std::vector<std::str
     execvp(argv[0], argv.data());
     _exit(127);
   }
-  httplib::Client c("127.0.0.1", port_);
   for (int i = 0; i < 300; ++i) {
-    auto r = c.Get("/health");
-    if (r && r->status == 200) return;
+    if (port_ == 0) port_ = listening_port(log_);
+    if (port_ != 0) {
+      httplib::Client c("127.0.0.1", port_);
+      auto r = c.Get("/health");
+      if (r && r->status == 200) return;
+    }
     if (!alive()) break;
     std::this_thread::sleep_for(std::chrono::milliseconds(50));
   }

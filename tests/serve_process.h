@@ -1,5 +1,6 @@
-// A `step35 serve` child process on 127.0.0.1 for the HTTP tests: picks a free port in a
-// range, waits until /health says ready, and kills and reaps the child on every path out
+// A `step35 serve` child process on 127.0.0.1 for the HTTP tests: on a port the kernel
+// picks (--port 0, read back from the server's log, so servers of parallel test processes
+// never collide), waits until /health says ready, and kills and reaps the child on every path out
 // of a test (a failed assertion must not leave a server running).
 #pragma once
 
@@ -10,17 +11,14 @@
 
 namespace step35::testing {
 
-bool loopback_port_free(int port);
-
 class ServeProcess {
  public:
-  // Runs `step35 serve <serve_args> --port P` with P the first free port from
-  // [port_first, port_last); stderr goes to tmp_dir()/<log_prefix>_<port>.log.
-  ServeProcess(std::vector<std::string> serve_args, int port_first, int port_last, const std::string& log_prefix);
+  // Runs `step35 serve <serve_args> --port 0`; stderr goes to
+  // tmp_dir()/<log_prefix>_<test pid>_<n>.log.
+  ServeProcess(std::vector<std::string> serve_args, const std::string& log_prefix);
   // The same under a launcher (e.g. {"mpirun", "-np", "2"}): runs `launcher... step35 serve
   // ...`; stopped with SIGTERM first (mpirun passes it on to its ranks), SIGKILL after 20 s.
-  ServeProcess(std::vector<std::string> launcher, std::vector<std::string> serve_args, int port_first, int port_last,
-               const std::string& log_prefix);
+  ServeProcess(std::vector<std::string> launcher, std::vector<std::string> serve_args, const std::string& log_prefix);
   ~ServeProcess();
   ServeProcess(const ServeProcess&) = delete;
   ServeProcess& operator=(const ServeProcess&) = delete;
@@ -36,8 +34,7 @@ class ServeProcess {
   int terminate();
 
  private:
-  void start(std::vector<std::string> launcher, std::vector<std::string> serve_args, int port_first, int port_last,
-             const std::string& log_prefix);
+  void start(std::vector<std::string> launcher, std::vector<std::string> serve_args, const std::string& log_prefix);
   int port_ = 0;
   bool launched_ = false;  // under a launcher: SIGTERM first when done
   std::string log_;

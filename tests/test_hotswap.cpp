@@ -141,7 +141,7 @@ Completion reference(const std::string& extra, int n) {
 
 TEST(HotSwap, LogitsEqualEvalPatchAndRevertRestoresBase) {
   const std::string p = strong_patch("hs_patch");
-  ServeProcess s({"-m", fixture_model(kModel), "-t", "1"}, 19500, 20000, "hotswap");
+  ServeProcess s({"-m", fixture_model(kModel), "-t", "1"}, "hotswap");
   const Completion base_ref = reference("", 6), patch_ref = reference("--patch " + p, 6);
   ASSERT_NE(base_ref.logprobs, patch_ref.logprobs);
   EXPECT_EQ(complete(s, 6).logprobs, base_ref.logprobs);
@@ -185,7 +185,7 @@ TEST(HotSwap, LogitsEqualEvalPatchAndRevertRestoresBase) {
 
 TEST(HotSwap, StartupPatchesStayUnderSwapsAndReverts) {
   const std::string p = strong_patch("hs_patch"), q = strong_patch("hs_patch_b", "--seed 3");
-  ServeProcess s({"-m", fixture_model(kModel), "-t", "1", "--patch", p}, 19500, 20000, "hotswap");
+  ServeProcess s({"-m", fixture_model(kModel), "-t", "1", "--patch", p}, "hotswap");
   EXPECT_EQ(complete(s, 4).logprobs, reference("--patch " + p, 4).logprobs);
   int status = 0;
   post(s, "/v1/step35/hotswap", {{"patch", q}}, &status);
@@ -213,7 +213,7 @@ TEST(HotSwap, ServeRefusesAStartupPatchThatDoesNotFit) {
 }
 
 TEST(HotSwap, RefusesWhatDoesNotFitAndChangesNothing) {
-  ServeProcess s({"-m", fixture_model(kModel), "-t", "1"}, 19500, 20000, "hotswap");
+  ServeProcess s({"-m", fixture_model(kModel), "-t", "1"}, "hotswap");
   const Completion before = complete(s, 4);
   // A patch made for the F32 model of the same set (types differ).
   const std::string other = f32_patch();
@@ -250,7 +250,7 @@ TEST(HotSwap, RefusesWhatDoesNotFitAndChangesNothing) {
 
 TEST(HotSwap, NeedsTheApiKeyWhenThereIsOne) {
   const std::string p = strong_patch("hs_patch");
-  ServeProcess s({"-m", fixture_model(kModel), "-t", "1", "--api-key", "sekret"}, 19500, 20000, "hotswap");
+  ServeProcess s({"-m", fixture_model(kModel), "-t", "1", "--api-key", "sekret"}, "hotswap");
   int status = 0;
   post(s, "/v1/step35/hotswap", {{"patch", p}}, &status);
   EXPECT_EQ(status, 401);
@@ -268,7 +268,7 @@ TEST(HotSwap, NeedsTheApiKeyWhenThereIsOne) {
 // exactly what it produces alone with one of the two weight sets.
 TEST(HotSwap, LoadTestNoRequestSeesMixedWeights) {
   const std::string p = strong_patch("hs_patch");
-  ServeProcess s({"-m", fixture_model(kModel), "-t", "1", "--parallel", "8"}, 19500, 20000, "hotswap");
+  ServeProcess s({"-m", fixture_model(kModel), "-t", "1", "--parallel", "8"}, "hotswap");
   std::string out, err;
   const int rc = run_command(std::string(STEP35_HOTSWAP_LOAD) + " --port " + std::to_string(s.port()) + " --patch " + p +
                                  " --streams 8 --seconds 5 --swap-ms 400 --min-swaps 3 --max-tokens 24 --json",
@@ -293,7 +293,7 @@ TEST(HotSwap, UnderExpertParallelism) {
   ServeProcess s({"env", "ASAN_OPTIONS=detect_leaks=0", "OMPI_ALLOW_RUN_AS_ROOT=1", "OMPI_ALLOW_RUN_AS_ROOT_CONFIRM=1",
                   "OMPI_MCA_rmaps_base_oversubscribe=1", "mpirun", "--oversubscribe", "-np", "2", "--mca",
                   "mpi_yield_when_idle", "1", "--mca", "btl_vader_single_copy_mechanism", "none"},
-                 {"-m", fixture_model(kModel), "-t", "1", "--ep"}, 19500, 20000, "hotswap_ep");
+                 {"-m", fixture_model(kModel), "-t", "1", "--ep"}, "hotswap_ep");
   const Completion base_ref = reference("", 5);
   EXPECT_EQ(complete(s, 5).logprobs, base_ref.logprobs);
   int status = 0;

@@ -28,12 +28,11 @@ namespace {
 
 const std::string kModel = "tiny-a-q8_0.gguf";
 
-// `step35 serve` on the tiny-a fixture with one thread (ports 18000-18999), plus an HTTP
-// client for it.
+// `step35 serve` on the tiny-a fixture with one thread, plus an HTTP client for it.
 class ServerProcess : public ServeProcess {
  public:
   explicit ServerProcess(std::vector<std::string> extra = {})
-      : ServeProcess(args(std::move(extra)), 18000, 19000, "server") {}
+      : ServeProcess(args(std::move(extra)), "server") {}
   httplib::Client client() const {
     httplib::Client c("127.0.0.1", port());
     c.set_read_timeout(120, 0);

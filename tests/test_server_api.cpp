@@ -1,5 +1,5 @@
-// `step35 serve` as agents and their clients use it, over HTTP against the real binary
-// (ports 18000-18999): every field of OpenAI's chat completions reference at once, the
+// `step35 serve` as agents and their clients use it, over HTTP against the real binary:
+// every field of OpenAI's chat completions reference at once, the
 // implemented extensions (logit_bias, min_tokens, typical_p, grammar, parallel tool calls,
 // legacy functions, prefill), reasoning control (reasoning_budget, reasoning_effort,
 // enable_thinking, server defaults), correct endings (stop strings, truncated tool calls,
@@ -36,7 +36,7 @@ std::string micro() { return std::string(PROJECT_SOURCE_DIR) + "/fuzz/corpus/ggu
 class Server : public ServeProcess {
  public:
   explicit Server(std::vector<std::string> extra = {}, const std::string& model = tiny())
-      : ServeProcess(args(model, std::move(extra)), 18000, 19000, "server_api") {}
+      : ServeProcess(args(model, std::move(extra)), "server_api") {}
   httplib::Client client() const {
     httplib::Client c("127.0.0.1", port());
     c.set_read_timeout(120, 0);

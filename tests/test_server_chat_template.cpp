@@ -42,7 +42,7 @@ std::string read_text(const std::string& path) {
 class Server : public ServeProcess {
  public:
   explicit Server(const std::string& model, std::vector<std::string> extra = {})
-      : ServeProcess(args(model, std::move(extra)), 18000, 19000, "server_chat_template") {}
+      : ServeProcess(args(model, std::move(extra)), "server_chat_template") {}
   // POST a body given as text (so its key order is the one written), the answer as JSON.
   ordered_json post(const std::string& path, const std::string& body, int* status = nullptr) const {
     httplib::Client c("127.0.0.1", port());

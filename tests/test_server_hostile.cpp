@@ -1,4 +1,4 @@
-// Hostile HTTP against the real `step35 serve` on 127.0.0.1 (ports 19000-19499): malformed
+// Hostile HTTP against the real `step35 serve` on 127.0.0.1: malformed
 // and wrongly typed bodies, absurd numbers, prompts past the context, invalid UTF-8, 10 MB
 // bodies, slow-loris and idle connections, abrupt disconnects mid-stream, and cross-request
 // isolation through the prefix cache. Every case must get the right 4xx or a clean close,
@@ -32,11 +32,11 @@ namespace {
 
 std::string micro_model() { return std::string(PROJECT_SOURCE_DIR) + "/fuzz/corpus/gguf/micro-f16.gguf"; }
 
-// `step35 serve` (by default on the micro model, context 256, 2 threads; ports 19000-19499).
+// `step35 serve` (by default on the micro model, context 256, 2 threads).
 class Server : public st::ServeProcess {
  public:
   explicit Server(std::vector<std::string> extra = {}, const std::string& model = micro_model(), int ctx = 256)
-      : ServeProcess(args(model, ctx, std::move(extra)), 19000, 19500, "hostile_server") {}
+      : ServeProcess(args(model, ctx, std::move(extra)), "hostile_server") {}
   httplib::Client client(int timeout_s = 60) const {
     httplib::Client c("127.0.0.1", port());
     c.set_read_timeout(timeout_s, 0);

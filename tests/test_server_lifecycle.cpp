@@ -167,7 +167,7 @@ TEST(ServerLifecycle, SignalDuringASlowLoadExitsWithinASecond) {
 // A second server on the port a first one listens on exits 1 (no SO_REUSEPORT sharing),
 // and the first keeps serving.
 TEST(ServerLifecycle, SecondServerOnATakenPortExitsOne) {
-  ServeProcess first({"-m", fixture_model(kModel), "-t", "1"}, 18000, 19000, "lifecycle_first");
+  ServeProcess first({"-m", fixture_model(kModel), "-t", "1"}, "lifecycle_first");
   ServeChild second({"-m", fixture_model(kModel), "-t", "1", "--port", std::to_string(first.port())});
   const auto status = second.wait_exit(10);
   ASSERT_TRUE(status.has_value()) << "the second server is running; log:\n" << second.log();
@@ -189,7 +189,7 @@ TEST(ServerLifecycle, StartupSummaryAndAccessLog) {
   const json body = {{"messages", {{{"role", "user"}, {"content", "hi"}}}}, {"max_tokens", 3}, {"temperature", 0}};
   std::string text_log;
   {
-    ServeProcess s({"-m", fixture_model(kModel), "-t", "1"}, 18000, 19000, "lifecycle_log");
+    ServeProcess s({"-m", fixture_model(kModel), "-t", "1"}, "lifecycle_log");
     httplib::Client c("127.0.0.1", s.port());
     auto r = c.Post("/v1/chat/completions", body.dump(), "application/json");
     ASSERT_TRUE(r);
@@ -209,7 +209,7 @@ TEST(ServerLifecycle, StartupSummaryAndAccessLog) {
     EXPECT_NE(text_log.find(part), std::string::npos) << part << "\n" << text_log;
 
   {
-    ServeProcess s({"-m", fixture_model(kModel), "-t", "1", "--log-format", "json"}, 18000, 19000, "lifecycle_json");
+    ServeProcess s({"-m", fixture_model(kModel), "-t", "1", "--log-format", "json"}, "lifecycle_json");
     httplib::Client c("127.0.0.1", s.port());
     ASSERT_TRUE(c.Post("/v1/chat/completions", body.dump(), "application/json"));
     EXPECT_EQ(s.terminate(), 0);
@@ -236,7 +236,7 @@ TEST(ServerLifecycle, StartupSummaryAndAccessLog) {
       EXPECT_NE(std::find(events.begin(), events.end(), e), events.end()) << e;
   }
   {
-    ServeProcess s({"-m", fixture_model(kModel), "-t", "1", "--log-disable"}, 18000, 19000, "lifecycle_quiet");
+    ServeProcess s({"-m", fixture_model(kModel), "-t", "1", "--log-disable"}, "lifecycle_quiet");
     httplib::Client c("127.0.0.1", s.port());
     ASSERT_TRUE(c.Post("/v1/chat/completions", body.dump(), "application/json"));
     EXPECT_EQ(s.terminate(), 0);
@@ -252,7 +252,7 @@ TEST(ServerLifecycle, StartupSummaryAndAccessLog) {
 // --kv-mem below one sequence or beyond what the pool can index is a clear error.
 TEST(ServerLifecycle, ContextAndKvMemLimits) {
   {
-    ServeProcess s({"-m", fixture_model(kModel), "-t", "1", "-c", "0"}, 18000, 19000, "lifecycle_ctx");
+    ServeProcess s({"-m", fixture_model(kModel), "-t", "1", "-c", "0"}, "lifecycle_ctx");
     httplib::Client c("127.0.0.1", s.port());
     auto m = c.Get("/v1/models");
     ASSERT_TRUE(m);
@@ -262,7 +262,7 @@ TEST(ServerLifecycle, ContextAndKvMemLimits) {
     EXPECT_EQ(json::parse(p->body)["n_ctx"], 4096);
   }
   {
-    ServeProcess s({"-m", fixture_model(kModel), "-t", "1", "-c", "100000"}, 18000, 19000, "lifecycle_ctx_big");
+    ServeProcess s({"-m", fixture_model(kModel), "-t", "1", "-c", "100000"}, "lifecycle_ctx_big");
     httplib::Client c("127.0.0.1", s.port());
     auto m = c.Get("/v1/models");
     ASSERT_TRUE(m);
