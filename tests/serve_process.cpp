@@ -18,10 +18,6 @@
 
 namespace step35::testing {
 
-namespace {
-
-// The port of the server's "listening on http://HOST:PORT" log line (text or JSON log), or
-// 0 while it has not written one.
 int listening_port(const std::string& log_path) {
   static const std::regex kListening(R"(listening on http://[^\s:/]+:(\d+))");
   std::ifstream in(log_path);
@@ -31,8 +27,6 @@ int listening_port(const std::string& log_path) {
     if (std::regex_search(line, m, kListening)) return std::stoi(m[1].str());
   return 0;
 }
-
-}  // namespace
 
 ServeProcess::ServeProcess(std::vector<std::string> serve_args, const std::string& log_prefix) {
   start({}, std::move(serve_args), log_prefix);

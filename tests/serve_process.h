@@ -11,6 +11,10 @@
 
 namespace step35::testing {
 
+// The port of a `step35 serve` log's "listening on http://HOST:PORT" line (text or JSON
+// log), or 0 while the server has not written one.
+int listening_port(const std::string& log_path);
+
 class ServeProcess {
  public:
   // Runs `step35 serve <serve_args> --port 0`; stderr goes to

@@ -83,13 +83,7 @@ class ServeChild {
     return ss.str();
   }
   // The port from the "listening on http://HOST:PORT" line, once it is there (0: not yet).
-  int port() const {
-    const std::string l = log();
-    const size_t at = l.find("listening on http://");
-    if (at == std::string::npos) return 0;
-    const size_t colon = l.find(':', at + 20);
-    return colon == std::string::npos ? 0 : std::atoi(l.c_str() + colon + 1);
-  }
+  int port() const { return listening_port(log_); }
   int wait_port(double seconds) const {
     const auto end = Clock::now() + std::chrono::duration<double>(seconds);
     int p = 0;
