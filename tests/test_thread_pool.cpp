@@ -1,5 +1,6 @@
 #include <gtest/gtest.h>
 
+#include <algorithm>
 #include <atomic>
 #include <chrono>
 #include <thread>
@@ -77,4 +78,42 @@ TEST(ThreadPool, StealingRunsEveryItemOnceAndBalances) {
       }
     }
   }
+}
+
+// A section whose worker takes much longer than the caller spins (200 µs) makes the caller
+// sleep until the last worker wakes it; and a pool idle longer than the workers spin puts
+// them to sleep until the next section. Every section must still end, with every range
+// run once (a lost wake-up would hang here until ctest's timeout).
+TEST(ThreadPool, SlowWorkersWakeASleepingCallerAndIdleWorkersWakeUp) {
+  for (int threads : {2, 3}) {
+    ThreadPool pool(threads);
+    std::atomic<int64_t> done{0};
+    for (int round = 0; round < 60; ++round) {
+      const int slow = 1 + round % (threads - 1);
+      pool.parallel_for(threads, [&](int64_t b, int64_t e, int t) {
+        if (t == slow) std::this_thread::sleep_for(std::chrono::microseconds(round % 2 ? 600 : 50));
+        done += e - b;
+      });
+      if (round % 10 == 9) std::this_thread::sleep_for(std::chrono::milliseconds(2));
+    }
+    EXPECT_EQ(done.load(), 60 * threads);
+  }
+}
+
+// Two pools whose threads outnumber the cores (here: each pool as many threads as the
+// machine has cores, both busy at once), as two servers on one machine or ctest -j are:
+// both finish, every section complete.
+TEST(ThreadPool, TwoOversubscribedPoolsBothFinish) {
+  const int threads = std::max(2, int(std::thread::hardware_concurrency()));
+  std::atomic<int64_t> sums[2] = {0, 0};
+  auto run = [&](int which) {
+    ThreadPool pool(threads);
+    for (int iter = 0; iter < 3000; ++iter)
+      pool.parallel_for(64, [&](int64_t b, int64_t e, int) { sums[which] += e - b; });
+  };
+  std::thread a(run, 0), b(run, 1);
+  a.join();
+  b.join();
+  EXPECT_EQ(sums[0].load(), 3000 * 64);
+  EXPECT_EQ(sums[1].load(), 3000 * 64);
 }

@@ -21,10 +21,53 @@ uint64_t now_ns() {
                       .count());
 }
 
+// Spins until done() or until limit_ns have passed; returns done()'s last value (false:
+// the caller should sleep now).
+//
+// It yields the core now and then. When more threads want the cores than there are (two
+// pools on one machine, a test run with ctest -j, a build beside a server), a spinning
+// thread otherwise holds its core for the scheduler's whole time slice while the thread
+// it waits for, of its own pool or another, sits descheduled: two 2-thread processes on 2
+// cores ran 30-60x slower than one after the other. But a yield costs ~1 µs even when
+// nothing else is runnable, and a spinner inside one sees its flag that much later: a
+// yield every 1-2 µs cost 4-5 % of a quiet machine's decode speed. So the interval adapts
+// per thread (yield_every_ns): after a yield that took long (another thread had the core)
+// the next comes kMinYieldEveryNs later; after a quick one the interval doubles, up to
+// kMaxYieldEveryNs. A yield that took a whole time slice went to a thread that does not
+// yield back (a busy process beside us): yielding again would give it another slice, so
+// the spin ends there and the thread sleeps; a wake-up then gets the core at once.
+constexpr uint64_t kMinYieldEveryNs = 5'000;
+constexpr uint64_t kMaxYieldEveryNs = 20'000;
+constexpr uint64_t kYieldTookTheCoreNs = 5'000;
+constexpr uint64_t kYieldTookASliceNs = 500'000;
+
+template <class Done>
+bool spin_until(Done&& done, uint64_t limit_ns, uint64_t& yield_every_ns) {
+  if (done()) return true;
+  const uint64_t t0 = now_ns();
+  uint64_t next_yield = t0 + yield_every_ns;
+  for (uint32_t spins = 1;; ++spins) {
+    STEP35_CPU_RELAX();
+    if (done()) return true;
+    if (spins % 64 == 0) {
+      const uint64_t t = now_ns();
+      if (t - t0 >= limit_ns) return false;
+      if (t >= next_yield) {
+        std::this_thread::yield();
+        const uint64_t after = now_ns(), took = after - t;
+        if (took >= kYieldTookASliceNs) return done();
+        yield_every_ns = took >= kYieldTookTheCoreNs ? kMinYieldEveryNs : std::min(yield_every_ns * 2, kMaxYieldEveryNs);
+        next_yield = after + yield_every_ns;
+      }
+    }
+  }
+}
+
 }  // namespace
 
 ThreadPool::ThreadPool(int n_threads)
     : n_threads_(n_threads < 1 ? 1 : n_threads), shares_(new Share[size_t(n_threads_)]) {
+  for (int i = 0; i < n_threads_; ++i) shares_[size_t(i)].yield_every_ns = kMaxYieldEveryNs;
   for (int i = 1; i < n_threads_; ++i) workers_.emplace_back([this, i] { worker(i); });
 }
 
@@ -36,8 +79,10 @@ ThreadPool::~ThreadPool() {
 }
 
 // Runs body(thread_index) on every thread (the caller is thread 0) and returns when all
-// are done. The caller spins on `pending_` (sections are short); workers observe a new
-// generation, run, and count down.
+// are done. Workers observe a new generation, run, and count `pending_` down; the caller
+// spins on it for a short while (sections are short and a worker is usually microseconds
+// behind) and then sleeps on it. Spinning longer hurts when the cores are shared: the
+// worker being waited for may be descheduled, and every core spent spinning delays it.
 void ThreadPool::dispatch(const std::function<void(int)>& body) {
   if (n_threads_ == 1) {
     body(0);
@@ -48,12 +93,14 @@ void ThreadPool::dispatch(const std::function<void(int)>& body) {
   generation_.fetch_add(1, std::memory_order_acq_rel);  // publishes body_ and pending_
   generation_.notify_all();
   body(0);
-  const uint64_t t0 = now_ns();
-  uint32_t spins = 0;
-  while (pending_.load(std::memory_order_acquire) != 0) {
-    STEP35_CPU_RELAX();
-    // A worker that was descheduled can take long; stop burning the core after a while.
-    if (++spins % 1024 == 0 && now_ns() - t0 > 2'000'000) std::this_thread::yield();
+  if (!spin_until([this] { return pending_.load(std::memory_order_acquire) == 0; }, caller_spin_ns_,
+                  shares_[0].yield_every_ns)) {
+    // Dekker-style handshake with the worker that counts down to zero: either it sees
+    // `caller_sleeping_` and wakes us, or we see its zero and do not sleep (both sides
+    // seq_cst).
+    caller_sleeping_.store(true, std::memory_order_seq_cst);
+    for (int left; (left = pending_.load(std::memory_order_seq_cst)) != 0;) pending_.wait(left, std::memory_order_seq_cst);
+    caller_sleeping_.store(false, std::memory_order_relaxed);
   }
   body_ = nullptr;
 }
@@ -67,19 +114,15 @@ void ThreadPool::worker(int index) {
     uint64_t g = generation_.load(std::memory_order_acquire);
     if (g == seen) {
       const uint64_t spin_ns = uint64_t(spin_us_.load(std::memory_order_relaxed)) * 1000;
-      const uint64_t t0 = now_ns();
-      uint32_t spins = 0;
-      while ((g = generation_.load(std::memory_order_acquire)) == seen) {
-        STEP35_CPU_RELAX();
-        if (++spins % 64 == 0 && now_ns() - t0 >= spin_ns) {
-          generation_.wait(seen, std::memory_order_acquire);
-        }
-      }
+      spin_until([&] { return (g = generation_.load(std::memory_order_acquire)) != seen; }, spin_ns,
+                 shares_[size_t(index)].yield_every_ns);
+      while ((g = generation_.load(std::memory_order_acquire)) == seen) generation_.wait(seen, std::memory_order_acquire);
     }
     seen = g;
     if (stop_.load(std::memory_order_acquire)) return;
     (*body_)(index);
-    pending_.fetch_sub(1, std::memory_order_acq_rel);
+    if (pending_.fetch_sub(1, std::memory_order_seq_cst) == 1 && caller_sleeping_.load(std::memory_order_seq_cst))
+      pending_.notify_one();
   }
 }
 

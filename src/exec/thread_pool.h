@@ -2,7 +2,11 @@
 // hundred short parallel sections (one per fused matrix product or attention pass), so
 // waking workers must cost well under a microsecond: workers spin on an atomic
 // generation counter for a while after each section and only then sleep (futex via
-// std::atomic::wait). The calling thread always takes part as worker 0.
+// std::atomic::wait). The calling thread always takes part as worker 0; it waits for the
+// workers' end of a section the same way, spinning briefly, then sleeping. Spinning
+// threads yield the core now and then, so that a pool sharing the cores with other busy
+// threads (two servers on one machine, a test run with ctest -j) does not hold the core
+// that a descheduled thread of its own, or of the other process, needs.
 #pragma once
 
 #include <atomic>
@@ -51,11 +55,15 @@ class ThreadPool {
   const std::function<void(int)>* body_ = nullptr;
   std::atomic<uint64_t> generation_{0};  // bumped once per section; workers wait on it
   std::atomic<int> pending_{0};          // workers still running the current section
+  std::atomic<bool> caller_sleeping_{false};  // the caller waits on pending_ in the kernel
   std::atomic<bool> stop_{false};
   std::atomic<int> spin_us_{200};
-  // parallel_stealing: per thread its share as (front << 32 | end), own cache line each.
+  uint64_t caller_spin_ns_ = 200'000;  // then the caller sleeps until the last worker is done
+  // Per thread, on its own cache line: its parallel_stealing share as (front << 32 | end),
+  // and how long it spins between yields (thread_pool.cpp, spin_until).
   struct alignas(64) Share {
     std::atomic<uint64_t> front_end{0};
+    uint64_t yield_every_ns = 0;  // set by the constructor
   };
   std::unique_ptr<Share[]> shares_;
 };
