@@ -1,5 +1,8 @@
 #include "server/server.h"
 
+#include <arpa/inet.h>
+#include <dirent.h>
+#include <netinet/in.h>
 #include <pthread.h>
 #include <signal.h>
 #include <sys/socket.h>
@@ -585,6 +588,35 @@ void configure_http(httplib::Server& svr, const ServerOptions& options) {
   svr.new_task_queue = [threads] { return new httplib::ThreadPool(size_t(threads)); };
 }
 
+// The listening socket's accept queue to SOMAXCONN. The packaged cpp-httplib (0.11) listens
+// with a backlog of 5, compiled into its library: a burst of new connections (agents
+// opening several at once, a load test, a proxy's pool) overflows it whenever the accept
+// thread is a moment late, and each dropped SYN costs that client a 1 s retransmit: 200
+// connections opened one after another took 10-21 s. Linux lets listen() on a listening
+// socket change its backlog; httplib does not show its socket, so it is found among this
+// process's descriptors: the one accepting connections on `port`. Best effort: nothing
+// changes when it cannot be found.
+void widen_accept_queue(int port) {
+  DIR* dir = opendir("/proc/self/fd");
+  if (!dir) return;
+  while (const dirent* e = readdir(dir)) {
+    char* end = nullptr;
+    const long fd = std::strtol(e->d_name, &end, 10);
+    if (end == e->d_name || *end != '\0' || fd == dirfd(dir)) continue;
+    int accepting = 0;
+    socklen_t len = sizeof accepting;
+    if (getsockopt(int(fd), SOL_SOCKET, SO_ACCEPTCONN, &accepting, &len) != 0 || !accepting) continue;
+    sockaddr_storage addr{};
+    socklen_t alen = sizeof addr;
+    if (getsockname(int(fd), reinterpret_cast<sockaddr*>(&addr), &alen) != 0) continue;
+    int bound = -1;
+    if (addr.ss_family == AF_INET) bound = ntohs(reinterpret_cast<const sockaddr_in&>(addr).sin_port);
+    if (addr.ss_family == AF_INET6) bound = ntohs(reinterpret_cast<const sockaddr_in6&>(addr).sin6_port);
+    if (bound == port) listen(int(fd), SOMAXCONN);
+  }
+  closedir(dir);
+}
+
 // Binds the port (0: any free one); returns it. Throws when it cannot.
 int bind_port(httplib::Server& svr, const ServerOptions& options) {
   errno = 0;
@@ -595,6 +627,7 @@ int bind_port(httplib::Server& svr, const ServerOptions& options) {
                              (in_use ? ": the address is already in use (another server?)"
                                      : " (in use, or not a local address)"));
   }
+  widen_accept_queue(port);
   return port;
 }
 
