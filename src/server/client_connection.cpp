@@ -26,27 +26,38 @@ bool host_and_port(const sockaddr_storage& a, socklen_t len, std::string& host, 
 
 }  // namespace
 
-ClientConnection::ClientConnection(const httplib::Request& req) {
+int find_own_socket(const std::function<bool(int fd)>& is_it) {
   DIR* dir = opendir("/proc/self/fd");
-  if (!dir) return;
+  if (!dir) return -1;
+  int found = -1;
   while (const dirent* e = readdir(dir)) {
     char* end = nullptr;
     const long fd = std::strtol(e->d_name, &end, 10);
     if (end == e->d_name || *end != '\0' || fd == dirfd(dir)) continue;
-    sockaddr_storage local{}, peer{};
-    socklen_t local_len = sizeof local, peer_len = sizeof peer;
-    if (getsockname(int(fd), reinterpret_cast<sockaddr*>(&local), &local_len) != 0) continue;
-    if (getpeername(int(fd), reinterpret_cast<sockaddr*>(&peer), &peer_len) != 0) continue;
-    std::string local_host, peer_host;
-    int local_port = 0, peer_port = 0;
-    if (!host_and_port(local, local_len, local_host, local_port) || !host_and_port(peer, peer_len, peer_host, peer_port))
-      continue;
-    if (local_port == req.local_port && peer_port == req.remote_port && peer_host == req.remote_addr) {
-      fd_ = int(fd);
+    if (is_it(int(fd))) {
+      found = int(fd);
       break;
     }
   }
   closedir(dir);
+  return found;
+}
+
+bool socket_address(int fd, bool peer, std::string& host, int& port) {
+  sockaddr_storage a{};
+  socklen_t len = sizeof a;
+  const int rc = peer ? getpeername(fd, reinterpret_cast<sockaddr*>(&a), &len)
+                      : getsockname(fd, reinterpret_cast<sockaddr*>(&a), &len);
+  return rc == 0 && host_and_port(a, len, host, port);
+}
+
+ClientConnection::ClientConnection(const httplib::Request& req) {
+  fd_ = find_own_socket([&](int fd) {
+    std::string local_host, peer_host;
+    int local_port = 0, peer_port = 0;
+    return socket_address(fd, false, local_host, local_port) && socket_address(fd, true, peer_host, peer_port) &&
+           local_port == req.local_port && peer_port == req.remote_port && peer_host == req.remote_addr;
+  });
 }
 
 bool ClientConnection::gone() const {

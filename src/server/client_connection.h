@@ -6,7 +6,18 @@
 
 #include <httplib.h>
 
+#include <functional>
+#include <string>
+
 namespace step35::server {
+
+// httplib shows neither a request's socket nor its listening one, so both are found among
+// this process's descriptors: the first fd for which is_it(fd) holds, or -1.
+int find_own_socket(const std::function<bool(int fd)>& is_it);
+
+// The numeric host and port of the socket's own address (peer = false) or of the address it
+// is connected to (peer = true), as httplib reports them; false when it is not an IP socket.
+bool socket_address(int fd, bool peer, std::string& host, int& port);
 
 class ClientConnection {
  public:

@@ -1,8 +1,5 @@
 #include "server/server.h"
 
-#include <arpa/inet.h>
-#include <dirent.h>
-#include <netinet/in.h>
 #include <pthread.h>
 #include <signal.h>
 #include <sys/socket.h>
@@ -20,6 +17,7 @@
 #include "chat/step35_format.h"
 #include "server/api_error.h"
 #include "server/chat_plan.h"
+#include "server/client_connection.h"
 #include "server/request_validation.h"
 #include "server/server_context.h"
 #include "server/streaming.h"
@@ -593,28 +591,18 @@ void configure_http(httplib::Server& svr, const ServerOptions& options) {
 // opening several at once, a load test, a proxy's pool) overflows it whenever the accept
 // thread is a moment late, and each dropped SYN costs that client a 1 s retransmit: 200
 // connections opened one after another took 10-21 s. Linux lets listen() on a listening
-// socket change its backlog; httplib does not show its socket, so it is found among this
-// process's descriptors: the one accepting connections on `port`. Best effort: nothing
-// changes when it cannot be found.
+// socket change its backlog; the socket is the one of this process accepting connections
+// on `port`. Best effort: nothing changes when it cannot be found.
 void widen_accept_queue(int port) {
-  DIR* dir = opendir("/proc/self/fd");
-  if (!dir) return;
-  while (const dirent* e = readdir(dir)) {
-    char* end = nullptr;
-    const long fd = std::strtol(e->d_name, &end, 10);
-    if (end == e->d_name || *end != '\0' || fd == dirfd(dir)) continue;
+  const int fd = find_own_socket([port](int fd) {
     int accepting = 0;
     socklen_t len = sizeof accepting;
-    if (getsockopt(int(fd), SOL_SOCKET, SO_ACCEPTCONN, &accepting, &len) != 0 || !accepting) continue;
-    sockaddr_storage addr{};
-    socklen_t alen = sizeof addr;
-    if (getsockname(int(fd), reinterpret_cast<sockaddr*>(&addr), &alen) != 0) continue;
+    std::string host;
     int bound = -1;
-    if (addr.ss_family == AF_INET) bound = ntohs(reinterpret_cast<const sockaddr_in&>(addr).sin_port);
-    if (addr.ss_family == AF_INET6) bound = ntohs(reinterpret_cast<const sockaddr_in6&>(addr).sin6_port);
-    if (bound == port) listen(int(fd), SOMAXCONN);
-  }
-  closedir(dir);
+    return getsockopt(fd, SOL_SOCKET, SO_ACCEPTCONN, &accepting, &len) == 0 && accepting &&
+           socket_address(fd, false, host, bound) && bound == port;
+  });
+  if (fd >= 0) listen(fd, SOMAXCONN);
 }
 
 // Binds the port (0: any free one); returns it. Throws when it cannot.
