@@ -40,6 +40,8 @@ constexpr uint64_t kMinYieldEveryNs = 5'000;
 constexpr uint64_t kMaxYieldEveryNs = 20'000;
 constexpr uint64_t kYieldTookTheCoreNs = 5'000;
 constexpr uint64_t kYieldTookASliceNs = 500'000;
+// How long the caller spins for the workers' end of a section before it sleeps.
+constexpr uint64_t kCallerSpinNs = 200'000;
 
 template <class Done>
 bool spin_until(Done&& done, uint64_t limit_ns, uint64_t& yield_every_ns) {
@@ -93,7 +95,7 @@ void ThreadPool::dispatch(const std::function<void(int)>& body) {
   generation_.fetch_add(1, std::memory_order_acq_rel);  // publishes body_ and pending_
   generation_.notify_all();
   body(0);
-  if (!spin_until([this] { return pending_.load(std::memory_order_acquire) == 0; }, caller_spin_ns_,
+  if (!spin_until([this] { return pending_.load(std::memory_order_acquire) == 0; }, kCallerSpinNs,
                   shares_[0].yield_every_ns)) {
     // Dekker-style handshake with the worker that counts down to zero: either it sees
     // `caller_sleeping_` and wakes us, or we see its zero and do not sleep (both sides

@@ -58,7 +58,6 @@ class ThreadPool {
   std::atomic<bool> caller_sleeping_{false};  // the caller waits on pending_ in the kernel
   std::atomic<bool> stop_{false};
   std::atomic<int> spin_us_{200};
-  uint64_t caller_spin_ns_ = 200'000;  // then the caller sleeps until the last worker is done
   // Per thread, on its own cache line: its parallel_stealing share as (front << 32 | end),
   // and how long it spins between yields (thread_pool.cpp, spin_until).
   struct alignas(64) Share {
