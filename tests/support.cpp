@@ -4,6 +4,7 @@
 #include <sys/wait.h>
 #include <unistd.h>
 
+#include <cerrno>
 #include <cstdio>
 #include <cstdlib>
 #include <cstring>
@@ -65,6 +66,17 @@ void write_bytes(const std::string& path, const std::vector<uint8_t>& data) {
     std::remove(partial.c_str());
     throw std::runtime_error("cannot write " + path);
   }
+}
+
+bool install_if_absent(const std::string& made, const std::string& path) {
+  if (::link(made.c_str(), path.c_str()) == 0 || errno == EEXIST) {
+    std::remove(made.c_str());
+    return true;
+  }
+  // A file system without hard links: a rename is atomic too, only not exclusive.
+  const bool renamed = std::rename(made.c_str(), path.c_str()) == 0;
+  if (!renamed) std::remove(made.c_str());
+  return renamed;
 }
 
 static std::string slurp_and_remove(const std::string& path) {
@@ -135,7 +147,7 @@ std::string regenerated_fixture(const std::string& file, std::string* why) {
   std::string err;
   int rc = run_command("cd '" + work + "' && " + cmd + " > /dev/null", nullptr, &err);
   const std::string made = work + "/" + file;
-  if (rc != 0 || std::rename(made.c_str(), out.c_str()) != 0) {
+  if (rc != 0 || !install_if_absent(made, out)) {
     if (why) *why = "generator failed (" + std::to_string(rc) + "): " + err;
     std::remove(made.c_str());
     ::rmdir(work.c_str());

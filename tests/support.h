@@ -19,6 +19,12 @@ std::vector<float> read_f32(const std::string& path);
 nlohmann::json read_json(const std::string& path);
 void write_bytes(const std::string& path, const std::vector<uint8_t>& data);
 
+// Gives the finished file `made` the name `path` unless a file already has it, and removes
+// `made` either way. Test processes that run in parallel generate the same input; a rename
+// over an existing file would unlink the inode another process has mapped, and its
+// /proc/self/smaps entry would then read "(deleted)". False when neither could be done.
+bool install_if_absent(const std::string& made, const std::string& path);
+
 // Runs a shell command, returns its exit status; stdout goes to *out (if given),
 // stderr to *err (if given).
 int run_command(const std::string& cmd, std::string* out = nullptr, std::string* err = nullptr);

@@ -3,9 +3,12 @@
 // pass reads the weights through the file's mapping.
 #include <gtest/gtest.h>
 #include <limits.h>
+#include <sys/mman.h>
+#include <sys/stat.h>
 #include <unistd.h>
 
 #include <cctype>
+#include <cstdio>
 #include <cstdlib>
 #include <fstream>
 #include <string>
@@ -76,11 +79,17 @@ size_t mapped_file_bytes(const std::string& file) {
 std::string f32_test_model(std::string* err) {
   const std::string path = tmp_dir() + "/memory-test-f32.gguf";
   if (!file_exists(path)) {
-    const std::string cmd = "python3 '" + std::string(STEP35_SHARED_TOOLS_DIR) + "/make_tiny_step35.py' --out '" + path + ".part" +
+    // Made under a name of this process's own: the other Memory test may be making it too.
+    const std::string made = path + ".part." + std::to_string(::getpid());
+    const std::string cmd = "python3 '" + std::string(STEP35_SHARED_TOOLS_DIR) + "/make_tiny_step35.py' --out '" + made +
                             "' --seed 5 --layers 4 --embd 512 --heads-full 8 --heads-swa 8 --kv-heads 2 --head-dim 64"
                             " --experts 16 --top-k 2 --dense-layers 1 --ff 1024 --moe-ff 256 --window 32 --mtp-layers 0"
                             " --fast --quiet";
-    if (run_command(cmd, nullptr, err) != 0 || std::rename((path + ".part").c_str(), path.c_str()) != 0) return "";
+    if (run_command(cmd, nullptr, err) != 0) {
+      std::remove(made.c_str());
+      return "";
+    }
+    if (!install_if_absent(made, path)) return "";
   }
   return path;
 }
@@ -154,6 +163,39 @@ TEST_F(Memory, ReleasedFilePagesLeaveResidentSetAndStayReadable) {
   std::vector<uint8_t> buffer(1 << 16, 7);
   file->release_pages(buffer.data(), buffer.size());
   EXPECT_EQ(buffer[12345], 7);
+}
+
+// How the test model above is put in place: a model another test process has mapped keeps
+// its name (the Memory tests measure that mapping through /proc/self/smaps), the late copy
+// is dropped, and a missing model does get installed.
+TEST(TestSupport, InstallIfAbsentNeverReplacesAMappedFile) {
+  const std::string path = tmp_dir() + "/install-if-absent." + std::to_string(::getpid());
+  const std::string late = path + ".late";
+  write_bytes(late, std::vector<uint8_t>(4096, 1));
+  ASSERT_TRUE(install_if_absent(late, path));  // nothing there yet: installed
+  EXPECT_FALSE(file_exists(late));
+  EXPECT_EQ(read_bytes(path), std::vector<uint8_t>(4096, 1));
+
+  struct stat first;
+  ASSERT_EQ(::stat(path.c_str(), &first), 0);
+  FILE* f = std::fopen(path.c_str(), "rb");
+  ASSERT_NE(f, nullptr);
+  void* map = ::mmap(nullptr, 4096, PROT_READ, MAP_PRIVATE, ::fileno(f), 0);
+  ASSERT_NE(map, MAP_FAILED);
+  EXPECT_EQ(static_cast<const uint8_t*>(map)[0], 1);
+
+  write_bytes(late, std::vector<uint8_t>(4096, 2));
+  ASSERT_TRUE(install_if_absent(late, path));  // already there: the mapped file stays
+  EXPECT_FALSE(file_exists(late));
+  struct stat after;
+  ASSERT_EQ(::stat(path.c_str(), &after), 0);
+  EXPECT_EQ(after.st_ino, first.st_ino);
+  EXPECT_EQ(read_bytes(path), std::vector<uint8_t>(4096, 1));
+  EXPECT_GT(mapped_file_bytes(path), size_t(0));  // smaps still names the mapping by its path
+
+  ::munmap(map, 4096);
+  std::fclose(f);
+  std::remove(path.c_str());
 }
 
 }  // namespace
