@@ -4,6 +4,7 @@
 #include <sys/wait.h>
 #include <unistd.h>
 
+#include <atomic>
 #include <chrono>
 #include <cstdio>
 #include <fstream>
@@ -28,6 +29,13 @@ int listening_port(const std::string& log_path) {
   return 0;
 }
 
+std::string new_log_file(const std::string& prefix) {
+  static std::atomic<int> made{0};
+  const std::string path = tmp_dir() + "/" + prefix + "_" + std::to_string(getpid()) + "_" + std::to_string(made++) + ".log";
+  std::ofstream(path, std::ios::trunc);
+  return path;
+}
+
 ServeProcess::ServeProcess(std::vector<std::string> serve_args, const std::string& log_prefix) {
   start({}, std::move(serve_args), log_prefix);
 }
@@ -42,12 +50,11 @@ void ServeProcess::start(std::vector<std::string> launcher, std::vector<std::str
                          const std::string& log_prefix) {
   // A port of the kernel's choosing: a port chosen here and found free could be taken by
   // another test process's server before this one binds it.
-  static int started = 0;
   std::vector<std::string> args = launcher;
   args.insert(args.end(), {step35_binary(), "serve"});
   args.insert(args.end(), serve_args.begin(), serve_args.end());
   args.insert(args.end(), {"--port", "0"});
-  log_ = tmp_dir() + "/" + log_prefix + "_" + std::to_string(getpid()) + "_" + std::to_string(started++) + ".log";
+  log_ = new_log_file(log_prefix);
   pid_ = fork();
   if (pid_ == 0) {
     if (!std::freopen(log_.c_str(), "w", stderr)) _exit(126);

@@ -15,6 +15,12 @@ namespace step35::testing {
 // log), or 0 while the server has not written one.
 int listening_port(const std::string& log_path);
 
+// A new, empty log file tmp_dir()/<prefix>_<test pid>_<n>.log for a child's stderr. Made
+// empty here, before the child starts: pids recur (pid_max is often 32768) across the test
+// runs that share tmp_dir(), and a log an earlier run left under the same name would show
+// that run's port to whoever reads it before the child has truncated it.
+std::string new_log_file(const std::string& prefix);
+
 class ServeProcess {
  public:
   // Runs `step35 serve <serve_args> --port 0`; stderr goes to

@@ -7,6 +7,7 @@
 #include <unistd.h>
 
 #include <chrono>
+#include <cstdio>
 #include <fstream>
 #include <optional>
 #include <sstream>
@@ -34,8 +35,7 @@ const std::string kModel = "tiny-a-q8_0.gguf";
 class ServeChild {
  public:
   ServeChild(std::vector<std::string> serve_args, const std::vector<std::string>& env = {}) {
-    static int n = 0;
-    log_ = tmp_dir() + "/lifecycle_" + std::to_string(getpid()) + "_" + std::to_string(n++) + ".log";
+    log_ = new_log_file("lifecycle");
     std::vector<std::string> args = {step35_binary(), "serve"};
     args.insert(args.end(), serve_args.begin(), serve_args.end());
     bool has_port = false;
@@ -105,6 +105,31 @@ std::vector<std::string> lines_of(const std::string& text) {
 }
 
 }  // namespace
+
+// The test harness itself: logs are named by the test's pid, pids recur across runs, and a
+// log an earlier run left under the next name (its server's port long closed) must not be
+// where the new server's port is read from.
+TEST(ServeProcess, ALogLeftByAnEarlierRunIsNotReadForThePort) {
+  const std::string probe = new_log_file("stale");  // <prefix>_<pid>_<n>.log: the next ones are n+1, ...
+  const size_t n_at = probe.rfind('_') + 1;
+  const int n = std::stoi(probe.substr(n_at));
+  std::vector<std::string> stale;
+  for (int i = 1; i <= 4; ++i) {
+    stale.push_back(probe.substr(0, n_at) + std::to_string(n + i) + ".log");
+    std::ofstream(stale.back()) << "step35 serve: listening on http://127.0.0.1:1 (loading an earlier run's model)\n";
+  }
+  {
+    ServeProcess s({"-m", fixture_model(kModel), "-t", "1"}, "stale");
+    EXPECT_NE(s.port(), 1);
+    EXPECT_EQ(s.log_path(), stale[0]);
+    httplib::Client c("127.0.0.1", s.port());
+    auto r = c.Get("/health");
+    ASSERT_TRUE(r);
+    EXPECT_EQ(r->status, 200);
+  }
+  std::remove(probe.c_str());
+  for (const std::string& f : stale) std::remove(f.c_str());
+}
 
 // A wrong path, a directory, a truncated GGUF and a file that is no GGUF at all: exit 1
 // within 2 s (measured from the start, process start-up included), with one line naming
