@@ -90,13 +90,21 @@ std::vector<std::string> sse_payloads(const std::string& body) {
   return out;
 }
 
-double metric(const ServerProcess& s, const std::string& name) {
+// One /metrics scrape: the values of the metrics `names` (-1 for one that is missing or
+// when nothing answered). Values that must agree come from one scrape: the scheduler
+// publishes them together, and a request can end between two scrapes.
+std::vector<double> metrics(const ServerProcess& s, const std::vector<std::string>& names) {
   auto c = s.client();
   auto r = c.Get("/metrics");
-  if (!r) return -1;
-  const size_t at = r->body.find("\n" + name + " ");
-  return at == std::string::npos ? -1 : std::stod(r->body.substr(at + name.size() + 2));
+  std::vector<double> values;
+  for (const std::string& name : names) {
+    const size_t at = r ? r->body.find("\n" + name + " ") : std::string::npos;
+    values.push_back(at == std::string::npos ? -1 : std::stod(r->body.substr(at + name.size() + 2)));
+  }
+  return values;
 }
+
+double metric(const ServerProcess& s, const std::string& name) { return metrics(s, {name})[0]; }
 
 }  // namespace
 
@@ -188,9 +196,14 @@ TEST(Server, CacheTypesAndContextLimit) {
     json long_body = chat_body("keep going", 100);
     long_body["ignore_eos"] = true;
     auto running = std::async(std::launch::async, [&] { int st = 0; json j = post(s, "/v1/chat/completions", long_body, &st); return std::make_pair(st, j); });
-    for (int i = 0; i < 200 && metric(s, "step35_running_sequences") < 1; ++i)
+    std::vector<double> running_and_used;
+    for (int i = 0; i < 200; ++i) {
+      running_and_used = metrics(s, {"step35_running_sequences", "step35_kv_bytes_used"});
+      if (running_and_used[0] >= 1) break;
       std::this_thread::sleep_for(std::chrono::milliseconds(10));
-    EXPECT_GT(metric(s, "step35_kv_bytes_used"), 0);
+    }
+    EXPECT_GE(running_and_used[0], 1) << "the long request was never seen running";
+    EXPECT_GT(running_and_used[1], 0) << "a running sequence holds no KV blocks";
     json big = post(s, "/v1/chat/completions", chat_body("Hello there", 150), &status);
     EXPECT_EQ(status, 400) << big.dump();
     const std::string msg = big["error"]["message"].get<std::string>();
@@ -377,8 +390,9 @@ TEST(Server, ClientDisconnectCancelsAndFreesKvBlocks) {
   EXPECT_NE(out.find("data: "), std::string::npos);
   double used = -1, running = -1;
   for (int i = 0; i < 100; ++i) {
-    used = metric(s, "step35_kv_blocks_used");
-    running = metric(s, "step35_running_sequences");
+    const std::vector<double> m = metrics(s, {"step35_kv_blocks_used", "step35_running_sequences"});
+    used = m[0];
+    running = m[1];
     if (used == 0 && running == 0) break;
     std::this_thread::sleep_for(std::chrono::milliseconds(50));
   }
