@@ -171,6 +171,7 @@ TEST_F(Memory, ReleasedFilePagesLeaveResidentSetAndStayReadable) {
 TEST(TestSupport, InstallIfAbsentNeverReplacesAMappedFile) {
   const std::string path = tmp_dir() + "/install-if-absent." + std::to_string(::getpid());
   const std::string late = path + ".late";
+  std::remove(path.c_str());  // one a crashed run with the same pid left
   write_bytes(late, std::vector<uint8_t>(4096, 1));
   ASSERT_TRUE(install_if_absent(late, path));  // nothing there yet: installed
   EXPECT_FALSE(file_exists(late));
