@@ -1,7 +1,7 @@
 // Micro-benchmarks of the kernels: matmul of one weight type at one ISA level for a few
 // token counts (decode = 1 token, 2 / 4 = one multi-token tile, prefill = 8 / 64 tokens),
-// one MoE step's expert products, activation conversion,
-// and the attention helpers. Run: build/bin/step35_microbench [--benchmark_filter=q4_K]
+// one MoE step's expert products, activation conversion, row quantization (what `step35
+// quantize` runs), and the attention helpers. Run: build/bin/step35_microbench [--benchmark_filter=q4_K]
 // Bytes/s counts weight bytes streamed (the decode roofline quantity).
 #include <benchmark/benchmark.h>
 
@@ -15,6 +15,7 @@
 #include "tensor/kv_kernels.h"
 #include "tensor/repack.h"
 #include "tensor/quants.h"
+#include "tensor/quants_kquant_encode.h"
 
 namespace step35 {
 namespace {
@@ -173,6 +174,22 @@ void bm_attention_block(benchmark::State& st, DType t, Isa isa) {
       benchmark::Counter(double(st.iterations()) * double(bs * R), benchmark::Counter::kIsRate);
 }
 
+// What `step35 quantize` runs per row (quantize_row_fast) at one ISA level: weights per
+// second for a 4096-value row of normal values. The IQ4 types take the level's searches.
+void bm_quantize_row(benchmark::State& st, DType t, Isa isa) {
+  kernels::force_isa(isa);
+  std::mt19937 rng(3);
+  std::normal_distribution<float> nd(0.0f, 0.02f);
+  std::vector<float> row(4096);
+  for (float& v : row) v = nd(rng);
+  std::vector<uint8_t> out(*row_bytes(t, int64_t(row.size())));
+  for (auto _ : st) {
+    quantize_row_fast(t, row.data(), out.data(), int64_t(row.size()));
+    benchmark::DoNotOptimize(out.data());
+  }
+  st.SetItemsProcessed(int64_t(st.iterations()) * int64_t(row.size()));
+}
+
 void register_all() {
   const DType types[] = {DType::Q4_K,    DType::Q6_K,   DType::F32,     DType::Q8_0,   DType::F16,   DType::Q5_K,
                          DType::BF16,    DType::MXFP4,  DType::Q4_0,    DType::Q4_1,   DType::Q5_0,  DType::Q5_1,
@@ -211,6 +228,10 @@ void register_all() {
     }
     benchmark::RegisterBenchmark(("moe_experts/" + in).c_str(), bm_moe_experts, isa)
         ->Arg(1)->Arg(4)->Unit(benchmark::kMicrosecond);
+    for (DType t : {DType::IQ4_XS, DType::IQ4_NL, DType::Q4_K, DType::Q6_K})
+      benchmark::RegisterBenchmark(("quantize_row/" + std::string(dtype_name(t)) + "/" + in).c_str(), bm_quantize_row,
+                                   t, isa)
+          ->Unit(benchmark::kMicrosecond);
     benchmark::RegisterBenchmark(("matmul_exact/q4_K/" + in).c_str(), bm_matmul, DType::Q4_K, isa, Precision::Exact, 2048)
         ->Arg(1)->Unit(benchmark::kMicrosecond);
     for (ActType a : {ActType::Q8_K, ActType::Q8_0, ActType::Q8_1, ActType::F16, ActType::BF16})

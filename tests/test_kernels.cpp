@@ -13,7 +13,9 @@
 #include "tensor/dtype.h"
 #include "tensor/fp16.h"
 #include "tensor/kernels.h"
+#include "tensor/kernels_impl.h"
 #include "tensor/quants.h"
+#include "tensor/quants_iq.h"
 #include "tensor/repack.h"
 
 namespace step35 {
@@ -638,6 +640,71 @@ TEST(Kernels, SwigluMatchesScalarAndSilu) {
       ASSERT_EQ(0, std::memcmp(out.data(), ref.data(), size_t(n) * sizeof(float))) << kernels::isa_name(isa);
     }
   }
+}
+
+// The IQ4 encoders' searches of each level that has them against the scalar ones
+// (quants_iq.h), bit for bit: random sub-blocks of several magnitudes, values exactly
+// halfway between two levels (ties go to the upper level), beyond the outer levels, zero,
+// denormal, below the all-zero threshold, and non-finite.
+TEST(Kernels, Iq4SearchesMatchScalar) {
+  IsaGuard guard;
+  const int levels[16] = {-127, -104, -83, -65, -49, -35, -22, -10, 1, 13, 25, 38, 53, 69, 89, 113};
+  std::mt19937 rng(41);
+  std::normal_distribution<float> nd(0.0f, 1.0f);
+  std::vector<std::vector<float>> subs;
+  for (int r = 0; r < 300; ++r) {
+    std::vector<float> v(32);
+    const float scale = std::ldexp(1.0f, r % 40 - 20);
+    for (float& e : v) e = nd(rng) * scale;
+    if (r % 5 == 1) v[size_t(r) % 32] *= 40.0f;                      // an outlier
+    if (r % 7 == 2) v[size_t(r) % 32] = -v[(size_t(r) + 1) % 32];  // equal magnitudes
+    subs.push_back(v);
+  }
+  for (int e = -4; e <= 4; e += 4) {  // the first trial scale maps x to -x / 2^e: exact midpoints
+    std::vector<float> v = {std::ldexp(-127.0f, e)};
+    for (int k = 0; k < 15; ++k) v.push_back(std::ldexp(-0.5f * float(levels[k] + levels[k + 1]), e));
+    for (int k = 0; k < 16; ++k) v.push_back(std::ldexp(-float(levels[k]), e));
+    subs.push_back(v);
+  }
+  subs.push_back(std::vector<float>(32, 0.0f));
+  subs.push_back(std::vector<float>(32, 1e-16f));
+  subs.push_back(std::vector<float>(32, 1e-40f));
+  std::vector<float> odd(32, 0.5f);
+  odd[3] = std::numeric_limits<float>::quiet_NaN();
+  odd[9] = std::numeric_limits<float>::infinity();
+  odd[10] = -std::numeric_limits<float>::infinity();
+  subs.push_back(odd);
+
+  int checked = 0;
+  for (Isa isa : kernels::available_isas()) {
+    kernels::force_isa(isa);
+    const kernels::IsaKernels& k = kernels::active_table();
+    if (!k.iq4_scales || !k.iq4_pack_levels) continue;
+    SCOPED_TRACE(kernels::isa_name(isa));
+    for (size_t i = 0; i < subs.size(); ++i) {
+      const float* x = subs[i].data();
+      float d_ref = 0.0f, d = 0.0f;
+      iq::iq4_scales_ref(x, 1, &d_ref);
+      k.iq4_scales(x, 1, &d);
+      EXPECT_EQ(std::memcmp(&d_ref, &d, 4), 0) << "sub-block " << i << ": " << d_ref << " vs " << d;
+      // At the sub-block's own scale, at -1 (the ties above land on midpoints), and beyond.
+      for (float id : {d_ref != 0.0f ? 1.0f / d_ref : 0.0f, -1.0f, 1.0f, 1e30f, -0.0f}) {
+        uint8_t q_ref[16], q[16];
+        iq::iq4_pack_levels_ref(x, id, q_ref);
+        k.iq4_pack_levels(x, id, q);
+        EXPECT_EQ(std::memcmp(q_ref, q, 16), 0) << "sub-block " << i << " at inverse scale " << id;
+      }
+    }
+    // Several sub-blocks in one call.
+    std::vector<float> all;
+    for (size_t i = 0; i < 8; ++i) all.insert(all.end(), subs[i].begin(), subs[i].end());
+    float d_ref[8], d[8];
+    iq::iq4_scales_ref(all.data(), 8, d_ref);
+    k.iq4_scales(all.data(), 8, d);
+    EXPECT_EQ(std::memcmp(d_ref, d, sizeof d), 0);
+    ++checked;
+  }
+  if (checked == 0) GTEST_SKIP() << "no ISA level with IQ4 searches on this CPU";
 }
 
 TEST(Kernels, IsaSelection) {

@@ -19,6 +19,7 @@
 #include "model/step35.h"
 #include "support.h"
 #include "tensor/dtype.h"
+#include "tensor/kernels.h"
 #include "tensor/quants.h"
 #include "tensor/quants_kquant_encode.h"
 
@@ -178,9 +179,6 @@ TEST(KQuantEncode, NonFiniteInputDoesNotCrash) {
   }
 }
 
-// quantize_row_fast (what `step35 quantize` runs) against the scalar reference, on rows that
-// reach every branch of the searches: several magnitudes, sparse, one-signed, constant,
-// all-zero and denormal sub-blocks, outliers, ties, and non-finite values.
 // ---- IQ4_NL / IQ4_XS encoders ----------------------------------------------------------
 
 TEST(Iq4Encode, RoundTripErrorOfNonUniformFourBits) {
@@ -221,6 +219,36 @@ TEST(Iq4Encode, ZeroBlocksAsLlamaQuantizeWritesThem) {
   for (float v : roundtrip(DType::IQ4_XS, x)) EXPECT_EQ(v, 0.0f);
 }
 
+// Values exactly halfway between two levels at a trial scale go to the upper level: each
+// sub-block's largest magnitude is -127 · 2^e, so the first trial scale maps every value x
+// to -x / 2^e exactly, and the others are the negated midpoints of neighbouring levels (and
+// the levels themselves). Random data almost never hits a tie; the fast searches must break
+// them as the scalar ones do, at every ISA level.
+TEST(Iq4Encode, FastSearchesBreakTiesAsTheReference) {
+  const int levels[16] = {-127, -104, -83, -65, -49, -35, -22, -10, 1, 13, 25, 38, 53, 69, 89, 113};
+  std::vector<float> x;
+  for (int e = -6; e <= 6; e += 3)
+    for (int b = 0; b < 8; ++b) {
+      std::vector<float> sub = {-127.0f};
+      for (int k = 0; k < 15; ++k) sub.push_back(-0.5f * float(levels[k] + levels[k + 1]));
+      for (int k = 0; k < 16; ++k) sub.push_back(-float(levels[(k + b) % 16]) * (k % 2 ? 1.0f : 0.999f));
+      for (float v : sub) x.push_back(std::ldexp(v, e));
+    }
+  ASSERT_EQ(x.size() % 256, 0u);
+  const int64_t n = int64_t(x.size());
+  const kernels::Isa saved = kernels::active_isa();
+  for (kernels::Isa isa : kernels::available_isas()) {
+    kernels::force_isa(isa);
+    for (DType t : {DType::IQ4_NL, DType::IQ4_XS}) {
+      std::vector<uint8_t> ref(*row_bytes(t, n)), fast(ref.size());
+      ASSERT_TRUE(quantize_row_ref(t, x.data(), ref.data(), n));
+      ASSERT_TRUE(quantize_row_fast(t, x.data(), fast.data(), n));
+      EXPECT_TRUE(ref == fast) << dtype_name(t) << " at " << kernels::isa_name(isa);
+    }
+  }
+  kernels::force_isa(saved);
+}
+
 TEST(Iq4Encode, NonFiniteInputDoesNotCrash) {
   std::vector<float> x(512, 1.0f);
   x[3] = std::numeric_limits<float>::quiet_NaN();
@@ -231,11 +259,15 @@ TEST(Iq4Encode, NonFiniteInputDoesNotCrash) {
   EXPECT_TRUE(quantize_row_ref(DType::IQ4_NL, x.data(), nl.data(), 512));
 }
 
+// quantize_row_fast (what `step35 quantize` runs) against the scalar reference, on rows that
+// reach every branch of the searches: several magnitudes, sparse, one-signed, constant,
+// all-zero and denormal sub-blocks, outliers, ties, and non-finite values; the IQ4 types at
+// every ISA level.
 TEST(KQuantEncode, FastPathIsBitIdenticalToReference) {
   std::mt19937 rng(21);
   const int n = 256 * 8;
   std::vector<float> x(n);
-  size_t rows = 0;
+  size_t rows = 0, iq4_rows = 0;
   for (int rep = 0; rep < 120; ++rep) {
     const int mode = rep % 10;
     std::normal_distribution<float> nd(0.0f, mode == 1 ? 1e-3f : mode == 2 ? 30.0f : 0.02f);
@@ -263,8 +295,25 @@ TEST(KQuantEncode, FastPathIsBitIdenticalToReference) {
       ASSERT_TRUE(ref == fast) << dtype_name(t) << " rep " << rep << " mode " << mode;
       ++rows;
     }
+    // IQ4_NL / IQ4_XS: the fast path takes the searches of the ISA level in use; every level.
+    const kernels::Isa saved = kernels::active_isa();
+    for (kernels::Isa isa : kernels::available_isas()) {
+      kernels::force_isa(isa);
+      for (DType t : {DType::IQ4_NL, DType::IQ4_XS}) {
+        std::vector<uint8_t> ref(*row_bytes(t, n)), fast(ref.size());
+        ASSERT_TRUE(quantize_row_ref(t, x.data(), ref.data(), n));
+        ASSERT_TRUE(quantize_row_fast(t, x.data(), fast.data(), n));
+        size_t first_diff = 0;
+        while (first_diff < ref.size() && ref[first_diff] == fast[first_diff]) ++first_diff;
+        ASSERT_EQ(first_diff, ref.size())
+            << dtype_name(t) << " at " << kernels::isa_name(isa) << ", rep " << rep << " mode " << mode;
+        ++iq4_rows;
+      }
+    }
+    kernels::force_isa(saved);
   }
   EXPECT_EQ(rows, 120u * 7);
+  EXPECT_EQ(iq4_rows, 120u * 2 * kernels::available_isas().size());
   EXPECT_FALSE(quantize_row_fast(DType::Q4_K, x.data(), x.data(), 100));  // not a multiple of 256
 }
 

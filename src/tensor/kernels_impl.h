@@ -76,6 +76,11 @@ struct IsaKernels {
                         int64_t d, float* acc, int64_t acc_stride) = nullptr;
   // hadamard_rows for chunks n >= 8, bit-identical to the scalar loop (null: the scalar loop).
   void (*hadamard_rows)(float* x, int64_t len, int64_t n) = nullptr;
+  // The IQ4_NL / IQ4_XS encoders' two searches (quants_iq.cpp), bit-identical to its scalar
+  // ones (null: those): the best scale d[s] of each of n_sub 32-value sub-blocks, and the
+  // level codes of 32 values at inverse scale id, packed two per byte.
+  void (*iq4_scales)(const float* x, int64_t n_sub, float* d) = nullptr;
+  void (*iq4_pack_levels)(const float* x, float id, uint8_t* qs) = nullptr;
 };
 
 const IsaKernels& scalar_kernels();

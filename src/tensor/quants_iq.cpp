@@ -10,6 +10,7 @@
 
 #include "tensor/fp16.h"
 #include "tensor/iq_grids.h"
+#include "tensor/kernels_impl.h"
 #include "tensor/quants.h"
 
 namespace step35::iq {
@@ -299,7 +300,6 @@ int best_level(float x) {
   return x - v[hi - 1] < v[hi] - x ? hi - 1 : hi;
 }
 
-constexpr float kGroupMaxEps = 1e-15f;  // a sub-block with smaller |x| is all zeros
 constexpr int kTries = 7;               // trial scales -7..7 around the first guess
 
 // Best scale of one 32-value sub-block (ggml's quantize_row_iq4_nl_impl inner search, weights
@@ -316,7 +316,7 @@ float best_sub_block_scale(const float* x) {
       max = x[j];
     }
   }
-  if (amax < kGroupMaxEps) return 0.0f;
+  if (amax < kIq4ZeroGroupMax) return 0.0f;
   const float first = float(kIq4nlValues[0]);
   float d = -max / first;
   float id = 1.0f / d;
@@ -344,30 +344,50 @@ float best_sub_block_scale(const float* x) {
   return d;
 }
 
-// Level codes of 32 values at inverse scale id, packed two per byte (value j in the low
-// nibble of byte j, value 16 + j in its high nibble).
-void pack_levels(const float* x, float id, uint8_t* qs) {
+}  // namespace
+
+void iq4_pack_levels_ref(const float* x, float id, uint8_t* qs) {
   uint8_t L[32];
   for (int j = 0; j < 32; ++j) L[j] = uint8_t(best_level(id * x[j]));
   for (int j = 0; j < 16; ++j) qs[j] = uint8_t(L[j] | (L[16 + j] << 4));
 }
 
-void encode_iq4_nl(const float* x, BlockIQ4_NL* y) {
-  const float d = best_sub_block_scale(x);
+void iq4_scales_ref(const float* x, int64_t n_sub, float* d) {
+  for (int64_t s = 0; s < n_sub; ++s) d[s] = best_sub_block_scale(x + 32 * s);
+}
+
+namespace {
+
+// The two searches an encoder runs: the scalar ones above, or an ISA level's twins
+// (kernels::IsaKernels::iq4_scales / iq4_pack_levels), which give the same bits.
+struct Iq4Steps {
+  void (*scales)(const float* x, int64_t n_sub, float* d);
+  void (*pack)(const float* x, float id, uint8_t* qs);
+};
+constexpr Iq4Steps kScalarSteps{iq4_scales_ref, iq4_pack_levels_ref};
+
+Iq4Steps active_steps() {
+  const kernels::IsaKernels& k = kernels::active_table();
+  return {k.iq4_scales ? k.iq4_scales : kScalarSteps.scales, k.iq4_pack_levels ? k.iq4_pack_levels : kScalarSteps.pack};
+}
+
+void encode_iq4_nl(const float* x, BlockIQ4_NL* y, const Iq4Steps& steps) {
+  float d = 0.0f;
+  steps.scales(x, 1, &d);
   y->d = fp32_to_fp16(d);
   uint8_t qs[16];
-  pack_levels(x, d != 0.0f ? 1.0f / d : 0.0f, qs);
+  steps.pack(x, d != 0.0f ? 1.0f / d : 0.0f, qs);
   std::memcpy(y->qs, qs, 16);
 }
 
 // IQ4_XS: each sub-block's best scale, then those eight scales as 6-bit multiples of an
 // F16 super-scale d = -(the scale of largest magnitude)/32, and the levels chosen again
 // against the rounded sub-block scales.
-void encode_iq4_xs(const float* x, BlockIQ4_XS* y) {
+void encode_iq4_xs(const float* x, BlockIQ4_XS* y, const Iq4Steps& steps) {
   float scales[8];
   float max_scale = 0.0f, amax_scale = 0.0f;
+  steps.scales(x, 8, scales);
   for (int ib = 0; ib < 8; ++ib) {
-    scales[ib] = best_sub_block_scale(x + 32 * ib);
     const float abs_d = std::fabs(scales[ib]);
     if (abs_d > amax_scale) {
       amax_scale = abs_d;
@@ -383,7 +403,7 @@ void encode_iq4_xs(const float* x, BlockIQ4_XS* y) {
     int l = nearest_int(id * scales[ib]);
     l = l < -32 ? -32 : (l > 31 ? 31 : l);
     const float dl = d * float(l);
-    pack_levels(x + 32 * ib, dl != 0.0f ? 1.0f / dl : 0.0f, qs + 16 * ib);
+    steps.pack(x + 32 * ib, dl != 0.0f ? 1.0f / dl : 0.0f, qs + 16 * ib);
     const int biased = l + 32;
     scales_l[ib / 2] = uint8_t(scales_l[ib / 2] | ((biased & 15) << (4 * (ib % 2))));
     scales_h = uint16_t(scales_h | ((biased >> 4) << (2 * ib)));
@@ -452,12 +472,24 @@ float dot_row_factor(DType t) {
 
 void quantize_row_iq4_nl(const float* x, void* dst, int64_t n) {
   auto* y = static_cast<BlockIQ4_NL*>(dst);
-  for (int64_t b = 0; b < n / 32; ++b) encode_iq4_nl(x + 32 * b, y + b);
+  for (int64_t b = 0; b < n / 32; ++b) encode_iq4_nl(x + 32 * b, y + b, kScalarSteps);
 }
 
 void quantize_row_iq4_xs(const float* x, void* dst, int64_t n) {
   auto* y = static_cast<BlockIQ4_XS*>(dst);
-  for (int64_t b = 0; b < n / 256; ++b) encode_iq4_xs(x + 256 * b, y + b);
+  for (int64_t b = 0; b < n / 256; ++b) encode_iq4_xs(x + 256 * b, y + b, kScalarSteps);
+}
+
+void quantize_row_iq4_nl_fast(const float* x, void* dst, int64_t n) {
+  const Iq4Steps steps = active_steps();
+  auto* y = static_cast<BlockIQ4_NL*>(dst);
+  for (int64_t b = 0; b < n / 32; ++b) encode_iq4_nl(x + 32 * b, y + b, steps);
+}
+
+void quantize_row_iq4_xs_fast(const float* x, void* dst, int64_t n) {
+  const Iq4Steps steps = active_steps();
+  auto* y = static_cast<BlockIQ4_XS*>(dst);
+  for (int64_t b = 0; b < n / 256; ++b) encode_iq4_xs(x + 256 * b, y + b, steps);
 }
 
 }  // namespace step35::iq

@@ -25,6 +25,7 @@
 
 #include "tensor/fp16.h"
 #include "tensor/quants.h"
+#include "tensor/quants_iq.h"
 
 namespace step35 {
 
@@ -700,8 +701,13 @@ void quantize_row_q5_k_ref(const float* src, void* dst, int64_t n) { encode_row<
 void quantize_row_q6_k_ref(const float* src, void* dst, int64_t n) { encode_row<BlockQ6_K, encode_q6_k<false>>(src, dst, n); }
 
 bool quantize_row_fast(DType t, const float* src, void* dst, int64_t n) {
+  if (t == DType::IQ4_NL && n >= 0 && n % 32 == 0) {
+    iq::quantize_row_iq4_nl_fast(src, dst, n);
+    return true;
+  }
   if (n < 0 || n % kSuperBlock != 0) return quantize_row_ref(t, src, dst, n);
   switch (t) {
+    case DType::IQ4_XS: iq::quantize_row_iq4_xs_fast(src, dst, n); return true;
     case DType::Q2_K: encode_row<BlockQ2_K, encode_q2_k<true>>(src, dst, n); return true;
     case DType::Q4_K: encode_row<BlockQ4_K, encode_q4_k<true>>(src, dst, n); return true;
     case DType::Q5_K: encode_row<BlockQ5_K, encode_q5_k<true>>(src, dst, n); return true;

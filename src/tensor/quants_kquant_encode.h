@@ -19,7 +19,8 @@ void quantize_row_q6_k_ref(const float* src, void* dst, int64_t n);
 
 // Same bytes as quantize_row_ref for every type, faster for Q2_K, Q4_K, Q5_K and Q6_K: their
 // sub-block searches run several sub-blocks side by side (vectorisable), each performing the
-// scalar search's exact float operations. Other types and bad lengths go to quantize_row_ref.
+// scalar search's exact float operations; and for IQ4_NL and IQ4_XS, whose searches use the
+// ISA level's twins (tensor/quants_iq.h). Other types and bad lengths go to quantize_row_ref.
 bool quantize_row_fast(DType t, const float* src, void* dst, int64_t n);
 
 }  // namespace step35
