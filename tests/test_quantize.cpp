@@ -122,6 +122,37 @@ std::vector<float> roundtrip(DType t, const std::vector<float>& x) {
   return y;
 }
 
+// quantize_row_fast against quantize_row_ref for IQ4_NL and IQ4_XS at every ISA level this
+// CPU has (their fast path takes the level's searches): "" when all agree byte for byte,
+// else the first type and level that differ and where. *rows counts the rows compared. The
+// level in use is restored on every way out.
+std::string iq4_fast_path_difference(const std::vector<float>& x, size_t* rows = nullptr) {
+  const int64_t n = int64_t(x.size());
+  const kernels::Isa saved = kernels::active_isa();
+  std::string difference;
+  for (kernels::Isa isa : kernels::available_isas()) {
+    kernels::force_isa(isa);
+    for (DType t : {DType::IQ4_NL, DType::IQ4_XS}) {
+      std::vector<uint8_t> ref(*row_bytes(t, n)), fast(ref.size());
+      const std::string where = std::string(dtype_name(t)) + " at " + kernels::isa_name(isa);
+      if (!quantize_row_ref(t, x.data(), ref.data(), n) || !quantize_row_fast(t, x.data(), fast.data(), n)) {
+        difference = where + ": refused";
+        break;
+      }
+      size_t first_diff = 0;
+      while (first_diff < ref.size() && ref[first_diff] == fast[first_diff]) ++first_diff;
+      if (first_diff != ref.size()) {
+        difference = where + ": byte " + std::to_string(first_diff);
+        break;
+      }
+      if (rows) ++*rows;
+    }
+    if (!difference.empty()) break;
+  }
+  kernels::force_isa(saved);
+  return difference;
+}
+
 TEST(KQuantEncode, RoundTripErrorWithinBitWidthBounds) {
   std::mt19937 rng(11);
   std::normal_distribution<float> nd(0.0f, 1.0f);
@@ -235,18 +266,7 @@ TEST(Iq4Encode, FastSearchesBreakTiesAsTheReference) {
       for (float v : sub) x.push_back(std::ldexp(v, e));
     }
   ASSERT_EQ(x.size() % 256, 0u);
-  const int64_t n = int64_t(x.size());
-  const kernels::Isa saved = kernels::active_isa();
-  for (kernels::Isa isa : kernels::available_isas()) {
-    kernels::force_isa(isa);
-    for (DType t : {DType::IQ4_NL, DType::IQ4_XS}) {
-      std::vector<uint8_t> ref(*row_bytes(t, n)), fast(ref.size());
-      ASSERT_TRUE(quantize_row_ref(t, x.data(), ref.data(), n));
-      ASSERT_TRUE(quantize_row_fast(t, x.data(), fast.data(), n));
-      EXPECT_TRUE(ref == fast) << dtype_name(t) << " at " << kernels::isa_name(isa);
-    }
-  }
-  kernels::force_isa(saved);
+  EXPECT_EQ(iq4_fast_path_difference(x), "");
 }
 
 TEST(Iq4Encode, NonFiniteInputDoesNotCrash) {
@@ -295,22 +315,7 @@ TEST(KQuantEncode, FastPathIsBitIdenticalToReference) {
       ASSERT_TRUE(ref == fast) << dtype_name(t) << " rep " << rep << " mode " << mode;
       ++rows;
     }
-    // IQ4_NL / IQ4_XS: the fast path takes the searches of the ISA level in use; every level.
-    const kernels::Isa saved = kernels::active_isa();
-    for (kernels::Isa isa : kernels::available_isas()) {
-      kernels::force_isa(isa);
-      for (DType t : {DType::IQ4_NL, DType::IQ4_XS}) {
-        std::vector<uint8_t> ref(*row_bytes(t, n)), fast(ref.size());
-        ASSERT_TRUE(quantize_row_ref(t, x.data(), ref.data(), n));
-        ASSERT_TRUE(quantize_row_fast(t, x.data(), fast.data(), n));
-        size_t first_diff = 0;
-        while (first_diff < ref.size() && ref[first_diff] == fast[first_diff]) ++first_diff;
-        ASSERT_EQ(first_diff, ref.size())
-            << dtype_name(t) << " at " << kernels::isa_name(isa) << ", rep " << rep << " mode " << mode;
-        ++iq4_rows;
-      }
-    }
-    kernels::force_isa(saved);
+    ASSERT_EQ(iq4_fast_path_difference(x, &iq4_rows), "") << "rep " << rep << " mode " << mode;
   }
   EXPECT_EQ(rows, 120u * 7);
   EXPECT_EQ(iq4_rows, 120u * 2 * kernels::available_isas().size());
