@@ -102,10 +102,11 @@ void repack_group_q6k(const BlockQ6_K* const* rows, int64_t n_blocks, uint8_t* d
         for (int c = 0; c < 4; ++c)
           for (int k = 0; k < 4; ++k) {
             const int q = q6k_quant(b, 16 * g + 4 * c + k);
-            // Low nibbles: c = 0, 1 in vectors 2g, 2g+1 (low half of the byte), c = 2, 3
-            // in the same vectors' high halves.
-            out[256 + 64 * (2 * g + c % 2) + 4 * r + k] |= uint8_t((q & 15) << (4 * (c / 2)));
-            out[2304 + 64 * g + 4 * r + k] |= uint8_t((q >> 4) << (2 * c));
+            // Low nibbles: c = 0, 1 in the group's vectors 0, 1 (low half of the byte),
+            // c = 2, 3 in the same vectors' high halves; the high bits in its vector 2.
+            uint8_t* vectors = out + 256 + 192 * g;
+            vectors[64 * (c % 2) + 4 * r + k] |= uint8_t((q & 15) << (4 * (c / 2)));
+            vectors[128 + 4 * r + k] |= uint8_t((q >> 4) << (2 * c));
           }
       }
     }

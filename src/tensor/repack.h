@@ -32,11 +32,17 @@
 // first the blocks (kQ6kX16BlockBytes each), then the 16 rows' f16 d of every block (32
 // bytes per block, padded to a multiple of 64). For each block:
 //   [0, 256)     scales: group g (0..15, 16 weights each) at 16 g, one int8 per row
-//   [256, 2304)  low 4 bits: 2 vectors of 64 bytes per group, vector 2 g + p holding at
-//                bytes 4r..4r+3 those of row r for weights 16 g + 4 p + b (low nibbles) and
-//                16 g + 8 + 4 p + b (high nibbles), b = 0..3
-//   [2304, 3328) high 2 bits: one vector per group, byte 4r + b holding the bits of row r's
-//                weights 16 g + 4 c + b at bits 2c, 2c + 1 (c = 0..3)
+//   [256, 3328)  the quants: 3 vectors of 64 bytes per group g, at 256 + 192 g:
+//                vector p (0, 1), low 4 bits: bytes 4r..4r+3 hold those of row r for
+//                weights 16 g + 4 p + b (low nibbles) and 16 g + 8 + 4 p + b (high
+//                nibbles), b = 0..3;
+//                vector 2, high 2 bits: byte 4r + b holds the bits of row r's weights
+//                16 g + 4 c + b at bits 2c, 2c + 1 (c = 0..3).
+//                A group's quants are one run of 3 lines, so the kernel reads each block
+//                front to back, one stream: the hardware prefetcher follows it. With the
+//                high bits in a run of their own after all low bits, the kernel read two
+//                interleaved streams per block, and one core streamed 13 GB/s without
+//                software prefetch against 27 GB/s for one stream (docs/kernels.md).
 // The kernel takes the 6-bit values unsigned (0..63) and starts each group's sum at
 // -32 * (sum of its 16 activation bytes), so per group it is Σ (q - 32) y as dot_q6_k's.
 // Same bytes as the GGUF rows except the padding of d (32 bytes for an odd block count).
