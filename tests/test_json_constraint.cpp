@@ -1006,3 +1006,25 @@ TEST(JsonConstraintTokens, PerRequestCostOnA128kVocabulary) {
               first_ms, second_ms, tools_ms, mask_ms);
   EXPECT_FALSE(second->complete());
 }
+
+// The nesting check that runs on JSON text before it is parsed (request bodies, tool-call
+// arguments, model output): brackets inside strings, escaped quotes and malformed text.
+TEST(JsonTextDepth, CountsBracketsOutsideStringsOnly) {
+  using step35::grammar::json_text_depth;
+  EXPECT_EQ(json_text_depth("", 10), 0u);
+  EXPECT_EQ(json_text_depth("42", 10), 0u);
+  EXPECT_EQ(json_text_depth("[]", 10), 1u);
+  EXPECT_EQ(json_text_depth("{\"a\":[1,{\"b\":[]}],\"c\":{}}", 10), 4u);
+  EXPECT_EQ(json_text_depth("[\"[[[[{{{{\"]", 10), 1u);
+  EXPECT_EQ(json_text_depth("[\"\\\"[[[[\"]", 10), 1u);          // an escaped quote does not end the string
+  EXPECT_EQ(json_text_depth("[\"\\\\\",[[]]]", 10), 3u);          // an escaped backslash does not escape the quote
+  EXPECT_EQ(json_text_depth("]]]][[", 10), 2u);                   // malformed: closers never go below zero
+  const std::string deep = std::string(1000000, '[') + std::string(1000000, ']');
+  EXPECT_EQ(json_text_depth(deep, 256), 257u);                    // stops reading past the limit
+  EXPECT_EQ(json_text_depth(std::string(256, '[') + std::string(256, ']'), 256), 256u);
+  // The DOM depth of any JSON the parser accepts.
+  for (const char* text : {"[[1],[[2]],{\"x\":[[[{}]]]}]", "{\"k\":\"}]\",\"v\":[{\"w\":[0]}]}"}) {
+    const auto doc = nlohmann::json::parse(text);
+    EXPECT_EQ(json_text_depth(text, 100), step35::grammar::json_depth(doc, 100)) << text;
+  }
+}

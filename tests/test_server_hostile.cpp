@@ -153,6 +153,71 @@ TEST(ServerHostile, MalformedJsonWrongTypesMissingFields) {
   s.expect_serving("after malformed bodies");
 }
 
+// JSON nested far deeper than any request needs, in every place a body can hold it: as a
+// known field's value, as an unknown field of a message, as objects in objects, inside a
+// tool call's arguments string. Each is refused with 400 before anything recursive runs
+// (a recursive copy of such a DOM overflowed the HTTP thread's stack at 10^5 levels).
+std::string nested_arrays(size_t depth) { return std::string(depth, '[') + std::string(depth, ']'); }
+std::string nested_objects(size_t depth) {
+  std::string s;
+  s.reserve(depth * 6 + 2);
+  for (size_t i = 0; i < depth; ++i) s += "{\"a\":";
+  s += "1";
+  s += std::string(depth, '}');
+  return s;
+}
+
+TEST(ServerHostile, DeepNestingIsRefusedOnEveryEndpoint) {
+  Server s;
+  const std::vector<std::string> endpoints = {
+      "/v1/chat/completions", "/v1/completions", "/v1/messages", "/v1/messages/count_tokens", "/v1/responses",
+      "/v1/step35/execute", "/apply-template", "/tokenize", "/detokenize", "/v1/step35/hotswap",
+      "/v1/step35/hotswap/revert"};
+  for (const size_t depth : {size_t(10000), size_t(100000), size_t(1000000)}) {
+    const std::string arrays = nested_arrays(depth), objects = nested_objects(depth);
+    const std::vector<std::string> bodies = {
+        "{\"messages\":" + arrays + "}",
+        "{\"messages\":[{\"role\":\"user\",\"content\":\"hi\",\"x\":" + arrays + "}],\"max_tokens\":1}",
+        "{\"prompt\":\"hi\",\"input\":\"hi\",\"content\":\"hi\",\"tokens\":[1],\"extra\":" + objects + "}",
+        "{\"model\":\"m\",\"max_tokens\":1,\"messages\":[{\"role\":\"user\",\"content\":[{\"type\":\"text\","
+        "\"text\":\"hi\",\"deep\":" + objects + "}]}]}",
+    };
+    for (const std::string& path : endpoints)
+      for (size_t b = 0; b < bodies.size(); ++b) {
+        std::string out;
+        const int status = s.post(path, bodies[b], &out);
+        ASSERT_EQ(status, 400) << path << " body " << b << " at depth " << depth << ": " << out.substr(0, 200);
+        EXPECT_NE(out.find("levels deep"), std::string::npos) << path << ": " << out.substr(0, 200);
+        ASSERT_TRUE(s.alive()) << path << " body " << b << " at depth " << depth;
+      }
+  }
+  // A tool call's arguments are a JSON string the template parses: the same limit holds there.
+  const json deep_arguments = {
+      {"messages",
+       {{{"role", "user"}, {"content", "call it"}},
+        {{"role", "assistant"},
+         {"content", ""},
+         {"tool_calls",
+          {{{"id", "c1"},
+            {"type", "function"},
+            {"function", {{"name", "f"}, {"arguments", "{\"a\":" + nested_arrays(100000) + "}"}}}}}}},
+        {{"role", "tool"}, {"tool_call_id", "c1"}, {"content", "ok"}}}},
+      {"max_tokens", 1}};
+  std::string out;
+  EXPECT_EQ(s.post("/v1/chat/completions", deep_arguments.dump(), &out), 400) << out.substr(0, 200);
+  EXPECT_NE(out.find("arguments nests"), std::string::npos) << out.substr(0, 200);
+  // The limit itself: 256 levels pass the check (the field is then judged as usual), 257 do not.
+  const auto at_depth = [](size_t depth) {
+    return "{\"messages\":[{\"role\":\"user\",\"content\":\"hi\"}],\"max_tokens\":1,\"metadata\":" +
+           nested_arrays(depth - 1) + "}";
+  };
+  s.post("/v1/chat/completions", at_depth(256), &out);
+  EXPECT_EQ(out.find("levels deep"), std::string::npos) << out.substr(0, 200);
+  EXPECT_EQ(s.post("/v1/chat/completions", at_depth(257), &out), 400);
+  EXPECT_NE(out.find("more than 256 levels deep"), std::string::npos) << out.substr(0, 200);
+  s.expect_serving("after deeply nested bodies");
+}
+
 TEST(ServerHostile, HugeAndNegativeNumbers) {
   Server s;
   struct Case {

@@ -13,6 +13,7 @@
 #include "chat/step35_template.h"
 #include "gguf/gguf.h"
 #include "jinja/template.h"
+#include "structured/json_schema.h"
 #include "tokenizer/tokenizer.h"
 
 namespace step35 {
@@ -102,6 +103,9 @@ ordered_json call_arguments(const ordered_json& a, const std::string& cw) {
   if (!a.is_string()) throw std::invalid_argument(cw + ".arguments must be an object or a JSON string");
   const std::string s = a.get<std::string>();
   if (strip(s).empty()) return ordered_json::object();  // "" is sent by some clients for a call without arguments
+  if (grammar::json_text_depth(s, grammar::kMaxJsonTextNesting) > grammar::kMaxJsonTextNesting)
+    throw std::invalid_argument(cw + ".arguments nests arrays and objects more than " +
+                                std::to_string(grammar::kMaxJsonTextNesting) + " levels deep");
   ordered_json parsed = ordered_json::parse(s, nullptr, /*allow_exceptions=*/false);
   if (parsed.is_discarded()) throw std::invalid_argument(cw + ".arguments is a string but not valid JSON");
   if (!parsed.is_object()) throw std::invalid_argument(cw + ".arguments must encode a JSON object");

@@ -5,6 +5,7 @@
 #include "chat/step35_format.h"
 #include "chat/stop_strings.h"
 #include "chat/tool_calls.h"
+#include "structured/json_schema.h"
 
 namespace step35 {
 
@@ -20,9 +21,6 @@ using namespace step35_format;
 constexpr size_t kMaxNameBytes = 256;
 // Past this many warnings further ones are counted in the last entry only.
 constexpr size_t kMaxWarnings = 16;
-// JSON values nested deeper than this are kept as strings (parsing, dumping and freeing
-// them recurses).
-constexpr int kMaxJsonDepth = 256;
 
 bool is_space(char c) { return c == ' ' || c == '\t' || c == '\n' || c == '\r'; }
 
@@ -33,19 +31,6 @@ std::string_view trim(std::string_view s) {
 }
 
 std::string dump_json(const ordered_json& v) { return v.dump(-1, ' ', false, ordered_json::error_handler_t::replace); }
-
-// Upper bound of the bracket nesting of `text` (brackets inside strings count too).
-bool nesting_within(std::string_view text, int limit) {
-  int depth = 0;
-  for (char c : text) {
-    if (c == '[' || c == '{') {
-      if (++depth > limit) return false;
-    } else if (c == ']' || c == '}') {
-      --depth;
-    }
-  }
-  return true;
-}
 
 // Which of `tags` `buf` starts with: its index; -1 when none can (the text is stray);
 // -2 when `buf` is a proper prefix of one of them (more text decides; at_end: stray).
@@ -413,7 +398,7 @@ void OutputParser::finish_parameter(std::vector<OutputDelta>& out, std::string v
   } else {
     const std::string_view body = trim(value);
     bool parsed = false;
-    if (!body.empty() && nesting_within(body, kMaxJsonDepth)) {
+    if (!body.empty() && grammar::json_text_depth(body, grammar::kMaxJsonTextNesting) <= grammar::kMaxJsonTextNesting) {
       v = ordered_json::parse(body, nullptr, false);
       parsed = !v.is_discarded();
     }

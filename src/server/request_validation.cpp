@@ -7,12 +7,22 @@
 #include <random>
 
 #include "server/api_error.h"
+#include "structured/json_schema.h"
 
 namespace step35::server {
 
 using nlohmann::json;
 
+// Every JSON body goes through here before it becomes a DOM (see kMaxJsonTextNesting).
+void check_body_nesting(const std::string& body) {
+  const size_t depth = grammar::json_text_depth(body, grammar::kMaxJsonTextNesting);
+  if (depth > grammar::kMaxJsonTextNesting)
+    throw ApiError(400, "the request body nests arrays and objects more than " +
+                            std::to_string(grammar::kMaxJsonTextNesting) + " levels deep");
+}
+
 json parse_body(const std::string& body) {
+  check_body_nesting(body);
   json j;
   try {
     j = json::parse(body);
@@ -24,6 +34,7 @@ json parse_body(const std::string& body) {
 }
 
 nlohmann::ordered_json parse_body_ordered(const std::string& body) {
+  check_body_nesting(body);
   try {
     return nlohmann::ordered_json::parse(body);
   } catch (const nlohmann::ordered_json::exception& e) {

@@ -563,6 +563,21 @@ class Listener {
   std::thread thread_;
 };
 
+// The stack of every thread the server starts (the HTTP threads among them). glibc's default
+// follows the stack rlimit of the shell that started the process (`ulimit -s`, a
+// container's setting), so without this the depth a request may reach before it overflows
+// would depend on the environment. Request bodies nest at most kMaxJsonTextNesting levels
+// (request_validation.cpp), far inside this.
+constexpr size_t kThreadStackBytes = size_t(8) << 20;
+
+// Threads created after this call (std::thread included) get `bytes` of stack.
+void give_new_threads_a_stack(size_t bytes) {
+  pthread_attr_t attr;
+  if (pthread_attr_init(&attr) != 0) return;
+  if (pthread_attr_setstacksize(&attr, bytes) == 0) pthread_setattr_default_np(&attr);
+  pthread_attr_destroy(&attr);
+}
+
 // The HTTP settings: limits, timeouts, socket options, threads.
 void configure_http(httplib::Server& svr, const ServerOptions& options) {
   svr.set_payload_max_length(options.max_body_bytes);
@@ -583,7 +598,10 @@ void configure_http(httplib::Server& svr, const ServerOptions& options) {
                           ? options.http_threads
                           : std::min(512, options.engine.n_parallel * std::max(1, options.max_n) +
                                               options.engine.max_queue + 8);
-  svr.new_task_queue = [threads] { return new httplib::ThreadPool(size_t(threads)); };
+  svr.new_task_queue = [threads] {
+    give_new_threads_a_stack(kThreadStackBytes);
+    return new httplib::ThreadPool(size_t(threads));
+  };
 }
 
 // The listening socket's accept queue to SOMAXCONN. The packaged cpp-httplib (0.11) listens

@@ -92,6 +92,16 @@ void check_keywords(const json& schema, const std::string& path);
 const json& resolve_ref(const json& root, const json& ref, const std::string& path);
 // Depth of nesting of a JSON document, computed without recursion; stops counting at limit+1.
 size_t json_depth(const json& j, size_t limit);
+
+// The deepest nesting of arrays and objects accepted in JSON text from outside (a request
+// body, a tool call's arguments string, a JSON value in the model's output). Copies,
+// comparisons, dumps, the Jinja context and schema compilation all recurse once per level;
+// checking the text against this before it becomes a DOM bounds every one of them. Real
+// requests nest a few dozen levels, deep JSON schemas included.
+constexpr size_t kMaxJsonTextNesting = 256;
+// Nesting depth of JSON text (brackets outside strings; malformed text is left to the
+// parser), read in one pass without recursion; stops reading at limit+1.
+size_t json_text_depth(std::string_view text, size_t limit);
 std::string path_join(const std::string& path, const std::string& token);
 
 }  // namespace step35::grammar

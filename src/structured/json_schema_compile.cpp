@@ -1024,6 +1024,26 @@ size_t json_depth(const json& j, size_t limit) {
   return max;
 }
 
+size_t json_text_depth(std::string_view text, size_t limit) {
+  size_t depth = 0, max = 0;
+  bool in_string = false, escaped = false;
+  for (const char c : text) {
+    if (in_string) {
+      if (escaped) escaped = false;
+      else if (c == '\\') escaped = true;
+      else if (c == '"') in_string = false;
+    } else if (c == '"') {
+      in_string = true;
+    } else if (c == '[' || c == '{') {
+      max = std::max(max, ++depth);
+      if (max > limit) return max;
+    } else if ((c == ']' || c == '}') && depth > 0) {
+      --depth;
+    }
+  }
+  return max;
+}
+
 std::shared_ptr<const Grammar> compile_json_schema(const json& schema) {
   check_document(schema, "the schema");
   Builder b(kMaxGrammarNodes);
