@@ -220,6 +220,7 @@ using FilterFn = Value (*)(Interpreter& interp, const Value& input, Arguments& a
 
 Value f_abs(Interpreter&, const Value& v, Arguments& args) {
   bind_arguments("abs", args, {});
+  if (v.is_wide_int()) return v;  // above 2**63-1: already its own absolute value
   if (v.is_int() || v.is_bool()) {
     const int64_t i = v.is_bool() ? v.bool_value() : v.int_value();
     if (i == INT64_MIN) type_error("integer overflow (step35 keeps integers in 64 bits)");
@@ -552,6 +553,7 @@ Value f_round(Interpreter&, const Value& v, Arguments& args) {
   const int64_t precision = int_argument("round", a[0]);
   if (!v.is_number()) type_error(std::string("type ") + v.python_type() + " doesn't define __round__ method");
   if (method == "common") {
+    if (v.is_wide_int() && precision >= 0) return v;
     if (v.is_int() || v.is_bool()) {
       const int64_t i = v.is_bool() ? v.bool_value() : v.int_value();
       if (precision >= 0) return Value::integer(i);

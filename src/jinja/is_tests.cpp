@@ -139,7 +139,9 @@ bool t_sameas(Interpreter&, const Value& v, const std::vector<Value>& a) {
     case ValueKind::None: return true;
     case ValueKind::Bool: return v.bool_value() == other.bool_value();
     // CPython shares the int objects -5..256; other numbers are distinct objects.
-    case ValueKind::Int: return v.int_value() == other.int_value() && v.int_value() >= -5 && v.int_value() <= 256;
+    case ValueKind::Int:
+      if (v.is_wide_int() || other.is_wide_int()) return false;
+      return v.int_value() == other.int_value() && v.int_value() >= -5 && v.int_value() <= 256;
     case ValueKind::String: return &v.string_value() == &other.string_value();
     case ValueKind::List: return &v.list_data() == &other.list_data();
     case ValueKind::Dict:

@@ -57,7 +57,7 @@ std::string json_float(double x) {
 std::string key_text(const Value& key) {
   switch (key.kind()) {
     case ValueKind::String: return key.string_value();
-    case ValueKind::Int: return std::to_string(key.int_value());
+    case ValueKind::Int: return key.str();
     case ValueKind::Float: return json_float(key.float_value());
     case ValueKind::Bool: return key.bool_value() ? "true" : "false";
     case ValueKind::None: return "null";
@@ -82,7 +82,7 @@ class Dumper {
     switch (v.kind()) {
       case ValueKind::None: out_ += "null"; return;
       case ValueKind::Bool: out_ += v.bool_value() ? "true" : "false"; return;
-      case ValueKind::Int: out_ += std::to_string(v.int_value()); return;
+      case ValueKind::Int: v.append_str(out_); return;
       case ValueKind::Float: out_ += json_float(v.float_value()); return;
       case ValueKind::String: append_json_string(out_, v.string_value(), options_.ensure_ascii); return;
       case ValueKind::List:

@@ -269,9 +269,12 @@ int order(std::string_view op, const Value& a, const Value& b) {
   if (a.is_undefined()) raise_undefined(a);
   if (b.is_undefined()) raise_undefined(b);
   if (a.is_number() && b.is_number()) {
-    if (is_integral(a) && is_integral(b)) return integral(a) < integral(b) ? -1 : integral(a) > integral(b) ? 1 : 0;
-    const long double x = a.is_float() ? static_cast<long double>(a.float_value()) : static_cast<long double>(integral(a));
-    const long double y = b.is_float() ? static_cast<long double>(b.float_value()) : static_cast<long double>(integral(b));
+    if (is_integral(a) && is_integral(b)) {
+      const __int128 x = exact_integer(a), y = exact_integer(b);
+      return x < y ? -1 : x > y ? 1 : 0;
+    }
+    const long double x = a.is_float() ? static_cast<long double>(a.float_value()) : static_cast<long double>(exact_integer(a));
+    const long double y = b.is_float() ? static_cast<long double>(b.float_value()) : static_cast<long double>(exact_integer(b));
     if (std::isnan(x) || std::isnan(y)) return 2;  // every ordering comparison with NaN is false
     return x < y ? -1 : x > y ? 1 : 0;
   }

@@ -111,6 +111,19 @@ Value Value::integer(int64_t i) {
   return v;
 }
 
+Value Value::wide_integer(uint64_t u) {
+  Value v;
+  v.kind_ = ValueKind::Int;
+  v.flags_ = 1;
+  v.int_ = static_cast<int64_t>(u);
+  return v;
+}
+
+void Value::wide_int_used() const {
+  type_error("the integer " + std::to_string(wide_int_value()) +
+             " is above 2**63-1: step35 prints and compares it but computes with 64-bit integers");
+}
+
 Value Value::number(double f) {
   Value v;
   v.kind_ = ValueKind::Float;
@@ -208,8 +221,8 @@ Value from_json_at(const nlohmann::ordered_json& json, uint32_t depth) {
     case nlohmann::ordered_json::value_t::number_integer: return Value::integer(json.get<int64_t>());
     case nlohmann::ordered_json::value_t::number_unsigned: {
       const uint64_t u = json.get<uint64_t>();
-      // Python keeps integers exact at any size; above int64 they become floats here.
-      if (u > static_cast<uint64_t>(INT64_MAX)) return Value::number(static_cast<double>(u));
+      // Python keeps integers exact at any size; JSON numbers above uint64 arrive as floats.
+      if (u > static_cast<uint64_t>(INT64_MAX)) return Value::wide_integer(u);
       return Value::integer(static_cast<int64_t>(u));
     }
     case nlohmann::ordered_json::value_t::number_float: return Value::number(json.get<double>());
@@ -245,7 +258,7 @@ bool Value::is_callable() const { return kind_ == ValueKind::Object && object_va
 double Value::as_double() const {
   switch (kind_) {
     case ValueKind::Bool: return bool_ ? 1.0 : 0.0;
-    case ValueKind::Int: return static_cast<double>(int_);
+    case ValueKind::Int: return flags_ != 0 ? static_cast<double>(wide_int_value()) : static_cast<double>(int_);
     case ValueKind::Float: return float_;
     default: return 0.0;
   }
@@ -360,7 +373,7 @@ void Value::append_str(std::string& out) const {
   switch (kind_) {
     case ValueKind::Undefined: return;
     case ValueKind::String: out += string_value(); return;
-    case ValueKind::Int: out += std::to_string(int_); return;
+    case ValueKind::Int: out += flags_ != 0 ? std::to_string(wide_int_value()) : std::to_string(int_); return;
     default: append_repr(out); return;
   }
 }
@@ -370,7 +383,7 @@ void Value::append_repr(std::string& out) const {
     case ValueKind::Undefined: out += "Undefined"; return;  // repr(Undefined()); str() is ""
     case ValueKind::None: out += "None"; return;
     case ValueKind::Bool: out += bool_ ? "True" : "False"; return;
-    case ValueKind::Int: out += std::to_string(int_); return;
+    case ValueKind::Int: out += flags_ != 0 ? std::to_string(wide_int_value()) : std::to_string(int_); return;
     case ValueKind::Float: out += float_repr(float_); return;
     case ValueKind::String:
       if (is_markup()) {
@@ -507,19 +520,22 @@ Value Object::attribute(std::string_view name) const {
 
 namespace {
 
-// int64 against double, exactly (long double holds every int64).
-bool int_equals_double(int64_t i, double d) { return static_cast<long double>(i) == static_cast<long double>(d); }
+// An integer against a double, exactly (long double holds every int64 and uint64).
+bool int_equals_double(__int128 i, double d) { return static_cast<long double>(i) == static_cast<long double>(d); }
 
 }  // namespace
+
+__int128 exact_integer(const Value& v) {
+  if (v.is_bool()) return v.bool_value() ? 1 : 0;
+  return v.is_wide_int() ? static_cast<__int128>(v.wide_int_value()) : static_cast<__int128>(v.int_value());
+}
 
 bool equals(const Value& a, const Value& b) {
   if (a.is_number() && b.is_number()) {
     if (a.is_float() && b.is_float()) return a.float_value() == b.float_value();
-    if (a.is_float()) return int_equals_double(b.is_bool() ? b.bool_value() : b.int_value(), a.float_value());
-    if (b.is_float()) return int_equals_double(a.is_bool() ? a.bool_value() : a.int_value(), b.float_value());
-    const int64_t x = a.is_bool() ? a.bool_value() : a.int_value();
-    const int64_t y = b.is_bool() ? b.bool_value() : b.int_value();
-    return x == y;
+    if (a.is_float()) return int_equals_double(exact_integer(b), a.float_value());
+    if (b.is_float()) return int_equals_double(exact_integer(a), b.float_value());
+    return exact_integer(a) == exact_integer(b);
   }
   if (a.kind() != b.kind()) return false;
   switch (a.kind()) {

@@ -61,6 +61,10 @@ class Value {
   static Value none();
   static Value boolean(bool b);
   static Value integer(int64_t i);
+  // An integer above INT64_MAX that JSON held exactly (an unsigned 64-bit number): it prints,
+  // serialises, compares and orders exactly, as Python's int does; arithmetic, indexing and
+  // formatting with it raise a TypeError (step35 computes with 64-bit integers).
+  static Value wide_integer(uint64_t u);
   static Value number(double f);
   static Value string(std::string s);
   static Value string(std::shared_ptr<const std::string> s);
@@ -84,6 +88,7 @@ class Value {
   bool is_none() const { return kind_ == ValueKind::None; }
   bool is_bool() const { return kind_ == ValueKind::Bool; }
   bool is_int() const { return kind_ == ValueKind::Int; }
+  bool is_wide_int() const { return kind_ == ValueKind::Int && flags_ != 0; }
   bool is_float() const { return kind_ == ValueKind::Float; }
   bool is_number() const { return kind_ == ValueKind::Int || kind_ == ValueKind::Float || kind_ == ValueKind::Bool; }
   bool is_string() const { return kind_ == ValueKind::String; }
@@ -96,7 +101,13 @@ class Value {
   bool is_callable() const;
 
   bool bool_value() const { return bool_; }
-  int64_t int_value() const { return int_; }
+  // An Int's value; a wide integer raises (see wide_integer).
+  int64_t int_value() const {
+    if (flags_ != 0) wide_int_used();
+    return int_;
+  }
+  // A wide integer's value.
+  uint64_t wide_int_value() const { return static_cast<uint64_t>(int_); }
   double float_value() const { return float_; }
   // Int, Float or Bool as a double.
   double as_double() const;
@@ -128,7 +139,9 @@ class Value {
 
  private:
   ValueKind kind_ = ValueKind::Undefined;
-  uint8_t flags_ = 0;  // String: markup; List: ListFlavor; Undefined: UndefinedReason
+  [[noreturn]] void wide_int_used() const;
+
+  uint8_t flags_ = 0;  // String: markup; List: ListFlavor; Undefined: UndefinedReason; Int: wide
   union {
     bool bool_;
     int64_t int_ = 0;
@@ -201,6 +214,8 @@ class Object {
 
 // Python's == (numbers compare across int/float/bool; tuples never equal lists).
 bool equals(const Value& a, const Value& b);
+// A Bool or Int (wide ones included) as an exact integer.
+__int128 exact_integer(const Value& v);
 // Whether a value can be a dict key (Python's hashable); lists, dicts are not.
 bool is_hashable(const Value& v);
 
