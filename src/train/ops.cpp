@@ -128,6 +128,7 @@ void attention_forward(const AttentionShape& s, const float* q, const float* k, 
         zs[size_t(r)] = kernels::exp_shift_sum(p, nk, mx);
         lse[t * s.H + g * R + r] = mx + std::log(zs[size_t(r)]);
       }
+      if (out == nullptr) continue;
       // The group's R heads read the same value rows: one product for all of them.
       float* og = out + (t * s.H + g * R) * s.Dv;
       std::fill(og, og + R * s.Dv, 0.0f);

@@ -47,7 +47,8 @@ struct AttentionShape {
   int32_t window = 0;  // 0: full causal
 };
 
-// Saves the log-sum-exp of each (token, head) score row in lse [n][H]. kv_head and
+// Saves the log-sum-exp of each (token, head) score row in lse [n][H]; with out null, only
+// that (the training forward takes its output from the engine's attention). kv_head and
 // [t0, t1) restrict the work to one KV head with its query heads (-1: all) and to a range
 // of queries, so callers can split it between threads; -1 for t1 means n.
 void attention_forward(const AttentionShape& s, const float* q, const float* k, const float* v, float* out,

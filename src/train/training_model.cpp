@@ -5,6 +5,9 @@
 #include <cstring>
 #include <stdexcept>
 
+#include "attention/attention.h"
+#include "exec/batch.h"
+#include "exec/kv_cache.h"
 #include "exec/thread_pool.h"
 #include "tensor/kernels.h"
 #include "train/linear.h"
@@ -119,6 +122,23 @@ struct TrainingModel::State {
   std::vector<uint8_t> routed;  // per token: top-k includes a trained expert somewhere
   int layer_in_buffers = -1;    // the layer whose intermediates the buffers hold
 
+  // The inference forward's attention (attention/attention.h) over an F32 cache holding
+  // the batch's sequences: the training forward's attention output is the engine's, bit for
+  // bit, at every ISA level and thread count (a separate softmax here agreed only to a few
+  // ulps, which the Native forward's 8-bit rounding of the next activations can turn into
+  // another expert choice). The backward keeps its own scores and log-sum-exp.
+  struct EngineAttention {
+    std::vector<KvLayerShape> shapes;  // one cache layer per distinct attention shape
+    std::vector<size_t> layer_of;      // model layer -> cache layer
+    std::unique_ptr<KvPool> kv;
+    std::vector<KvSeq> seqs;
+    std::vector<SeqChunk> chunks;
+    std::vector<int32_t> slot, chunk_of;
+    std::vector<float> k_copy, v_copy;  // store_kv may rotate what it is given in place
+    AttentionScratch scratch;
+    int32_t B = 0, C = 0;
+  } engine_attention;
+
   State(const Model& model, const TrainedParams* p, ThreadPool& tp, TrainingOptions o)
       : m(model), hp(model.hparams()), params(p), pool(tp), opts(o) {}
 
@@ -143,6 +163,42 @@ struct TrainingModel::State {
       for (int32_t i = 0; i < C; ++i) positions[size_t(i)] = i;
       ropes.clear();
     }
+  }
+
+  // The cache of engine_attention for the current geometry (B sequences of C positions).
+  EngineAttention& attention_cache() {
+    EngineAttention& ea = engine_attention;
+    if (ea.kv && ea.B == B && ea.C == C) return ea;
+    ea.kv.reset();
+    ea.shapes.clear();
+    ea.layer_of.clear();
+    for (const LayerHParams& L : hp.layers) {
+      const KvLayerShape shape{L.is_swa, L.n_head_kv, hp.head_dim_k, hp.head_dim_v};
+      size_t i = 0;
+      while (i < ea.shapes.size() && !(ea.shapes[i].is_swa == shape.is_swa && ea.shapes[i].n_head_kv == shape.n_head_kv))
+        ++i;
+      if (i == ea.shapes.size()) ea.shapes.push_back(shape);
+      ea.layer_of.push_back(i);
+    }
+    const int64_t blocks = int64_t(B) * ((C + KvPool::kDefaultBlockSize - 1) / KvPool::kDefaultBlockSize);
+    ea.kv = std::make_unique<KvPool>(ea.shapes, hp.swa_window, KvPool::kDefaultBlockSize, blocks, blocks, 0,
+                                     KvTypes::f32());
+    ea.seqs.assign(size_t(B), KvSeq{});
+    ea.chunks.assign(size_t(B), SeqChunk{});
+    ea.slot.resize(size_t(T));
+    ea.chunk_of.resize(size_t(T));
+    for (int32_t b = 0; b < B; ++b) {
+      if (!ea.kv->reserve(ea.seqs[size_t(b)], C)) throw std::logic_error("training attention: cache too small");
+      ea.chunks[size_t(b)].seq = &ea.seqs[size_t(b)];
+      ea.chunks[size_t(b)].n_tokens = C;
+      for (int32_t i = 0; i < C; ++i) {
+        ea.slot[size_t(int64_t(b) * C + i)] = i;
+        ea.chunk_of[size_t(int64_t(b) * C + i)] = b;
+      }
+    }
+    ea.B = B;
+    ea.C = C;
+    return ea;
   }
 
   const float* rope(const LayerHParams& L) {
@@ -197,6 +253,10 @@ struct TrainingModel::State {
   // ---------------------------------------------------------------------------------
   // Forward
 
+  void dump(const char* name, int layer, const float* data, int64_t n) const {
+    if (opts.dump) opts.dump(name, layer, data, n);
+  }
+
   void embed(const std::vector<int32_t>& tokens, float* out) {
     const int64_t E = hp.n_embd;
     for (int64_t t = 0; t < T; ++t) {
@@ -220,7 +280,9 @@ struct TrainingModel::State {
     const LayerWeights& W = m.layer(il);
     const int64_t E = hp.n_embd, H = L.n_head, G = L.n_head_kv, D = hp.head_dim_k, Dv = hp.head_dim_v;
     float* pa = a.get(T * E);
+    dump("attn_norm_in", il, x, T * E);
     rms_rows(x, W.attn_norm, pa, inv_a.get(T), T, E);
+    dump("attn_norm", il, pa, T * E);
     float* pq = q.get(T * H * D);
     float* pk = k.get(T * G * D);
     float* pv = v.get(T * G * Dv);
@@ -247,22 +309,47 @@ struct TrainingModel::State {
       rope_forward(pqr + int64_t(b) * C * H * D, C, H, D, L.n_rot / 2, tab);
       rope_forward(pkr + int64_t(b) * C * G * D, C, G, D, L.n_rot / 2, tab);
     }
+    dump("Qcur_pos", il, pqr, T * H * D);
+    dump("Kcur_pos", il, pkr, T * G * D);
+    dump("Vcur", il, pv, T * G * Dv);
     AttentionShape s{C, H, G, D, Dv, L.is_swa ? hp.swa_window : 0};
     float* po = o.get(T * H * Dv);
     float* pl = lse.get(T * H);
-    // Jobs of (sequence, KV head, block of queries); later blocks see more keys, the pool
-    // balances them by stealing.
+    // The output: the engine's attention (see EngineAttention). It stores the keys and
+    // values it is given: copies, since pkr and pv are kept for the backward.
+    EngineAttention& ea = attention_cache();
+    AttentionLayer al;
+    al.kv_layer = ea.layer_of[size_t(il)];
+    al.n_head = int32_t(H);
+    al.n_head_kv = int32_t(G);
+    al.head_dim_k = int32_t(D);
+    al.head_dim_v = int32_t(Dv);
+    al.is_swa = L.is_swa;
+    al.window = hp.swa_window;
+    AttentionBatch batch;
+    batch.chunks = &ea.chunks;
+    batch.n_tokens = T;
+    batch.slot = ea.slot.data();
+    batch.chunk_of = ea.chunk_of.data();
+    ea.k_copy.assign(pkr, pkr + T * G * D);
+    ea.v_copy.assign(pv, pv + T * G * Dv);
+    store_kv(*ea.kv, al, batch, ea.k_copy.data(), ea.v_copy.data(), pool);
+    attend(*ea.kv, al, batch, pqr, po, pool, ea.scratch);
+    // The log-sum-exp of every score row, for the backward. Jobs of (sequence, KV head,
+    // block of queries); later blocks see more keys, the pool balances them by stealing.
     const int64_t nb = (C + kAttnRows - 1) / kAttnRows;
     for_each(int64_t(B) * G * nb, pool, attention_work(s, B), [&](int64_t job) {
       const int64_t b = job / (G * nb), g = job / nb % G, r0 = job % nb * kAttnRows, t0 = b * C;
-      attention_forward(s, pqr + t0 * H * D, pkr + t0 * G * D, pv + t0 * G * Dv, po + t0 * H * Dv, pl + t0 * H, g, r0,
+      attention_forward(s, pqr + t0 * H * D, pkr + t0 * G * D, nullptr, nullptr, pl + t0 * H, g, r0,
                         std::min<int64_t>(C, r0 + kAttnRows));
     });
+    dump("attn_out", il, po, T * H * Dv);
     float* pog = og.get(T * H * Dv);
     if (W.attn_gate.present())
       head_gate_forward(pg, po, pog, T, H, Dv);
     else
       std::memcpy(pog, po, size_t(T * H * Dv) * sizeof(float));
+    if (W.attn_gate.present()) dump("attn_gated", il, pog, T * H * Dv);
     linear_forward(W.attn_output, pog, H * Dv, T, ao.get(T * E), E, &pool, opts.precision);
   }
 
@@ -366,6 +453,8 @@ struct TrainingModel::State {
       ps = sout.get(T * E);
       linear_forward(shared_matrix(il, TrainedParams::Down), psa, FS, T, ps, E, &pool, opts.precision);
     }
+    dump("ffn_moe_weights_scaled", il, pw, T * K);
+    if (ps) dump("ffn_shared_out", il, ps, T * E);
     // Weighted sum in top-k order, then the shared expert (the forward pass's order).
     float* py = y.get(T * E);
     for_rows(T, pool, double(E * K), [&](int64_t b, int64_t e) {
@@ -390,12 +479,15 @@ struct TrainingModel::State {
     float* ph1 = h1.get(T * E);
     const float* pao = ao.v.data();
     for (int64_t i = 0; i < T * E; ++i) ph1[i] = x_in[i] + pao[i];
+    dump("ffn_inp", il, ph1, T * E);
     rms_rows(ph1, W.ffn_norm, f.get(T * E), inv_f.get(T), T, E);
+    dump("ffn_norm", il, f.v.data(), T * E);
     if (L.is_moe)
       moe_forward(il, stats);
     else
       dense_forward(il);
     const float* py = y.v.data();
+    dump("ffn_out", il, py, T * E);
     for (int64_t i = 0; i < T * E; ++i) out[i] = ph1[i] + py[i];
   }
 

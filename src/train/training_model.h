@@ -57,6 +57,9 @@ struct TrainingOptions {
   // 16 M floats (64 MiB) per buffer, so the head's weights are dequantized as few times as
   // memory allows.
   int32_t logits_chunk = 0;
+  // Named intermediates of the forward pass, with the engine's names (model/step35.h
+  // DumpFn): the two forwards can be diffed tensor by tensor (tests/test_train_model.cpp).
+  DumpFn dump;
 };
 
 class TrainingModel {
