@@ -1,17 +1,16 @@
-// MTP speculative decoding (§3 of ../shared/docs/step35-model.md): the model's own
+// MTP speculative decoding (docs/architecture.md, "MTP heads"): the model's own
 // multi-token-prediction blocks draft up to K tokens after each verified token; the trunk
 // scores the pending token plus the drafts in one batched pass; the longest agreeing
 // prefix is kept plus one corrected/bonus token; rejected drafts are rolled back from
 // every KV cache.
 //
-// Chain (§3.2): with the trunk holding positions < N and the pending (sampled, not yet
-// run) token x_N, chain step 0 runs MTP block 0 at position N on (x_N, H_{N-1}) and
-// drafts d_{N+1}; step k runs at N+k on (d_{N+k}, m_{k-1,N+k-1}), the previous step's
-// output, and drafts d_{N+k+1}. Each block keeps its own KV cache of "canonical" entries
-// (verified tokens, inputs from verified states), so the blocks catch up on every
-// position the trunk verified. A model with one MTP block reuses it for every step
-// (entries written by steps >= 1 are dropped after verification); otherwise K is at most
-// the number of blocks.
+// Chain (architecture.md "MTP heads"): with the trunk holding positions < N and the pending
+// (sampled, not yet run) token x_N, chain step 0 runs MTP block 0 at position N on (x_N, H_{N-1})
+// and drafts d_{N+1}; step k runs at N+k on (d_{N+k}, m_{k-1,N+k-1}), the previous step's output,
+// and drafts d_{N+k+1}. Each block keeps its own KV cache of "canonical" entries (verified tokens,
+// inputs from verified states), so the blocks catch up on every position the trunk verified. A
+// model with one MTP block reuses it for every step (entries written by steps >= 1 are dropped
+// after verification); otherwise K is at most the number of blocks.
 //
 // Greedy verification reproduces non-speculative greedy decoding exactly (the trunk's
 // batched pass is batch-invariant); with sampling, standard speculative rejection

@@ -1,8 +1,8 @@
-// Random-weight step35 models (see make_tiny.h). The layout follows
-// ../shared/docs/step35-model.md: keys of §4.2, tensors of §4.3, tokenizer keys of §4.4,
-// and the per-layer schedule of §2.1 scaled down (full attention every 4th layer, more
-// query heads on SWA layers, leading dense layers, MoE with a sigmoid router + selection
-// bias and a shared expert, SwiGLU clamps on the last layers, llama3 rope_freqs, MTP).
+// Random-weight step35 models (see make_tiny.h). The layout follows docs/architecture.md:
+// the keys of "Hyperparameters", the tensors and tokenizer keys of "GGUF: keys and tensors",
+// and the schedule of "Per-layer schedule" scaled down (full attention every 4th layer, more
+// query heads on SWA layers, leading dense layers, MoE with a sigmoid router + selection bias
+// and a shared expert, SwiGLU clamps on the last layers, llama3 rope_freqs, MTP).
 //
 // Weights: every tensor draws from its own PRNG stream seeded from (seed, tensor name),
 // so tensors do not depend on each other's order or size, and an F32 / F16 / BF16 / Q8_0
@@ -82,7 +82,7 @@ constexpr Shape kBench = {
     /*n_expert*/ 64, /*n_expert_used*/ 8, /*n_ff_exp*/ 256, /*n_ff_shexp*/ 256, /*n_ctx*/ 8192,
     /*rope_orig_ctx*/ 4096, /*mtp_swa*/ false, /*mtp_dense*/ false, /*n_merges*/ 737, /*vocab_pad*/ 16384};
 
-// Values shared by both presets (the release model's, §1).
+// Values shared by both presets (the release model's, architecture.md "Hyperparameters").
 constexpr float kRopeBase = 5e6f;
 constexpr float kRopeBaseSwa = 1e4f;
 constexpr double kRopeFactor = 2.0;       // llama3 scaling of the full layers
@@ -165,7 +165,7 @@ Rng tensor_rng(uint64_t seed, const std::string& name) {
 }
 
 // ---------------------------------------------------------------------------------------
-// Tokenizer: byte-level BPE trained on a built-in text (§4.4, §5)
+// Tokenizer: byte-level BPE trained on a built-in text (architecture.md "Tokenizer")
 // ---------------------------------------------------------------------------------------
 
 // Original text written for this generator: plain English with some numbers, code and
@@ -231,9 +231,9 @@ bool is_newline(char c) { return c == '\n' || c == '\r'; }
 bool is_punct(char c) { return !is_letter(c) && !is_digit(c) && !is_space(c); }
 
 // Splits ASCII training text into pre-tokens roughly the way the deepseek-v3 pre-tokenizer
-// does (§5): digit groups of at most 3, [punct] or [one non-letter] + letters, [space] +
-// punctuation + newlines, whitespace runs that leave their last space to the next word.
-// Only the training needs this; any merge list is a valid BPE, so approximations just
+// does (architecture.md "Tokenizer"): digit groups of at most 3, [punct] or [one non-letter] +
+// letters, [space] + punctuation + newlines, whitespace runs that leave their last space to the
+// next word. Only the training needs this; any merge list is a valid BPE, so approximations just
 // make some merges less useful.
 std::vector<std::string> pre_split(const std::string& text) {
   std::vector<std::string> pieces;
@@ -277,7 +277,7 @@ struct Vocab {
   int32_t bos = -1, eos = -1, pad = -1, im_start = -1, im_end = -1;
 };
 
-// Token types (§4.4).
+// Token types (architecture.md "GGUF: keys and tensors").
 constexpr int32_t kTokNormal = 1, kTokControl = 3, kTokUserDefined = 4, kTokUnused = 5;
 
 Vocab build_vocab(int32_t n_merges, int32_t vocab_pad) {
@@ -373,7 +373,7 @@ Vocab build_vocab(int32_t n_merges, int32_t vocab_pad) {
   v.im_end = add("<|im_end|>", kTokControl);
   add("<think>", kTokUserDefined);
   add("</think>", kTokUserDefined);
-  // Padding as the converter writes ids without a token (§4.4).
+  // Padding as the converter writes ids without a token (architecture.md "GGUF: keys and tensors").
   while (int32_t(v.tokens.size()) < vocab_pad) add("[PAD" + std::to_string(v.tokens.size()) + "]", kTokUnused);
   return v;
 }
@@ -387,9 +387,9 @@ const char* const kChatTemplate =
     "{% if add_generation_prompt %}{{ '<|im_start|>assistant\\n' }}{% endif %}";
 
 // ---------------------------------------------------------------------------------------
-// RoPE factors (§2.4): llama3-style per-frequency divisors for the full layers, which
-// rotate R = head_dim / 2 dims. The tensor has head_dim / 2 entries like the release's
-// {64}; the first R / 2 are used, the rest are 1.0 padding.
+// RoPE factors (architecture.md "Attention", step 3): llama3-style per-frequency divisors for the
+// full layers, which rotate R = head_dim / 2 dims. The tensor has head_dim / 2 entries like the
+// release's {64}; the first R / 2 are used, the rest are 1.0 padding.
 // ---------------------------------------------------------------------------------------
 
 std::vector<float> llama3_rope_factors(int32_t head_dim, double base, int32_t orig_ctx) {
@@ -587,7 +587,7 @@ void make_tiny_model(const TinyModelOptions& options, const std::string& path, T
       is_moe[size_t(il)] = mtp ? !S.mtp_dense : il >= S.n_dense;
       n_head[size_t(il)] = swa ? S.n_head_swa : S.n_head_full;
       // The release clamps the routed experts of its last two trunk layers and the shared
-      // expert of the last one (§1); MTP blocks have none.
+      // expert of the last one (architecture.md "Hyperparameters"); MTP blocks have none.
       if (!mtp && is_moe[size_t(il)]) {
         if (il >= S.n_layer - 2) clamp_exp[size_t(il)] = kClampExp;
         if (il == S.n_layer - 1) clamp_shexp[size_t(il)] = kClampShexp;
@@ -649,7 +649,8 @@ void make_tiny_model(const TinyModelOptions& options, const std::string& path, T
     w.set_bool("tokenizer.ggml.add_eos_token", false);
     w.set_str("tokenizer.chat_template", kChatTemplate);
 
-    // Tensors (§4.3), globals first, then each block, then the output head.
+    // Tensors (architecture.md "GGUF: keys and tensors"), globals first, then each block, then the
+    // output head.
     TensorEmitter T(options.seed, options.weight_type);
     T.matrix("token_embd.weight", {E, V}, kEmbdStd);
     T.values("rope_freqs.weight", llama3_rope_factors(S.head_dim, kRopeBase, S.rope_orig_ctx));
@@ -679,7 +680,7 @@ void make_tiny_model(const TinyModelOptions& options, const std::string& path, T
         T.matrix(block_tensor_name(il, "ffn_up.weight"), {E, S.n_ff}, fan_std(E));
         T.matrix(block_tensor_name(il, "ffn_down.weight"), {S.n_ff, E}, fan_std(S.n_ff, kResidGain));
       }
-      if (il >= S.n_layer) {  // MTP block (§3.1)
+      if (il >= S.n_layer) {  // MTP block (architecture.md "MTP heads")
         T.matrix(block_tensor_name(il, "nextn.eh_proj.weight"), {2 * E, E}, fan_std(2 * E));
         T.norm(block_tensor_name(il, "nextn.enorm.weight"), E);
         T.norm(block_tensor_name(il, "nextn.hnorm.weight"), E);

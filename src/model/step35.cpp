@@ -1,5 +1,5 @@
-// step35 model: hyperparameters (§4.2), tensors (§4.3) and the forward pass (§2) of
-// ../shared/docs/step35-model.md.
+// step35 model: hyperparameters, tensors and the forward pass as docs/architecture.md
+// describes them ("Hyperparameters", "GGUF: keys and tensors", "The model").
 #include "model/step35.h"
 
 #include <unistd.h>
@@ -148,8 +148,9 @@ void Model::load_hparams() {
   const auto n_ff_exp = f.get_u32_per_layer(key("expert_feed_forward_length"), n, 0u);
   const auto clamp_exp = f.get_f32_per_layer(key("swiglu_clamp_exp"), n, 0.0f);
   const auto clamp_shexp = f.get_f32_per_layer(key("swiglu_clamp_shexp"), n, 0.0f);
-  // §4.2 / G2: SWA rotary dims = rope.dimension_count (default key_length), optionally
-  // overridden by dimension_count_swa; full layers rotate half of rope.dimension_count.
+  // architecture.md "Per-layer schedule": SWA rotary dims = rope.dimension_count (default
+  // key_length), optionally overridden by dimension_count_swa; full layers rotate half of
+  // rope.dimension_count.
   const uint32_t rot = f.opt_u32(key("rope.dimension_count")).value_or(uint32_t(hp.head_dim_k));
   const uint32_t rot_swa = f.opt_u32(key("rope.dimension_count_swa")).value_or(rot);
   const float base = f.opt_f32(key("rope.freq_base")).value_or(10000.0f);

@@ -1,6 +1,6 @@
 // The step35 architecture (Step 3.5 Flash): hyperparameters read from GGUF metadata,
-// the tensor set, and the forward pass. Reads section by section like
-// ../shared/docs/step35-model.md (§2 forward pass, §3 MTP, §4 GGUF keys and tensors).
+// the tensor set, and the forward pass. Reads section by section like "The model" in
+// docs/architecture.md (forward pass, "MTP heads", "GGUF: keys and tensors").
 // Nothing about the released model is hard-coded: the tiny fixtures and the 196B model
 // run through the same code.
 #pragma once
@@ -26,7 +26,8 @@ namespace step35 {
 
 class ThreadPool;
 
-// §2.1: everything that varies per block (trunk layers and MTP blocks alike).
+// architecture.md "Per-layer schedule": everything that varies per block (trunk layers and MTP
+// blocks alike).
 struct LayerHParams {
   bool is_swa = false;      // sliding-window attention (else full attention)
   int32_t n_head = 0;       // query heads
@@ -60,11 +61,12 @@ struct HParams {
   std::vector<LayerHParams> layers;  // block_count entries (trunk, then MTP)
 };
 
-// §4.3: the GGUF name of block `layer`'s tensor `name`: "blk.LAYER.NAME".
+// architecture.md "GGUF: keys and tensors": the GGUF name of block `layer`'s tensor `name`:
+// "blk.LAYER.NAME".
 std::string block_tensor_name(int layer, const char* name);
 
-// §4.3: one block's tensors, in place in the mapping. Norm vectors are small and copied
-// to F32 at load (they may be stored in any type).
+// architecture.md "GGUF: keys and tensors": one block's tensors, in place in the mapping. Norm
+// vectors are small and copied to F32 at load (they may be stored in any type).
 struct LayerWeights {
   std::vector<float> attn_norm, attn_q_norm, attn_k_norm, ffn_norm;
   WeightMatrix attn_q, attn_k, attn_v, attn_gate, attn_output;
@@ -75,7 +77,7 @@ struct LayerWeights {
   std::vector<float> exp_probs_b;  // selection bias (empty if absent)
   WeightMatrix ffn_gate_exps, ffn_up_exps, ffn_down_exps;
   WeightMatrix ffn_gate_shexp, ffn_up_shexp, ffn_down_shexp;
-  // MTP (§3): only on blocks n_layer.. with nextn tensors
+  // MTP (architecture.md "MTP heads"): only on blocks n_layer.. with nextn tensors
   WeightMatrix nextn_eh_proj, nextn_shared_head_head, nextn_embed_tokens;
   std::vector<float> nextn_enorm, nextn_hnorm, nextn_shared_head_norm;
 };
@@ -199,11 +201,11 @@ class Model {
   void forward(KvPool& kv, const std::vector<SeqChunk>& chunks, BatchOutput& out, Workspace& ws,
                ThreadPool& pool, const ForwardOptions& opts = {}) const;
 
-  // §3: MTP block k (0-based) over `chunks`: token x_p paired with the hidden state in
-  // row p of h_in (all chunks' tokens in order, n_embd floats each: the trunk's output at
-  // p-1 for block 0, or the previous block's output). `kv` holds only this block's layer
-  // (mtp_kv_layer(k)). Logit rows come from the block's own head (or the trunk's); hidden
-  // rows are the block's output before the head's norm (the next block's input).
+  // architecture.md "MTP heads": MTP block k (0-based) over `chunks`: token x_p paired with the
+  // hidden state in row p of h_in (all chunks' tokens in order, n_embd floats each: the trunk's
+  // output at p-1 for block 0, or the previous block's output). `kv` holds only this block's layer
+  // (mtp_kv_layer(k)). Logit rows come from the block's own head (or the trunk's); hidden rows are
+  // the block's output before the head's norm (the next block's input).
   void forward_mtp(int k, KvPool& kv, const std::vector<SeqChunk>& chunks, const float* h_in, BatchOutput& out,
                    Workspace& ws, ThreadPool& pool, const ForwardOptions& opts = {}) const;
   // Expert parallelism: routed experts that `x` does not compute locally are handed to it

@@ -1,4 +1,4 @@
-// The step35 forward pass (§2 of ../shared/docs/step35-model.md) over a batch of
+// The step35 forward pass (docs/architecture.md, "The model") over a batch of
 // sequence chunks. Every matrix product goes through kernels::matmul; independent products
 // of one step are fused into one parallel section (run_matmuls). Each token's result is
 // independent of the other tokens in the batch (see kernels.h's invariance contract and
@@ -20,14 +20,14 @@ namespace {
 
 float sigmoid(float z) { return 1.0f / (1.0f + std::exp(-z)); }
 
-// RMS(x; w) of one row (§2 conventions).
+// RMS(x; w) of one row (architecture.md "Conventions").
 void rms_norm_row(const float* x, const float* w, float* y, int64_t n, float eps) {
   const float scale = 1.0f / std::sqrt(kernels::sum_squares_f32(x, n) / float(n) + eps);
   for (int64_t i = 0; i < n; ++i) y[i] = x[i] * scale * w[i];
 }
 
 // NeoX ("rotate-half") RoPE on the first 2*half dims of one head with precomputed
-// cos/sin of the half angles (§2.4 step 3).
+// cos/sin of the half angles (architecture.md "Attention", step 3).
 void rope_apply(float* x, int32_t half, const float* cs, const float* sn) {
   for (int32_t i = 0; i < half; ++i) {
     const float x0 = x[i], x1 = x[i + half];
@@ -58,7 +58,8 @@ class ForwardPass {
         opts_(opts) {}
 
   void run();
-  // §3: MTP block k over the chunks, `h_in` = the hidden state paired with each token.
+  // MTP block k (architecture.md "MTP heads") over the chunks, `h_in` = the hidden state paired
+  // with each token.
   void run_mtp(int k, const float* h_in);
 
  private:
@@ -241,7 +242,8 @@ const float* ForwardPass::rope_table(const LayerHParams& L) {
   return tab;
 }
 
-// §2.3 pre-norm residual block on ws.x: h1 = h + Attention(RMS(h)); out = h1 + FFN(RMS(h1)).
+// Pre-norm residual block on ws.x (architecture.md "Decoder block and output head"): h1 = h +
+// Attention(RMS(h)); out = h1 + FFN(RMS(h1)).
 void ForwardPass::decoder_block(int il) {
   const LayerHParams& L = hp_.layers[size_t(il)];
   const LayerWeights& W = weights_->layers[size_t(il)];
@@ -281,7 +283,8 @@ void ForwardPass::run_mtp(int k, const float* h_in) {
   collect_routing_ = false;
   if (m_.experts_) m_.experts_->sync_weights(*weights_);
   prepare_batch();
-  // §3.1: z = W_eh · [RMS(Emb(x); enorm) ; RMS(h_in; hnorm)] (the embedding half first).
+  // architecture.md "MTP heads": z = W_eh · [RMS(Emb(x); enorm) ; RMS(h_in; hnorm)] (the embedding
+  // half first).
   const int64_t E = hp_.n_embd;
   const WeightMatrix& emb = W.nextn_embed_tokens.present() ? W.nextn_embed_tokens : m_.token_embd_;
   float* cat = ws_.a.get(size_t(T_ * 2 * E));
@@ -299,12 +302,12 @@ void ForwardPass::run_mtp(int k, const float* h_in) {
   run_matmuls(ws_.jobs, pool_);
   decoder_block(il);
   for (const SeqChunk& ch : chunks_) ch.seq->n_pos += ch.n_tokens;
-  // The block's own head when it has one, else the trunk's (§3.1).
+  // The block's own head when it has one, else the trunk's (architecture.md "MTP heads").
   head(W.nextn_shared_head_head.present() ? W.nextn_shared_head_head : m_.output_,
        W.nextn_shared_head_norm.empty() ? m_.output_norm_ : W.nextn_shared_head_norm);
 }
 
-// §2.2: row lookup, no scaling.
+// Row lookup, no scaling (architecture.md "Decoder block and output head").
 void ForwardPass::embed() {
   const int64_t E = hp_.n_embd;
   float* x = ws_.x.get(size_t(T_ * E));
@@ -313,8 +316,8 @@ void ForwardPass::embed() {
     for (int32_t i = 0; i < ch.n_tokens; ++i, ++t) dequantize_row(m_.token_embd_, ch.tokens[i], x + t * E);
 }
 
-// §2.4 attention: projections, per-head Q/K RMSNorm, partial NeoX RoPE, K/V into the
-// cache, causal (+ sliding window) softmax(QK)V over the cache, head-wise gate, W_o.
+// Attention (architecture.md "Attention"): projections, per-head Q/K RMSNorm, partial NeoX RoPE,
+// K/V into the cache, causal (+ sliding window) softmax(QK)V over the cache, head-wise gate, W_o.
 void ForwardPass::attention(int il) {
   const LayerHParams& L = hp_.layers[size_t(il)];
   const LayerWeights& W = weights_->layers[size_t(il)];
@@ -372,7 +375,8 @@ void ForwardPass::attention(int il) {
   attend(kv_, al, batch, q, o, pool_, ws_.attention);
   dump("attn_out", il, o, T * H * Dv);
 
-  // §2.4 step 7 (G7): the gate reads the attention input, one scalar per query head.
+  // architecture.md "Attention", step 7: the gate reads the attention input, one scalar per query
+  // head.
   if (W.attn_gate.present()) {
     for (int64_t i = 0; i < T * H; ++i) gate[i] = sigmoid(gate[i]);
     dump("attn_gate_sigmoid", il, gate, T * H);
@@ -386,7 +390,8 @@ void ForwardPass::attention(int il) {
   run_matmuls(ws_.jobs, pool_);
 }
 
-// §2.5 dense SwiGLU MLP; the shared clamp list governs dense layers (G9).
+// Dense SwiGLU MLP; the shared clamp list governs dense layers (architecture.md "Dense MLP
+// and the SwiGLU clamp").
 void ForwardPass::dense_ffn(int il) {
   const LayerHParams& L = hp_.layers[size_t(il)];
   const LayerWeights& W = weights_->layers[size_t(il)];
@@ -412,12 +417,12 @@ void ForwardPass::dense_ffn(int il) {
   run_matmuls(ws_.jobs, pool_);
 }
 
-// §2.6 MoE, in four named steps that pass their results explicitly: route (sigmoid router
-// in F32, top-k by score + selection bias (G8), unbiased weights renormalised and scaled),
-// group the (token, expert) pairs by expert so each selected expert's weights are read
-// once per batch, the expert products (every expert's gate/up products in one parallel
-// section with the shared expert's, then every down product, the routed clamp applied in
-// between), and the weighted combination plus the shared expert.
+// MoE (architecture.md "MoE routing and the shared expert"), in four named steps that pass their
+// results explicitly: route (sigmoid router in F32, top-k by score + selection bias, unbiased
+// weights renormalised and scaled), group the (token, expert) pairs by expert so each selected
+// expert's weights are read once per batch, the expert products (every expert's gate/up products in
+// one parallel section with the shared expert's, then every down product, the routed clamp applied
+// in between), and the weighted combination plus the shared expert.
 void ForwardPass::moe_ffn(int il) {
   const MoeRoute route = route_tokens(il);
   const ExpertGroups groups = group_by_expert(route);
@@ -730,8 +735,8 @@ void ForwardPass::combine_experts(int il, const MoeRoute& route, const ExpertGro
   }
 }
 
-// §2.7: logits = W_out · RMS(h; output_norm) for the rows the chunks asked for; the
-// pre-norm hidden rows for chunks that want them (the MTP input).
+// architecture.md "Decoder block and output head": logits = W_out · RMS(h; output_norm) for the
+// rows the chunks asked for; the pre-norm hidden rows for chunks that want them (the MTP input).
 void ForwardPass::head(const WeightMatrix& w_out, const std::vector<float>& out_norm) {
   const int64_t E = hp_.n_embd, V = hp_.n_vocab;
   const float* x = ws_.x.v.data();

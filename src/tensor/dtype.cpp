@@ -1,5 +1,5 @@
 // Table of the ggml element types this engine reads: GGUF id, llama.cpp's printed name and
-// block geometry (../shared/docs/step35-model.md §4.1, §7).
+// block geometry (docs/architecture.md, "Weight types and block layouts").
 #include "tensor/dtype.h"
 
 #include <cstdlib>

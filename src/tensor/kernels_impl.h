@@ -63,8 +63,9 @@ struct IsaKernels {
   float (*exp_shift_sum)(float* s, int64_t n, float m) = nullptr;
   void (*gemm_acc_f32)(int64_t m, int64_t n, int64_t k, const float* a, int64_t a_rs, int64_t a_cs, const float* b,
                        int64_t ldb, float* c, int64_t ldc) = nullptr;
-  // out[i] = SiLU(gate[i]) * up[i], both clamped to `limit` when limit > 1e-6 (§2.5/§2.6),
-  // with exp_poly (kernels_exp.h): every level gives the same bits.
+  // out[i] = SiLU(gate[i]) * up[i], both clamped to `limit` when limit > 1e-6 (architecture.md
+  // "Dense MLP and the SwiGLU clamp"), with exp_poly (kernels_exp.h): every level gives the same
+  // bits.
   void (*swiglu_f32)(const float* gate, const float* up, float limit, float* out, int64_t n) = nullptr;
   // Attention over one KV cache block of one head (kv_kernels.h: attn_scores, attn_exp_sum,
   // attn_accumulate).

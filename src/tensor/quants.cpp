@@ -1,6 +1,6 @@
-// Scalar reference kernels: one plain per-block dequantizer per type (formulas of
-// ../shared/docs/step35-model.md §7), and row loops that dispatch on the type once per row.
-// The float operation order inside each dequantizer is the natural one of the formula
+// Scalar reference kernels: one plain per-block dequantizer per type (layouts in
+// docs/architecture.md, "Weight types and block layouts"), and row loops that dispatch on the type
+// once per row. The float operation order inside each dequantizer is the natural one of the formula
 // (scale·q, then ± offset) so the values match llama.cpp's own dequantization.
 #include "tensor/quants.h"
 

@@ -1,7 +1,7 @@
 // Scalar reference implementations for every supported weight type: dequantize a row,
 // dot a row with an F32 vector, and (where the writer needs it) quantize a row.
 // These are the ground truth that every SIMD kernel is tested against.
-// Block layouts: ../shared/docs/step35-model.md §7.
+// Block layouts: docs/architecture.md, "Weight types and block layouts".
 #pragma once
 
 #include <cstddef>

@@ -15,7 +15,8 @@
 // with -ffp-contract=off, see CMakeLists.txt) and its rounding helper (ties to even).
 // The scalar searches are the reference (quantize_row_*_ref); the same searches run four
 // sub-blocks per vector instruction for quantize_row_fast, lane by lane identical.
-// Block layouts: ../shared/docs/step35-model.md §7 (the decoders are in quants.cpp).
+// Block layouts: docs/architecture.md, "Weight types and block layouts" (the decoders are
+// in quants.cpp).
 #include "tensor/quants_kquant_encode.h"
 
 #include <algorithm>
@@ -461,9 +462,10 @@ void fit_q6_subblocks(const float* x, int8_t* L, float* scales) {
 
 // ---- Q4_K / Q5_K: eight sub-blocks of 32, 6-bit scale and min each -----------------------
 
-// Packs 6-bit scales sc[8] and mins m[8] into the 12 bytes §7 describes (the inverse of
-// the decoder's unpacking: sub-blocks 0..3 in the low 6 bits of bytes 0..7, sub-blocks
-// 4..7 as nibbles in bytes 8..11 with their top 2 bits in bits 6..7 of bytes 0..7).
+// Packs 6-bit scales sc[8] and mins m[8] into the 12 bytes architecture.md "Weight types and block
+// layouts" describes (the inverse of the decoder's unpacking: sub-blocks 0..3 in the low 6 bits of
+// bytes 0..7, sub-blocks 4..7 as nibbles in bytes 8..11 with their top 2 bits in bits 6..7 of bytes
+// 0..7).
 void pack_k4_scales(const uint8_t* sc, const uint8_t* m, uint8_t* out) {
   for (int b = 0; b < 4; ++b) {
     out[b] = sc[b];

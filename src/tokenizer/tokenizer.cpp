@@ -1,4 +1,4 @@
-// Byte-level BPE tokenizer (../shared/docs/step35-model.md §5).
+// Byte-level BPE tokenizer (docs/architecture.md, "Tokenizer").
 //
 // encode(): carve special tokens out of the raw text, pre-tokenize every remaining fragment
 // with the split rule of tokenizer.ggml.pre, map each piece's bytes to the GPT-2
@@ -208,7 +208,7 @@ size_t match_ds3_digits(const Unit* u, size_t i, size_t n) {
 // deepseek-v3 split 2: [一-龥぀-ゟ゠-ヿ]+
 size_t match_ds3_cjk(const Unit* u, size_t i, size_t n) { return run_end(u, i, n, F_CJK) - i; }
 
-// deepseek-v3 split 3, alternatives a-f of §5 in order.
+// deepseek-v3 split 3, alternatives a-f of architecture.md "Tokenizer" in order.
 size_t match_ds3_main(const Unit* u, size_t i, size_t n) {
   const uint16_t f = u[i].flags;
   // a. [!"#$%&'()*+,\-./:;<=>?@\[\\\]^_`{|}~][A-Za-z]+
@@ -349,7 +349,8 @@ uint64_t pair_key(int32_t left, int32_t right) {
   return (uint64_t(uint32_t(left)) << 32) | uint32_t(right);
 }
 
-// Spellings that end a generation whatever their id (llama.cpp's list, §5).
+// Spellings that end a generation whatever their id (llama.cpp's list; architecture.md
+// "Tokenizer").
 const char* const kEogSpellings[] = {
     "<|im_end|>",
     "<|endoftext|>",

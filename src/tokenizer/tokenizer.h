@@ -1,6 +1,6 @@
 // Byte-level BPE tokenizer read from GGUF metadata (tokenizer.ggml.*), with the
 // pre-tokenizer selected by tokenizer.ggml.pre and special-token carving.
-// Algorithm: ../shared/docs/step35-model.md §5.
+// Algorithm: docs/architecture.md, "Tokenizer".
 #pragma once
 
 #include <cstdint>
@@ -20,9 +20,9 @@ enum class TokenType : int32_t {
   UNDEFINED = 0, NORMAL = 1, UNKNOWN = 2, CONTROL = 3, USER_DEFINED = 4, UNUSED = 5, BYTE = 6,
 };
 
-// GPT-2's bytes_to_unicode (§5): the text that stands for byte b in a byte-level BPE
-// vocabulary (UTF-8). Bytes 0x21-0x7E, 0xA1-0xAC and 0xAE-0xFF stand for themselves, the
-// other 68 for U+0100, U+0101, ... in increasing byte order.
+// GPT-2's bytes_to_unicode (architecture.md "Tokenizer", step 3): the text that stands for byte b
+// in a byte-level BPE vocabulary (UTF-8). Bytes 0x21-0x7E, 0xA1-0xAC and 0xAE-0xFF stand for
+// themselves, the other 68 for U+0100, U+0101, ... in increasing byte order.
 const std::string& byte_level_text(uint8_t b);
 
 class Tokenizer {

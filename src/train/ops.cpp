@@ -12,7 +12,8 @@ namespace {
 
 float sigmoid(float z) { return 1.0f / (1.0f + std::exp(-z)); }
 
-// The forward pass divides the chosen weights by their sum, but by no less than this (§2.6 step 4).
+// The forward pass divides the chosen weights by their sum, but by no less than this
+// (architecture.md "MoE routing and the shared expert", step 4).
 constexpr float kMinWeightSum = 6.103515625e-5f;
 
 }  // namespace

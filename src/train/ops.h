@@ -1,4 +1,4 @@
-// Forward and backward of each step35 operation (../shared/docs/step35-model.md §2) in
+// Forward and backward of each step35 operation (docs/architecture.md, "The model") in
 // F32, one function pair per op. A backward takes what its forward saved and the
 // gradient of the op's output, and produces (or adds to) the gradient of its inputs.
 // docs/finetune.md derives each formula; tests/test_train_ops.cpp checks every one
@@ -14,7 +14,8 @@
 namespace step35::train {
 
 // ---------------------------------------------------------------------------------------
-// RMSNorm (§2 conventions): y = x · r · w, r = 1 / sqrt(mean(x²) + eps), per row of n.
+// RMSNorm (architecture.md "Conventions"): y = x · r · w, r = 1 / sqrt(mean(x²) + eps),
+// per row of n.
 
 // Saves r per row in inv_rms[rows]. The same float operations as the forward pass, so
 // y is bitwise the engine's.
@@ -24,7 +25,8 @@ void rms_norm_backward(const float* x, const float* w, const float* inv_rms, con
                        int64_t n, bool accumulate);
 
 // ---------------------------------------------------------------------------------------
-// RoPE, NeoX layout (§2.4 step 3), in place on the first 2·half dims of each head.
+// RoPE, NeoX layout (architecture.md "Attention", step 3), in place on the first 2·half dims of
+// each head.
 
 // cos/sin of every position's angles: table[p][0..half) = cos θ_j, [half..2half) = sin θ_j
 // with θ_j = pos · base^(−2j/n_rot) / freq_factors[j] (factors may be null), as the
@@ -37,10 +39,10 @@ void rope_forward(float* x, int64_t rows, int64_t n_heads, int64_t head_dim, int
 void rope_backward(float* dx, int64_t rows, int64_t n_heads, int64_t head_dim, int32_t half, const float* table);
 
 // ---------------------------------------------------------------------------------------
-// Causal attention with GQA and an optional sliding window (§2.4 steps 4-6) over one
-// sequence of n tokens (positions 0..n-1): q [n][H][D], k [n][G][D], v [n][G][Dv],
-// out [n][H][Dv]. Query head h reads KV head h / (H/G). window > 0: a query at t sees
-// keys u with t − u < window.
+// Causal attention with GQA and an optional sliding window (architecture.md "Attention",
+// steps 4-6) over one sequence of n tokens (positions 0..n-1): q [n][H][D], k [n][G][D],
+// v [n][G][Dv], out [n][H][Dv]. Query head h reads KV head h / (H/G). window > 0: a query at
+// t sees keys u with t − u < window.
 
 struct AttentionShape {
   int64_t n = 0, H = 0, G = 0, D = 0, Dv = 0;
@@ -68,8 +70,9 @@ void attention_backward(const AttentionShape& s, const float* q, const float* k,
                         const float* lse, const float* dout, float* dq, float* dk, float* dv);
 
 // ---------------------------------------------------------------------------------------
-// SwiGLU with the step35 clamp (§2.5): limit <= 1e-6 means none, else
-// act = min(silu(g), L) · clamp(u, −L, L). rows x n values, row stride ld for g and u.
+// SwiGLU with the step35 clamp (architecture.md "Dense MLP and the SwiGLU clamp"):
+// limit <= 1e-6 means none, else act = min(silu(g), L) · clamp(u, −L, L). rows x n values,
+// row stride ld for g and u.
 
 void swiglu_forward(const float* g, const float* u, int64_t ld, float limit, int64_t rows, int64_t n, float* act);
 // Overwrites dg and du (stride ld). Where a clamp is active the clamped input gets no
@@ -78,7 +81,8 @@ void swiglu_backward(const float* g, const float* u, int64_t ld, float limit, in
                      const float* dact, float* dg, float* du);
 
 // ---------------------------------------------------------------------------------------
-// Head-wise gate (§2.4 step 7): o_h ← σ(graw_h) · o_h for each of H heads of Dv values.
+// Head-wise gate (architecture.md "Attention", step 7): o_h ← σ(graw_h) · o_h for each of H heads
+// of Dv values.
 
 void head_gate_forward(const float* graw, const float* o, float* out, int64_t rows, int64_t H, int64_t Dv);
 // dgraw = σ'(graw) · Σ dout_h ⊙ o_h; do = σ(graw) · dout (both overwritten).
@@ -86,9 +90,9 @@ void head_gate_backward(const float* graw, const float* o, const float* dout, fl
                         int64_t H, int64_t Dv);
 
 // ---------------------------------------------------------------------------------------
-// MoE router (§2.6 steps 2-4) for one token: X expert logits z, selection bias b (may be
-// null), top-k by p + b, weights p[chosen] (normalised if `normalize`, × scale).
-// p = σ(z) (sigmoid gating) or softmax(z).
+// MoE router (architecture.md "MoE routing and the shared expert", steps 2-4) for one token: X
+// expert logits z, selection bias b (may be null), top-k by p + b, weights p[chosen] (normalised if
+// `normalize`, × scale). p = σ(z) (sigmoid gating) or softmax(z).
 
 struct RouterConfig {
   int64_t n_expert = 0, k = 0;

@@ -274,7 +274,7 @@ struct TrainingModel::State {
     });
   }
 
-  // §2.4 attention on a = RMS(x); writes ao (before the residual add).
+  // Attention (architecture.md "Attention") on a = RMS(x); writes ao (before the residual add).
   void attention_forward_layer(int il, const float* x) {
     const LayerHParams& L = hp.layers[size_t(il)];
     const LayerWeights& W = m.layer(il);
@@ -353,7 +353,7 @@ struct TrainingModel::State {
     linear_forward(W.attn_output, pog, H * Dv, T, ao.get(T * E), E, &pool, opts.precision);
   }
 
-  // §2.5 dense SwiGLU MLP on f; writes y.
+  // Dense SwiGLU MLP (architecture.md "Dense MLP and the SwiGLU clamp") on f; writes y.
   void dense_forward(int il) {
     const LayerHParams& L = hp.layers[size_t(il)];
     const LayerWeights& W = m.layer(il);
@@ -369,7 +369,8 @@ struct TrainingModel::State {
     linear_forward(W.ffn_down, pa, F, T, y.get(T * E), E, &pool, opts.precision);
   }
 
-  // §2.6 MoE on f; writes y. Records routing statistics into `stats` when given.
+  // MoE (architecture.md "MoE routing and the shared expert") on f; writes y. Records routing
+  // statistics into `stats` when given.
   void moe_forward(int il, LossStats* stats) {
     const LayerHParams& L = hp.layers[size_t(il)];
     const LayerWeights& W = m.layer(il);
@@ -469,7 +470,8 @@ struct TrainingModel::State {
     });
   }
 
-  // §2.3 one decoder block: out = h1 + FFN(RMS(h1)), h1 = x + Attention(RMS(x)).
+  // One decoder block (architecture.md "Decoder block and output head"): out = h1 + FFN(RMS(h1)),
+  // h1 = x + Attention(RMS(x)).
   void forward_layer(int il, const float* x_in, float* out, LossStats* stats) {
     layer_in_buffers = il;
     const LayerHParams& L = hp.layers[size_t(il)];
