@@ -12,6 +12,7 @@
 
 #include "tensor/dtype.h"
 #include "tensor/kernels.h"
+#include "tensor/kernels_impl.h"
 #include "tensor/kv_kernels.h"
 #include "tensor/repack.h"
 #include "tensor/quants.h"
@@ -90,10 +91,10 @@ void bm_matmul(benchmark::State& st, DType t, Isa isa, Precision p, int64_t n_ou
   st.counters["tok/s"] = benchmark::Counter(double(st.iterations()) * double(n_tok), benchmark::Counter::kIsRate);
 }
 
-// A matrix repacked 16 rows at a time (tensor/repack.h, AVX-512 only). Bytes/s counts the
-// GGUF bytes of the matrix (the expanded IQ code layouts read more).
-void bm_matmul_repacked(benchmark::State& st, DType type, int64_t n_out) {
-  kernels::force_isa(Isa::Avx512);
+// A matrix repacked 16 rows at a time (tensor/repack.h, the AVX-512 levels). Bytes/s counts
+// the GGUF bytes of the matrix (the expanded IQ code layouts read more).
+void bm_matmul_repacked(benchmark::State& st, DType type, Isa isa, int64_t n_out) {
+  kernels::force_isa(isa);
   const int64_t n_tok = st.range(0);
   Case c = make_case(type, Precision::Native, n_out, 2048, n_tok);
   const kernels::AlignedBytes packed = kernels::repack(c.w);
@@ -206,24 +207,25 @@ void register_all() {
     benchmark::RegisterBenchmark(("matmul_dram/q4_K/" + in).c_str(), bm_matmul, DType::Q4_K, isa, Precision::Native,
                                  65536)
         ->Arg(1)->Arg(2)->Arg(4)->Unit(benchmark::kMicrosecond);
-    if (isa == Isa::Avx512) {
+    kernels::force_isa(isa);
+    if (kernels::active_table().x16_dot[unsigned(DType::Q4_K)] != nullptr) {
       // Rows repacked 16 at a time (tensor/repack.h), as the model holds its shared matrices.
-      benchmark::RegisterBenchmark("matmul/q4_K_x16/avx512", bm_matmul_repacked, DType::Q4_K, 2048)
+      benchmark::RegisterBenchmark(("matmul/q4_K_x16/" + in).c_str(), bm_matmul_repacked, DType::Q4_K, isa, 2048)
           ->Arg(1)->Arg(2)->Arg(4)->Arg(8)->Arg(64)->Unit(benchmark::kMicrosecond);
-      benchmark::RegisterBenchmark("matmul_dram/q4_K_x16/avx512", bm_matmul_repacked, DType::Q4_K, 65536)
+      benchmark::RegisterBenchmark(("matmul_dram/q4_K_x16/" + in).c_str(), bm_matmul_repacked, DType::Q4_K, isa, 65536)
           ->Arg(1)->Arg(2)->Arg(4)->Unit(benchmark::kMicrosecond);
-      benchmark::RegisterBenchmark("matmul/q6_K_x16/avx512", bm_matmul_repacked, DType::Q6_K, 2048)
+      benchmark::RegisterBenchmark(("matmul/q6_K_x16/" + in).c_str(), bm_matmul_repacked, DType::Q6_K, isa, 2048)
           ->Arg(1)->Arg(2)->Arg(4)->Arg(8)->Arg(64)->Unit(benchmark::kMicrosecond);
-      benchmark::RegisterBenchmark("matmul_dram/q6_K_x16/avx512", bm_matmul_repacked, DType::Q6_K, 65536)
+      benchmark::RegisterBenchmark(("matmul_dram/q6_K_x16/" + in).c_str(), bm_matmul_repacked, DType::Q6_K, isa, 65536)
           ->Arg(1)->Arg(2)->Arg(4)->Unit(benchmark::kMicrosecond);
-      benchmark::RegisterBenchmark("matmul/q5_K_x16/avx512", bm_matmul_repacked, DType::Q5_K, 2048)
+      benchmark::RegisterBenchmark(("matmul/q5_K_x16/" + in).c_str(), bm_matmul_repacked, DType::Q5_K, isa, 2048)
           ->Arg(1)->Arg(2)->Arg(4)->Arg(8)->Arg(64)->Unit(benchmark::kMicrosecond);
       for (DType t : {DType::IQ4_XS, DType::IQ3_S, DType::IQ3_XXS, DType::IQ2_S, DType::IQ2_XS, DType::IQ2_XXS,
                       DType::IQ1_M, DType::IQ1_S, DType::TQ2_0, DType::TQ1_0})
-        benchmark::RegisterBenchmark(("matmul/" + std::string(dtype_name(t)) + "_x16/avx512").c_str(),
-                                     bm_matmul_repacked, t, 2048)
+        benchmark::RegisterBenchmark(("matmul/" + std::string(dtype_name(t)) + "_x16/" + in).c_str(),
+                                     bm_matmul_repacked, t, isa, 2048)
             ->Arg(1)->Arg(2)->Arg(4)->Arg(8)->Arg(64)->Unit(benchmark::kMicrosecond);
-      benchmark::RegisterBenchmark("matmul_dram/iq4_xs_x16/avx512", bm_matmul_repacked, DType::IQ4_XS, 65536)
+      benchmark::RegisterBenchmark(("matmul_dram/iq4_xs_x16/" + in).c_str(), bm_matmul_repacked, DType::IQ4_XS, isa, 65536)
           ->Arg(1)->Arg(2)->Arg(4)->Unit(benchmark::kMicrosecond);
     }
     benchmark::RegisterBenchmark(("moe_experts/" + in).c_str(), bm_moe_experts, isa)

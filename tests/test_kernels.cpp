@@ -307,6 +307,19 @@ TEST(Kernels, IqBlocksAtTheLimitsMatchScalar) {
   }
 }
 
+// The levels of this CPU that have 16-row repacked kernels (the AVX-512 ones).
+std::vector<Isa> levels_with_repacked_kernels() {
+  IsaGuard guard;
+  std::vector<Isa> levels;
+  for (Isa isa : kernels::available_isas()) {
+    kernels::force_isa(isa);
+    if (kernels::active_table().x16_dot[unsigned(DType::Q4_K)] != nullptr) levels.push_back(isa);
+  }
+  return levels;
+}
+
+bool have_repacked_kernels() { return !levels_with_repacked_kernels().empty(); }
+
 // Rows repacked 16 at a time (tensor/repack.h) give, through matmul, exactly the
 // scalar reference's value for every (row, token) pair: 16-aligned ranges take the
 // repacked kernel (1..4 tokens per call, partial token groups, index lists with repeats),
@@ -331,56 +344,53 @@ void check_repacked_matches_scalar(DType type) {
       one.n_tok = 1;
       kernels::matmul(w3.matrix(e), 0, n_out, one, &ref[size_t((e * max_tok + k) * n_out)], 0);
     }
-  kernels::force_isa(Isa::Avx512);
-  ASSERT_TRUE(kernels::can_repack(w3));
-  EXPECT_EQ(kernels::repacked_bytes(w3), size_t(2 * 3) * kernels::x16_group_bytes(type, n_in));
-  const kernels::AlignedBytes packed = kernels::repack(w3);
-  EXPECT_EQ(kernels::row_granularity(w3), 16);
-  for (int64_t e = 0; e < 2; ++e) {
-    const WeightMatrix m = w3.matrix(e);
-    for (int64_t n_tok = 1; n_tok <= max_tok; ++n_tok) {
-      std::vector<int32_t> idx(static_cast<size_t>(n_tok));
-      for (int64_t j = 0; j < n_tok; ++j) idx[size_t(j)] = int32_t((j * 5 + 3) % max_tok);
-      ActRows x = a.rows;
-      x.idx = idx.data();
-      x.n_tok = n_tok;
-      for (int64_t step : {int64_t(16), int64_t(32), n_out, int64_t(5)}) {
-        std::vector<float> y(size_t(n_tok * n_out), -1.0f);
-        for (int64_t o0 = 0; o0 < n_out; o0 += step)
-          kernels::matmul(m, o0, std::min(n_out, o0 + step), x, y.data(), n_out);
-        for (int64_t j = 0; j < n_tok; ++j)
-          for (int64_t o = 0; o < n_out; ++o)
-            ASSERT_EQ(ref[size_t((e * max_tok + idx[size_t(j)]) * n_out + o)], y[size_t(j * n_out + o)])
-                << dtype_name(type) << " matrix " << e << " n_tok=" << n_tok << " step=" << step << " o=" << o << " j=" << j;
+  for (Isa isa : levels_with_repacked_kernels()) {
+    SCOPED_TRACE(kernels::isa_name(isa));
+    kernels::force_isa(isa);
+    ASSERT_TRUE(kernels::can_repack(w3));
+    EXPECT_EQ(kernels::repacked_bytes(w3), size_t(2 * 3) * kernels::x16_group_bytes(type, n_in));
+    const kernels::AlignedBytes packed = kernels::repack(w3);
+    EXPECT_EQ(kernels::row_granularity(w3), 16);
+    for (int64_t e = 0; e < 2; ++e) {
+      const WeightMatrix m = w3.matrix(e);
+      for (int64_t n_tok = 1; n_tok <= max_tok; ++n_tok) {
+        std::vector<int32_t> idx(static_cast<size_t>(n_tok));
+        for (int64_t j = 0; j < n_tok; ++j) idx[size_t(j)] = int32_t((j * 5 + 3) % max_tok);
+        ActRows x = a.rows;
+        x.idx = idx.data();
+        x.n_tok = n_tok;
+        for (int64_t step : {int64_t(16), int64_t(32), n_out, int64_t(5)}) {
+          std::vector<float> y(size_t(n_tok * n_out), -1.0f);
+          for (int64_t o0 = 0; o0 < n_out; o0 += step)
+            kernels::matmul(m, o0, std::min(n_out, o0 + step), x, y.data(), n_out);
+          for (int64_t j = 0; j < n_tok; ++j)
+            for (int64_t o = 0; o < n_out; ++o)
+              ASSERT_EQ(ref[size_t((e * max_tok + idx[size_t(j)]) * n_out + o)], y[size_t(j * n_out + o)])
+                  << dtype_name(type) << " matrix " << e << " n_tok=" << n_tok << " step=" << step << " o=" << o << " j=" << j;
+        }
       }
     }
   }
 }
 
-bool have_repacked_kernels() {
-  for (Isa isa : kernels::available_isas())
-    if (isa == Isa::Avx512) return true;
-  return false;
-}
-
 TEST(Kernels, RepackedQ4kMatchesScalarReference) {
-  if (!have_repacked_kernels()) GTEST_SKIP() << "no AVX-512 VNNI on this CPU";
+  if (!have_repacked_kernels()) GTEST_SKIP() << "no level with repacked kernels (AVX-512) on this CPU";
   check_repacked_matches_scalar(DType::Q4_K);
 }
 
 TEST(Kernels, RepackedQ6kMatchesScalarReference) {
-  if (!have_repacked_kernels()) GTEST_SKIP() << "no AVX-512 VNNI on this CPU";
+  if (!have_repacked_kernels()) GTEST_SKIP() << "no level with repacked kernels (AVX-512) on this CPU";
   check_repacked_matches_scalar(DType::Q6_K);
 }
 
 TEST(Kernels, RepackedQ5kMatchesScalarReference) {
-  if (!have_repacked_kernels()) GTEST_SKIP() << "no AVX-512 VNNI on this CPU";
+  if (!have_repacked_kernels()) GTEST_SKIP() << "no level with repacked kernels (AVX-512) on this CPU";
   check_repacked_matches_scalar(DType::Q5_K);
 }
 
 // The IQ / TQ types in the 4-bit code layout (every value a code into its type's table).
 TEST(Kernels, RepackedIqMatchesScalarReference) {
-  if (!have_repacked_kernels()) GTEST_SKIP() << "no AVX-512 VNNI on this CPU";
+  if (!have_repacked_kernels()) GTEST_SKIP() << "no level with repacked kernels (AVX-512) on this CPU";
   for (DType t : {DType::IQ4_XS, DType::IQ3_S, DType::IQ3_XXS, DType::IQ2_S, DType::IQ2_XS, DType::IQ2_XXS,
                   DType::IQ1_M, DType::IQ1_S, DType::TQ2_0, DType::TQ1_0}) {
     check_repacked_matches_scalar(t);

@@ -48,6 +48,14 @@ int main(int argc, char** argv) {
     print_usage();
     return argc < 2 ? 1 : 0;
   }
+  // The kernel level is chosen here, once, for every command: a STEP35_ISA naming a level
+  // this CPU cannot run stops at once with what the CPU lacks, before any model is read.
+  try {
+    step35::kernels::active_isa();
+  } catch (const std::exception& e) {
+    std::fprintf(stderr, "step35: error: %s\n", e.what());
+    return 1;
+  }
   if (!std::strcmp(argv[1], "--version") || !std::strcmp(argv[1], "version")) {
     print_version();
     return 0;

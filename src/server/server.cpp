@@ -23,6 +23,7 @@
 #include "server/streaming.h"
 #include "step35_build_info.h"
 #include "tensor/dtype.h"
+#include "tensor/kernels.h"
 
 namespace step35::server {
 
@@ -254,6 +255,8 @@ json props(const ServerContext& ctx) {
           {"chat_format", ctx.chat_template->format() == ChatFormat::STEP35 ? "step35" : "chatml"},
           {"mtp", eo.mtp_adaptive && eo.mtp > 0 ? json("auto") : json(eo.mtp)},
           {"modalities", {{"vision", false}, {"audio", false}}},
+          // The kernel level this CPU runs (tensor/kernels.h: Isa) and its vector features.
+          {"kernels", {{"level", kernels::isa_name(kernels::active_isa())}, {"cpu", kernels::cpu_summary()}}},
           {"build_info", STEP35_BUILD_INFO}};
 }
 

@@ -27,7 +27,7 @@ namespace step35::kernels {
 namespace {
 
 struct CpuFeatures {
-  bool avx2 = false, fma = false, f16c = false;
+  bool avx2 = false, fma = false, f16c = false, avx_vnni = false;
   bool avx512f = false, avx512bw = false, avx512vl = false, avx512dq = false, vnni = false, bf16 = false;
   bool os_avx = false, os_avx512 = false;
 };
@@ -57,6 +57,7 @@ CpuFeatures detect_cpu() {
     const unsigned max_sub = a;
     if (max_sub >= 1) {
       __cpuid_count(7, 1, a, b, c, d);
+      f.avx_vnni = (a >> 4) & 1;
       f.bf16 = (a >> 5) & 1;
     }
   }
@@ -69,21 +70,61 @@ const CpuFeatures& cpu() {
   return f;
 }
 
-bool isa_available(Isa isa) {
+// One CPU feature a level needs: its name in messages, and whether this CPU has it.
+struct Feature {
+  const char* name;
+  bool present;
+};
+
+// The features `isa` needs (the OS's saving of the vector state counts as one).
+std::vector<Feature> features_needed(Isa isa) {
   const CpuFeatures& f = cpu();
-  const bool avx2 = f.os_avx && f.avx2 && f.fma && f.f16c;
-  switch (isa) {
-    case Isa::Scalar: return true;
-    case Isa::Avx2: return avx2;
-    case Isa::Avx512:
-      return avx2 && f.os_avx512 && f.avx512f && f.avx512bw && f.avx512vl && f.avx512dq && f.vnni && f.bf16;
+  std::vector<Feature> v;
+  if (isa == Isa::Scalar) return v;
+  v = {{"avx (OS support)", f.os_avx}, {"avx2", f.avx2}, {"fma", f.fma}, {"f16c", f.f16c}};
+  if (isa == Isa::Avx2Vnni) v.push_back({"avx-vnni", f.avx_vnni});
+  if (isa >= Isa::Avx512) {
+    v.insert(v.end(), {{"avx512 (OS support)", f.os_avx512},
+                       {"avx512f", f.avx512f},
+                       {"avx512bw", f.avx512bw},
+                       {"avx512vl", f.avx512vl},
+                       {"avx512dq", f.avx512dq}});
   }
-  return false;
+  if (isa >= Isa::Avx512Vnni) v.push_back({"avx512-vnni", f.vnni});
+  if (isa >= Isa::Avx512Bf16) v.push_back({"avx512-bf16", f.bf16});
+  return v;
+}
+
+bool isa_available(Isa isa) { return missing_features(isa).empty(); }
+
+// "LEVEL (the vector features this CPU has)".
+std::string cpu_summary_of(Isa isa) {
+  const CpuFeatures& f = cpu();
+  std::string feats;
+  auto add = [&](bool on, const char* name) {
+    if (!on) return;
+    if (!feats.empty()) feats += ' ';
+    feats += name;
+  };
+  add(f.avx2, "avx2");
+  add(f.fma, "fma");
+  add(f.f16c, "f16c");
+  add(f.avx_vnni, "avx-vnni");
+  add(f.avx512f, "avx512f");
+  add(f.avx512bw, "avx512bw");
+  add(f.avx512vl, "avx512vl");
+  add(f.avx512dq, "avx512dq");
+  add(f.vnni, "avx512-vnni");
+  add(f.bf16, "avx512-bf16");
+  return std::string(isa_name(isa)) + " (" + (feats.empty() ? "no vector extensions" : feats) + ")";
 }
 
 const IsaKernels& table_for(Isa isa) {
   switch (isa) {
+    case Isa::Avx512Bf16: return avx512_bf16_kernels();
+    case Isa::Avx512Vnni: return avx512_vnni_kernels();
     case Isa::Avx512: return avx512_kernels();
+    case Isa::Avx2Vnni: return avx2_vnni_kernels();
     case Isa::Avx2: return avx2_kernels();
     case Isa::Scalar: break;
   }
@@ -99,16 +140,11 @@ void init_isa() {
   std::call_once(g_init, [] {
     Isa isa = available_isas().back();
     if (const char* env = std::getenv("STEP35_ISA"); env && *env) {
-      const std::string want(env);
-      bool known = false;
-      for (Isa cand : {Isa::Scalar, Isa::Avx2, Isa::Avx512}) {
-        if (want == isa_name(cand)) {
-          known = true;
-          // Asking for more than the CPU has falls back to the best it has.
-          if (isa_available(cand)) isa = cand;
-        }
-      }
-      if (!known) throw std::invalid_argument("STEP35_ISA: expected scalar, avx2 or avx512, got '" + want + "'");
+      isa = isa_from_name(env);
+      const std::string missing = missing_features(isa);
+      if (!missing.empty())
+        throw std::invalid_argument(std::string("STEP35_ISA=") + env + ": this CPU lacks " + missing +
+                                    " (it runs: " + cpu_summary_of(available_isas().back()) + ")");
     }
     g_isa.store(isa);
     g_table.store(&table_for(isa));
@@ -141,14 +177,34 @@ const char* isa_name(Isa isa) {
   switch (isa) {
     case Isa::Scalar: return "scalar";
     case Isa::Avx2: return "avx2";
+    case Isa::Avx2Vnni: return "avx2-vnni";
     case Isa::Avx512: return "avx512";
+    case Isa::Avx512Vnni: return "avx512-vnni";
+    case Isa::Avx512Bf16: return "avx512-bf16";
   }
   return "?";
 }
 
+Isa isa_from_name(const std::string& name) {
+  std::string names;
+  for (Isa isa : kAllIsas) {
+    if (name == isa_name(isa)) return isa;
+    names += names.empty() ? "" : ", ";
+    names += isa_name(isa);
+  }
+  throw std::invalid_argument("STEP35_ISA: expected one of " + names + ", got '" + name + "'");
+}
+
+std::string missing_features(Isa isa) {
+  std::string missing;
+  for (const Feature& f : features_needed(isa))
+    if (!f.present) missing += std::string(missing.empty() ? "" : " ") + f.name;
+  return missing;
+}
+
 std::vector<Isa> available_isas() {
   std::vector<Isa> v;
-  for (Isa isa : {Isa::Scalar, Isa::Avx2, Isa::Avx512})
+  for (Isa isa : kAllIsas)
     if (isa_available(isa)) v.push_back(isa);
   return v;
 }
@@ -159,32 +215,15 @@ Isa active_isa() {
 }
 
 void force_isa(Isa isa) {
-  if (!isa_available(isa)) throw std::invalid_argument(std::string("force_isa: this CPU cannot run ") + isa_name(isa));
+  if (!isa_available(isa))
+    throw std::invalid_argument(std::string("force_isa: this CPU cannot run ") + isa_name(isa) + ": it lacks " +
+                                missing_features(isa));
   init_isa();
   g_isa.store(isa);
   g_table.store(&table_for(isa), std::memory_order_release);
 }
 
-std::string cpu_summary() {
-  const CpuFeatures& f = cpu();
-  std::string s = isa_name(active_isa());
-  std::string feats;
-  auto add = [&](bool on, const char* name) {
-    if (!on) return;
-    if (!feats.empty()) feats += ' ';
-    feats += name;
-  };
-  add(f.avx2, "avx2");
-  add(f.fma, "fma");
-  add(f.f16c, "f16c");
-  add(f.avx512f, "avx512f");
-  add(f.avx512bw, "avx512bw");
-  add(f.avx512vl, "avx512vl");
-  add(f.avx512dq, "avx512dq");
-  add(f.vnni, "vnni");
-  add(f.bf16, "bf16");
-  return s + " (" + feats + ")";
-}
+std::string cpu_summary() { return cpu_summary_of(active_isa()); }
 
 // ---------------------------------------------------------------------------------------
 // Activations

@@ -1,7 +1,8 @@
 // Compute kernels of the forward pass: activation conversion, matrix products over weights
 // stored in any supported type, and the vector helpers attention uses. Each kernel has a
-// scalar reference (kernels_ref.cpp) and SIMD versions (AVX2+FMA, AVX-512 with VNNI/BF16
-// where the CPU has them), chosen once at run time from CPUID.
+// scalar reference (kernels_ref.cpp) and SIMD versions at the x86 levels below (one build of
+// kernels_x86.inc per level, each with the instructions of its level only), chosen once at
+// run time from CPUID; docs/kernels.md has the table of levels, CPUs and instructions.
 //
 // Two precisions (the model picks one per run):
 //  * Precision::Native — what llama.cpp's CPU backend computes: the activation row is
@@ -34,17 +35,34 @@ enum class Precision : uint8_t { Native, Exact };
 
 namespace kernels {
 
-enum class Isa : uint8_t { Scalar = 0, Avx2 = 1, Avx512 = 2 };
+// The levels, lowest first; each needs the features of the one before it, except that
+// avx512 builds on avx2 (it does not need AVX-VNNI, which came to CPUs after AVX512-VNNI):
+//   scalar       plain C++ (any x86-64, any other CPU)
+//   avx2         AVX2 + FMA + F16C (Haswell, Zen 1-3)
+//   avx2-vnni    + AVX-VNNI, the VEX-encoded 256-bit vpdpbusd (Alder Lake and later, Zen 5)
+//   avx512       avx2 + AVX-512 F/BW/VL/DQ (Skylake-SP, Cascade Lake without VNNI use)
+//   avx512-vnni  + AVX512-VNNI (Cascade Lake, Ice Lake, Tiger Lake)
+//   avx512-bf16  + AVX512-BF16 (Cooper Lake, Sapphire Rapids, Zen 4/5)
+// Integer dot products are exact at every level (vpdpbusd where the level has it, widening
+// multiply-adds where it does not), so they give the same bits everywhere.
+enum class Isa : uint8_t { Scalar = 0, Avx2 = 1, Avx2Vnni = 2, Avx512 = 3, Avx512Vnni = 4, Avx512Bf16 = 5 };
+constexpr Isa kAllIsas[] = {Isa::Scalar, Isa::Avx2, Isa::Avx2Vnni, Isa::Avx512, Isa::Avx512Vnni, Isa::Avx512Bf16};
 const char* isa_name(Isa isa);
+// The level named `name` ("avx512-vnni"); throws std::invalid_argument listing the names.
+Isa isa_from_name(const std::string& name);
+// The CPU features `isa` needs that this CPU (or its OS) lacks, space-separated; "" when
+// it can run it.
+std::string missing_features(Isa isa);
 // Every ISA level this CPU can run (Scalar always), lowest first.
 std::vector<Isa> available_isas();
-// The level in use: the best available, unless STEP35_ISA=scalar|avx2|avx512 (read once)
-// or force_isa() says otherwise.
+// The level in use: the best available, unless STEP35_ISA names one (read once; a level
+// this CPU cannot run is an error naming the missing features, never a silent fallback) or
+// force_isa() says otherwise.
 Isa active_isa();
 // For tests and benchmarks: switch every kernel to `isa` (must be available). Not
 // thread-safe against concurrent kernel calls.
 void force_isa(Isa isa);
-// One line for logs: "avx512 (avx512f avx512bw avx512vl vnni bf16)".
+// One line for logs: "avx512-bf16 (avx2 fma f16c avx-vnni avx512f avx512bw avx512vl ...)".
 std::string cpu_summary();
 
 // ---------------------------------------------------------------------------------------

@@ -87,8 +87,13 @@ struct IsaKernels {
 const IsaKernels& scalar_kernels();
 // The table of the level in use (kernels.cpp).
 const IsaKernels& active_table();
-const IsaKernels& avx2_kernels();    // only callable where the CPU has AVX2+FMA+F16C
-const IsaKernels& avx512_kernels();  // only where it has AVX-512 F/BW/VL/DQ + VNNI + BF16
+// The x86 levels' tables (kernels.h: Isa), one build of kernels_x86.inc each
+// (src/tensor/kernels_level.cpp.in); each is only callable where the CPU has its level.
+const IsaKernels& avx2_kernels();
+const IsaKernels& avx2_vnni_kernels();
+const IsaKernels& avx512_kernels();
+const IsaKernels& avx512_vnni_kernels();
+const IsaKernels& avx512_bf16_kernels();
 
 // Scalar activation converters (bit-identical to ggml's; shared by every ISA level).
 void quantize_act_q8_0(const float* x, ActQ8_0* y, int64_t n);

@@ -1,4 +1,4 @@
-// Q4_K, Q5_K, Q6_K and IQ / TQ weights repacked 16 rows at a time for the AVX-512 VNNI kernels.
+// Q4_K, Q5_K, Q6_K and IQ / TQ weights repacked 16 rows at a time for the AVX-512 kernels.
 //
 // In the GGUF layout each row's blocks follow each other, so a one-token dot product
 // multiplies 64 weights of ONE row per vpdpbusd and must then reduce and scale per row.
@@ -102,7 +102,7 @@ constexpr size_t iq_x16_block_bytes(DType t) { return size_t(16 * iq_x16_groups(
 size_t x16_group_bytes(DType t, int64_t n_in);
 
 // Whether w can be repacked and the active kernel level has the repacked kernel for its
-// type (AVX-512 with VNNI): Q4_K, Q5_K, Q6_K or an IQ / TQ type but IQ4_NL, rows a multiple
+// type (the AVX-512 levels): Q4_K, Q5_K, Q6_K or an IQ / TQ type but IQ4_NL, rows a multiple
 // of 16.
 bool can_repack(const WeightMatrix& w);
 
