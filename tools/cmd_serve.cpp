@@ -125,6 +125,8 @@ static int serve_main(const Args& args) {
            api_key_file);
   p.option("--cors", "ORIGINS", "answer browsers from these origins (comma-separated, or *) with CORS headers, "
            "preflight requests included", cors, "no CORS headers");
+  p.option("--no-webui", "no web pages: / (the chat page) and /dashboard answer 404 (the API, "
+           "/v1/step35/dashboard included, stays)", o.webui, false);
   // Sampling for requests that leave it out: the flags of `run`, with OpenAI's defaults.
   add_sampling_flags(p, o.sampling);
   p.option("--reasoning-budget", "N", "reasoning tokens for requests that ask for no budget (-1: unbounded, 0: no "
