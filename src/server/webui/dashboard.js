@@ -152,8 +152,8 @@ function drawHeat(d) {
   g.fillStyle = style.color;
   g.font = '10px system-ui, sans-serif';
   g.textBaseline = 'top';
-  const step = Math.max(1, Math.ceil(30 / cellW));
-  for (let e = 0; e < nExpert; e += step * Math.ceil(8 / step)) g.fillText(String(e), labelW + e * cellW, counts.length * cellH + 3);
+  const step = Math.max(1, Math.ceil(24 / cellW));  // expert numbers at least 24 px apart
+  for (let e = 0; e < nExpert; e += step) g.fillText(String(e), labelW + e * cellW + 1, counts.length * cellH + 3);
   const w = Number($('window').value);
   $('heat-caption').textContent =
     `${counts.length} layers × ${nExpert} experts · ${fmt(total)} routings ${w > 0 ? `in the last ${w} s` : 'since start'}`;
@@ -207,7 +207,7 @@ function drawTrend() {
   g.globalAlpha = 1;
   if (pts.length < 2) return;
   const t1 = pts[pts.length - 1].time;
-  const t0 = Math.min(pts[0].time, t1 - 60);
+  const t0 = Math.min(pts[0].time, t1 - 10);
   const series = [['entropy', '#2f6fde'], ['skew', '#e07b24']];
   for (const [key, colour] of series) {
     const max = Math.max(1e-9, ...pts.map((p) => p[key])) * 1.1;
