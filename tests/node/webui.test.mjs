@@ -206,6 +206,55 @@ const main = await startServer(binary, model, ['-t', '1', '--parallel', '4', '-c
   await page.waitForSelector('#conversations li');
   assert.equal(await page.locator('#conversations li .title').first().innerText(), title);
 
+  // A conversation with reasoning, a tool call and its result (imported): each shown as such.
+  const toolConv = path.join(outDir, 'tool-conversation.json');
+  fs.writeFileSync(toolConv, JSON.stringify({ conversations: [{
+    id: 'tools', title: 'Tools', created: 1, updated: Date.now() + 1000, settings: {}, messages: [
+      { role: 'user', content: 'Weather in Oslo?' },
+      { role: 'assistant', content: '', reasoning: 'The user wants <b>weather</b>.', reasoning_tokens: 6,
+        tool_calls: [{ id: 'call_1', type: 'function', function: { name: 'get_weather', arguments: '{"city":"Oslo"}' } }] },
+      { role: 'tool', tool_call_id: 'call_1', name: 'get_weather', content: '{"temp": 3}' },
+      { role: 'assistant', content: 'It is **3 °C**.' },
+    ] }] }));
+  await page.setInputFiles('#import', toolConv);
+  await page.click('#conversations li[data-id="tools"] .title');
+  const reasoning = page.locator('#messages details.reasoning');
+  assert.equal(await reasoning.getAttribute('open'), null, 'reasoning is not collapsed');
+  assert.equal(await reasoning.locator('summary').innerText(), 'Reasoning (6 tokens)');
+  assert.equal(await reasoning.locator('.text').textContent(), 'The user wants <b>weather</b>.');
+  assert.match(await page.locator('#messages .tool.call .label').innerText(), /Tool call: get_weather \(call_1\)/);
+  assert.match(await page.locator('#messages .tool.call code').innerText(), /"city": "Oslo"/);
+  assert.match(await page.locator('#messages .tool.result .label').innerText(), /Result of get_weather/);
+  assert.equal(await page.locator('#messages b').count(), 0);
+
+  // The Markdown renderer on hostile text: only its own tags, only http(s) links.
+  const rendered = await page.evaluate(async () => {
+    const { renderMarkdown } = await import('/webui/markdown.js');
+    const inputs = [
+      '<script>window.__pwned = 3</script>', '<img src=x onerror=window.__pwned=4>',
+      '[x](javascript:window.__pwned=5) [y](data:text/html,hi) [z](  vbscript:x) <javascript:alert(1)>',
+      '[**<b>bold</b>**](https://ok.example/a?b=<c>)', '```html\n<script>window.__pwned=6</script>\n```',
+      '- a\n  - <i>b</i>\n- c\n\n1. one\n2. two', '> quote <iframe src="https://evil.example"></iframe>',
+      '`<svg onload=window.__pwned=7>`', '_a_ *b* __c__ **d** ~~e~~ \\*f\\*', '# <h1>x</h1>\n---\n',
+    ];
+    const allowed = new Set(['P', 'BR', 'STRONG', 'EM', 'DEL', 'CODE', 'PRE', 'A', 'H1', 'H2', 'H3', 'H4', 'H5', 'H6',
+                             'UL', 'OL', 'LI', 'BLOCKQUOTE', 'HR', 'DIV', 'SPAN', 'BUTTON']);
+    const box = document.createElement('div');
+    for (const t of inputs) box.append(renderMarkdown(t));
+    document.body.append(box);
+    const tags = [...new Set([...box.querySelectorAll('*')].map((e) => e.tagName))];
+    const hrefs = [...box.querySelectorAll('a')].map((a) => a.getAttribute('href'));
+    const attrs = [...box.querySelectorAll('*')].flatMap((e) => [...e.attributes].map((a) => a.name));
+    box.remove();
+    return { bad: tags.filter((t) => !allowed.has(t)), hrefs, attrs: [...new Set(attrs)], pwned: window.__pwned ?? null,
+             lists: renderMarkdown('- a\n  - b\n- c').querySelectorAll('ul ul li').length };
+  });
+  assert.deepEqual(rendered.bad, []);
+  assert.ok(rendered.hrefs.every((h) => /^https:\/\//.test(h)), rendered.hrefs.join(' '));
+  assert.ok(rendered.attrs.every((a) => ['class', 'href', 'target', 'rel', 'type', 'data-lang'].includes(a)), rendered.attrs.join(' '));
+  assert.equal(rendered.pwned, null);
+  assert.equal(rendered.lists, 1);
+
   // No image button: /props says the model has no vision.
   assert.equal(await page.locator('#attach').isVisible(), false);
   check('chat page');
