@@ -330,6 +330,18 @@ const keyed = await startServer(binary, model, ['-t', '1', '--api-key', 'browser
   assert.equal(await page.locator('#key-dialog[open]').count(), 0);
   check('key prompt');
   await context.close();
+  // Without a key, cancelling the prompt stops the dashboard's polling (no prompt every second).
+  const nokey = await openPage(keyed.base);
+  nokey.expected.push(/status of 401/);
+  await nokey.page.goto(`${keyed.base}/dashboard`);
+  await nokey.page.waitForSelector('#key-dialog[open]');
+  await nokey.page.click('#key-cancel');
+  await nokey.page.waitForFunction(() => /API key is needed/.test(document.getElementById('status').textContent));
+  await nokey.page.waitForTimeout(2500);
+  assert.equal(await nokey.page.locator('#key-dialog[open]').count(), 0);
+  assert.equal(await nokey.page.locator('#pause').innerText(), 'Resume');
+  nokey.check('dashboard without a key');
+  await nokey.context.close();
 }
 await keyed.terminate();
 
@@ -380,7 +392,7 @@ delete process.env.STEP35_TEST_STEP_DELAY_MS;
     assert.ok(i < 100, 'the held request still runs on the server');
     await page.waitForTimeout(50);
   }
-  await send(page, 'A long answer please');
+  await page.click('#messages .msg.user:last-child .retry');  // "Send again" after the 503
   await page.waitForFunction(() => {
     const last = document.querySelector('#messages .msg:last-child');
     return last && last.matches('.assistant') && last.querySelector('.md')?.textContent.length > 10;

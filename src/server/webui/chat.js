@@ -225,6 +225,7 @@ function messageView(m, index) {
   const conv = state.current;
   const last = conv && index === conv.messages.length - 1;
   if (m.role === 'user') who.append(smallButton('Edit', 'edit', () => startEdit(wrap, index)));
+  if (m.role === 'user' && last) who.append(smallButton('Send again', 'retry', () => regenerate()));
   if (m.role === 'assistant' && last)
     who.append(smallButton('Regenerate', 'regenerate', () => regenerate()));
   if (m.role === 'assistant' && m.content)

@@ -247,6 +247,12 @@ async function poll() {
   } catch (e) {
     $('status').textContent = e.status === 503 ? 'The model is loading…' : e.message;
     $('status').classList.add('error');
+    if (e.status === 401) {
+      // No key given: stop asking every second; Resume asks again.
+      setPaused(true);
+      $('status').textContent = 'An API key is needed: press Resume to enter it.';
+      return;
+    }
   }
   if (!state.paused) state.timer = setTimeout(poll, POLL_MS);
 }
@@ -256,15 +262,18 @@ function redrawLatest() {
   if (d) { drawHeat(d); drawTrend(); }
 }
 
+function setPaused(paused) {
+  state.paused = paused;
+  $('pause').textContent = paused ? 'Resume' : 'Pause';
+  $('pause').setAttribute('aria-pressed', String(paused));
+  $('status').textContent = paused ? 'paused' : '';
+  $('status').classList.remove('error');
+  if (!paused && !state.timer) poll();
+  if (paused && state.timer) { clearTimeout(state.timer); state.timer = null; }
+}
+
 function wire() {
-  $('pause').addEventListener('click', () => {
-    state.paused = !state.paused;
-    $('pause').textContent = state.paused ? 'Resume' : 'Pause';
-    $('pause').setAttribute('aria-pressed', String(state.paused));
-    $('status').textContent = state.paused ? 'paused' : '';
-    if (!state.paused && !state.timer) poll();
-    if (state.paused && state.timer) { clearTimeout(state.timer); state.timer = null; }
-  });
+  $('pause').addEventListener('click', () => setPaused(!state.paused));
   $('window').addEventListener('change', redrawLatest);
   $('per-layer').addEventListener('change', redrawLatest);
   $('export-csv').addEventListener('click', heatCsv);
