@@ -259,6 +259,23 @@ const main = await startServer(binary, model, ['-t', '1', '--parallel', '4', '-c
   assert.equal(await page.locator('#attach').isVisible(), false);
   check('chat page');
 
+  // With vision (a /props answer changed in flight, as no model has it yet) the image
+  // button shows and an attached image is previewed.
+  const vision = await openPage(main.base);
+  await vision.page.route('**/props', async (route) => {
+    const res = await route.fetch();
+    const props = await res.json();
+    props.modalities = { ...props.modalities, vision: true };
+    await route.fulfill({ response: res, json: props });
+  });
+  await vision.page.goto(`${main.base}/`);
+  await vision.page.waitForSelector('#attach:not(.hidden)');
+  const png = Buffer.from('iVBORw0KGgoAAAANSUhEUgAAAAEAAAABCAYAAAAfFcSJAAAADUlEQVR42mP8z8BQDwAEhQGAhKmMIQAAAABJRU5ErkJggg==', 'base64');
+  await vision.page.setInputFiles('#image-input', { name: 'dot.png', mimeType: 'image/png', buffer: png });
+  await vision.page.waitForSelector('#attachments img');
+  vision.check('chat page with vision');
+  await vision.context.close();
+
   // The phone layout.
   const phone = await openPage(main.base, PHONE);
   await phone.page.goto(`${main.base}/`);
