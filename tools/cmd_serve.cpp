@@ -120,11 +120,13 @@ static int serve_main(const Args& args) {
   p.option("--kv-mem", "MIB", "KV cache pool size in MiB (less than one sequence needs, or more than the pool can "
            "index, is an error naming the limit)", kv_mib, 1, int64_t(1) << 30, "enough for --parallel x --ctx-size");
   p.option("--api-key", "KEY", "require 'Authorization: Bearer KEY' (or 'x-api-key: KEY') on every endpoint except "
-           "/health and /version (401 otherwise); several keys comma-separated", api_key, "$STEP35_API_KEY");
+           "/health, /version and the web pages (401 otherwise); several keys comma-separated", api_key, "$STEP35_API_KEY");
   p.option("--api-key-file", "FILE", "API keys, one per line (blank lines and # comments skipped), besides --api-key",
            api_key_file);
   p.option("--cors", "ORIGINS", "answer browsers from these origins (comma-separated, or *) with CORS headers, "
            "preflight requests included", cors, "no CORS headers");
+  p.option("--no-webui", "no web pages: / (the chat page) and /dashboard answer 404 (the API, "
+           "/v1/step35/dashboard included, stays)", o.webui, false);
   // Sampling for requests that leave it out: the flags of `run`, with OpenAI's defaults.
   add_sampling_flags(p, o.sampling);
   p.option("--reasoning-budget", "N", "reasoning tokens for requests that ask for no budget (-1: unbounded, 0: no "

@@ -176,6 +176,15 @@ struct EngineStats {
   int64_t kv_pool_bytes = 0;           // address space reserved for the KV pool (bytes of its cache types)
 };
 
+// Expert activations per MoE layer since the engine started, for the server's dashboard
+// (a client differences two readings for the load over an interval).
+struct ExpertLoad {
+  int32_t n_expert = 0;
+  int32_t n_moe_layers = 0;
+  uint64_t passes = 0;             // forward passes that ran MoE layers
+  std::vector<uint64_t> counts;    // [MoE layer][expert] token routings, n_moe_layers x n_expert
+};
+
 class Engine {
  public:
   virtual ~Engine() = default;
@@ -185,6 +194,8 @@ class Engine {
   // Stops a request (no-op if it already ended). Its sink gets a final Cancelled event.
   virtual void cancel(uint64_t id) = 0;
   virtual EngineStats stats() const = 0;
+  // Cumulative expert activations (empty for an engine that does not track them).
+  virtual ExpertLoad expert_load() const { return {}; }
   // Stops accepting, cancels everything queued or running (each sink gets its final
   // event), and joins the scheduler thread. Idempotent.
   virtual void shutdown() = 0;

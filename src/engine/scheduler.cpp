@@ -124,6 +124,11 @@ class BatchEngine final : public Engine {
     return stats_;
   }
 
+  ExpertLoad expert_load() const override {
+    std::lock_guard<std::mutex> lock(mu_);
+    return expert_load_;
+  }
+
   void shutdown() override {
     {
       std::lock_guard<std::mutex> lock(mu_);
@@ -519,6 +524,7 @@ class BatchEngine final : public Engine {
         stats_.expert_skew = h.expert_skew;
         stats_.adaptive_tokens = h.adaptive_tokens;
         stats_.adaptive_mean_k = h.adaptive_mean_k;
+        add_expert_load(out_.routing);
       }
       steps = ++stats_.steps;
       stats_.prompt_tokens += step_prompt_tokens_;
@@ -528,6 +534,19 @@ class BatchEngine final : public Engine {
       trace.forward_ms = trunk_s * 1e3;
       opts_.on_step(trace);
     }
+  }
+
+  // Under mu_: one pass's activations into the running totals.
+  void add_expert_load(const RoutingStats& pass) {
+    ExpertLoad& el = expert_load_;
+    if (el.n_expert != pass.n_expert) el = ExpertLoad{pass.n_expert, 0, el.passes, {}};
+    if (el.n_moe_layers < pass.n_moe_layers) {
+      el.n_moe_layers = int32_t(pass.n_moe_layers);
+      el.counts.resize(size_t(pass.n_moe_layers) * size_t(std::max(0, pass.n_expert)), 0);
+    }
+    for (size_t i = 0; i < el.counts.size() && i < pass.expert_counts.size(); ++i)
+      el.counts[i] += uint64_t(std::max(0, pass.expert_counts[i]));
+    ++el.passes;
   }
 
   void publish_stats() {
@@ -598,6 +617,7 @@ class BatchEngine final : public Engine {
   Workspace ws_;
   BatchOutput out_;
   RoutingWindow routing_;
+  ExpertLoad expert_load_;  // under mu_
 
   // Scheduler-thread state.
   std::vector<SeqChunk> chunks_;     // this step's chunks ...

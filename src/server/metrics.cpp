@@ -43,6 +43,11 @@ void ServerMetrics::count_routing(bool compliant) {
   routed_compliant_ += compliant;
 }
 
+ServerMetrics::RoutingHints ServerMetrics::routing_hints() const {
+  std::lock_guard<std::mutex> lk(mu_);
+  return {routed_, routed_compliant_};
+}
+
 namespace {
 void metric(std::string& out, const char* name, const char* type, const char* help, double value) {
   out += std::string("# HELP ") + name + " " + help + "\n# TYPE " + name + " " + type + "\n" + name + " " + num(value) + "\n";

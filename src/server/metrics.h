@@ -36,6 +36,10 @@ class ServerMetrics {
   void observe_generation(const GenerateEvent& final_event);
   // A /v1/step35/execute request: did it run under the routing hint it asked for?
   void count_routing(bool compliant);
+  struct RoutingHints {
+    uint64_t requests = 0, compliant = 0;
+  };
+  RoutingHints routing_hints() const;
   std::string render(const EngineStats& engine, bool ready) const;
 
  private:

@@ -128,14 +128,6 @@ void send_error(httplib::Response& res, const ApiError& e, bool anthropic) {
   }
 }
 
-using Body = std::function<void(HttpExchange&, const std::string& body)>;
-
-struct EndpointSpec {
-  std::string name;       // for metrics
-  bool needs_model = true;
-  bool needs_auth = true;
-};
-
 // Every endpoint goes through here: CORS, authentication, readiness, error mapping,
 // metrics and the access log.
 void run_endpoint(ServerContext& ctx, const EndpointSpec& spec, const httplib::Request& req, httplib::Response& res,
@@ -189,11 +181,16 @@ void run_endpoint(ServerContext& ctx, const EndpointSpec& spec, const httplib::R
   --ctx.in_flight;
 }
 
+
+}  // namespace
+
 httplib::Server::Handler get_endpoint(ServerContext& ctx, EndpointSpec spec, Body body) {
   return [&ctx, spec = std::move(spec), body = std::move(body)](const httplib::Request& req, httplib::Response& res) {
     run_endpoint(ctx, spec, req, res, "", true, body);
   };
 }
+
+namespace {
 
 // POST bodies are read here, through httplib's content reader: httplib's own reading
 // answers an application/x-www-form-urlencoded body (what `curl -d` sends) over 8 KiB with
@@ -404,6 +401,7 @@ void add_routes(httplib::Server& svr, ServerContext& ctx) {
   add_info_routes(svr, ctx);
   add_model_routes(svr, ctx);
   add_hotswap_routes(svr, ctx);
+  add_webui_routes(svr, ctx);
   add_cors_and_errors(svr, ctx);
 }
 
@@ -675,7 +673,17 @@ void load(ServerContext& ctx, const ServerOptions& options) {
     ctx.chat_template = std::make_unique<ChatTemplate>(
         ChatTemplateSource::from_model(ctx.model->file(), tok, options.chat_template_file));
     ctx.think_end = step35_format::think_end_token(tok);
-    ctx.engine = make_engine(*ctx.model, engine_options(ctx, options.engine));
+    EngineOptions eo = engine_options(ctx, options.engine);
+    // Test seam (tests/node/webui.test.mjs): every forward pass takes at least this long, so
+    // that a browser test can stop, or lose the connection to, an answer still streaming.
+    if (const char* delay = std::getenv("STEP35_TEST_STEP_DELAY_MS")) {
+      const auto pause = std::chrono::milliseconds(std::atoll(delay));
+      eo.on_step = [inner = eo.on_step, pause](const StepTrace& t) {
+        if (inner) inner(t);
+        std::this_thread::sleep_for(pause);
+      };
+    }
+    ctx.engine = make_engine(*ctx.model, eo);
   } catch (const std::exception& e) {
     ctx.set_load_error(e.what());
     throw;

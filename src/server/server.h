@@ -42,6 +42,7 @@ struct ServerOptions {
   int port = 8080;
   std::vector<std::string> api_keys;  // empty: no authentication; else any of them
   std::vector<std::string> cors_origins;  // origins answered with CORS headers ("*": any)
+  bool webui = true;               // the chat page at / and the dashboard at /dashboard (--no-webui: off)
   LogFormat log_format = LogFormat::Text;
   bool access_log = true;          // one line per request
   SamplingParams sampling = openai_sampling_defaults();  // seed unused (a request's own, or random)

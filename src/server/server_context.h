@@ -104,6 +104,18 @@ std::string hotswap_metrics(ServerContext& ctx);
 void apply_startup_patches(ServerContext& ctx);
 
 // Shared by the handlers.
+using Body = std::function<void(HttpExchange&, const std::string& body)>;
+struct EndpointSpec {
+  std::string name;       // for metrics
+  bool needs_model = true;
+  bool needs_auth = true;
+};
+// A GET route through the common path: CORS, authentication, readiness, error mapping,
+// metrics and the access log.
+httplib::Server::Handler get_endpoint(ServerContext& ctx, EndpointSpec spec, Body body);
+// The web pages (server/webui.cpp): / and /dashboard with their assets unless --no-webui,
+// and GET /v1/step35/dashboard, the dashboard's data, always.
+void add_webui_routes(httplib::Server& svr, ServerContext& ctx);
 void set_json(httplib::Response& res, const nlohmann::json& body, int status = 200);
 // Starts an SSE response whose body `produce` writes; the exchange's access log line is
 // written when it ends.

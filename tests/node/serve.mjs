@@ -43,6 +43,8 @@ export async function startServer(binary, model, args = []) {
   }
   return {
     base,
+    // Kills the server at once (SIGKILL), as a crash would.
+    kill() { killServer(); },
     async terminate() {
       server.kill('SIGTERM');
       for (let i = 0; exited === null && i < 400; ++i) await sleep(25);
