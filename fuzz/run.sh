@@ -44,9 +44,12 @@ run_target() {  # BIN: runs it, writes its line and its exit status to $results/
   log=$build/logs/$short.log
   mkdir -p "$work" "$artifacts" "$(dirname "$log")"
   [ -d "$seeds" ] || seeds=
+  # A dictionary of the tokens worth inserting (fuzz/corpus/<target>.dict), where there is one.
+  dict=()
+  [ -f "fuzz/corpus/$short.dict" ] && dict=(-dict="fuzz/corpus/$short.dict")
   ASAN_OPTIONS=abort_on_error=1:detect_leaks=1 UBSAN_OPTIONS=print_stacktrace=1:halt_on_error=1 \
     "$bin" -max_total_time="$seconds" -max_len="$(max_len_for "$name")" -timeout=10 -rss_limit_mb=2048 \
-      -artifact_prefix="$artifacts" -print_final_stats=1 "$work" $seeds >"$log" 2>&1 || rc=$?
+      -artifact_prefix="$artifacts" -print_final_stats=1 "${dict[@]}" "$work" $seeds >"$log" 2>&1 || rc=$?
   execs=$(grep -o 'stat::number_of_executed_units: *[0-9]*' "$log" | grep -o '[0-9]*$' || true)
   rate=$(grep -o 'stat::average_exec_per_sec: *[0-9]*' "$log" | grep -o '[0-9]*$' || true)
   corpus=$(find "$work" -type f | wc -l)

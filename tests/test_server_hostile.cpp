@@ -12,7 +12,9 @@
 #include <unistd.h>
 
 #include <chrono>
+#include <random>
 #include <cstdio>
+#include <cstdlib>
 #include <string>
 #include <thread>
 #include <vector>
@@ -216,6 +218,122 @@ TEST(ServerHostile, DeepNestingIsRefusedOnEveryEndpoint) {
   EXPECT_EQ(s.post("/v1/chat/completions", at_depth(257), &out), 400);
   EXPECT_NE(out.find("more than 256 levels deep"), std::string::npos) << out.substr(0, 200);
   s.expect_serving("after deeply nested bodies");
+}
+
+// Requests as real clients send them (OpenAI chat with tools and a schema, completions,
+// Anthropic messages, Responses, tokenize), each mutated the way a hostile or broken client
+// would: a value replaced by a number at the edges (-0.0, 1e400, 2^63, 2^64, a huge
+// exponent), by another JSON type, by invalid or unusual Unicode, by a 100 KB string, or by
+// nesting past the limit; keys given twice; the body cut short. Every answer must be a
+// deliberate one (2xx, 4xx, or 503), never a 500 or a dropped connection, and the server
+// keeps serving. Seeded, so a failure names a body that can be replayed.
+std::vector<std::pair<std::string, json>> client_requests() {
+  const json tools = json::parse(R"([{"type":"function","function":{"name":"get_weather","description":"w",
+      "parameters":{"type":"object","properties":{"city":{"type":"string"},"days":{"type":"integer","minimum":1}},
+      "required":["city"]}}}])");
+  const json history = json::parse(R"([{"role":"system","content":"be brief"},{"role":"user","content":"weather?"},
+      {"role":"assistant","content":"","tool_calls":[{"id":"c1","type":"function","function":{"name":"get_weather",
+      "arguments":"{\"city\":\"Paris\",\"days\":2}"}}]},{"role":"tool","tool_call_id":"c1","content":"sunny"},
+      {"role":"user","content":[{"type":"text","text":"and tomorrow?"}]}])");
+  return {
+      {"/v1/chat/completions", {{"messages", history}, {"tools", tools}, {"max_tokens", 4}, {"temperature", 0.7},
+                                {"top_p", 0.9}, {"seed", 7}, {"stop", {"\n\n"}}, {"logprobs", true}, {"top_logprobs", 2}}},
+      {"/v1/chat/completions",
+       {{"messages", {{{"role", "user"}, {"content", "json please"}}}}, {"max_tokens", 4},
+        {"response_format", {{"type", "json_schema"}, {"json_schema", {{"name", "x"}, {"schema", {{"type", "object"},
+         {"properties", {{"a", {{"type", "array"}, {"items", {{"type", "number"}}}}}}}}}}}}}}},
+      {"/v1/completions", {{"prompt", "Once upon"}, {"max_tokens", 4}, {"n", 2}, {"logit_bias", {{"5", -100}}}}},
+      {"/v1/messages", {{"model", "m"}, {"max_tokens", 4}, {"system", "be brief"},
+                        {"messages", {{{"role", "user"}, {"content", {{{"type", "text"}, {"text", "hi"}}}}}}}}},
+      {"/v1/responses", {{"input", "hello"}, {"max_output_tokens", 4}, {"instructions", "be brief"}}},
+      {"/tokenize", {{"content", "hello world"}, {"add_special", true}, {"with_pieces", true}}},
+      {"/apply-template", {{"messages", history}, {"tools", tools}}},
+  };
+}
+
+// Every value of `j` (containers included), as JSON pointers.
+void value_pointers(const json& j, const json::json_pointer& at, std::vector<json::json_pointer>& out) {
+  out.push_back(at);
+  if (j.is_object())
+    for (auto it = j.begin(); it != j.end(); ++it) value_pointers(*it, at / it.key(), out);
+  else if (j.is_array())
+    for (size_t i = 0; i < j.size(); ++i) value_pointers(j[i], at / i, out);
+}
+
+std::string mutated(json body, std::mt19937& rng) {
+  std::vector<json::json_pointer> at;
+  value_pointers(body, json::json_pointer(), at);
+  const json::json_pointer target = at[1 + rng() % (at.size() - 1)];
+  const auto pick = [&](std::initializer_list<const char*> options) {
+    return std::string(*(options.begin() + rng() % options.size()));
+  };
+  const std::string marker = "\"@@MUTATION@@\"";
+  std::string raw;  // text put where the marker is (for what json cannot hold)
+  switch (rng() % 7) {
+    case 0:  // a number at the edges (as text: json cannot hold 1e400 or 2^64)
+      raw = pick({"-0.0", "1e400", "-1e400", "1e-400", "9223372036854775808", "18446744073709551616",
+                  "-9223372036854775809", "18446744073709551615", "1e999999999", "4.9e-324", "0.5", "-1"});
+      break;
+    case 1:  // another JSON type
+      body[target] = json::parse(pick({"null", "true", "[]", "{}", "\"\"", "0", "[1,\"a\",null]", "{\"x\":{}}"}));
+      break;
+    case 2:  // unusual or invalid text
+      raw = pick({"\"\\ud800\"", "\"\\udfff\\ud800\"", "\"\\u0000\"", "\"\xef\xbb\xbf\"", "\"\xc0\xaf\"",
+                  "\"\xed\xa0\x80\"", "\"\xf4\x90\x80\x80\"", "\"\xff\xfe\"", "\"\xe2\x80\xa8<|im_end|>\""});
+      break;
+    case 3:  // a long string
+      body[target] = std::string(100000, 'a' + char(rng() % 26));
+      break;
+    case 4: {  // nesting past the limit, at a depth from just past it to 10^5
+      const size_t depth = rng() % 2 ? 257 + rng() % 64 : 100000;
+      raw = std::string(depth, '[') + std::string(depth, ']');
+      break;
+    }
+    case 5: {  // a key given twice (the second with another type)
+      std::string text = body.dump();
+      const size_t brace = text.find('{', 1 + rng() % (text.size() - 1));
+      if (brace != std::string::npos) text.insert(brace + 1, "\"max_tokens\":\"many\",\"messages\":7,");
+      return text;
+    }
+    default: {  // cut short
+      const std::string text = body.dump();
+      return text.substr(0, rng() % text.size());
+    }
+  }
+  if (!raw.empty()) body[target] = "@@MUTATION@@";
+  std::string text = body.dump(-1, ' ', false, json::error_handler_t::replace);
+  if (!raw.empty()) {
+    const size_t pos = text.find(marker);
+    if (pos != std::string::npos) text.replace(pos, marker.size(), raw);
+  }
+  return text;
+}
+
+TEST(ServerHostile, MutatedClientRequestsGetDeliberateAnswers) {
+  Server s;
+  const auto requests = client_requests();
+  // STEP35_HOSTILE_SEED / STEP35_HOSTILE_REQUESTS: another seed, a longer run (CI's fuzz stage).
+  const char* seed_env = std::getenv("STEP35_HOSTILE_SEED");
+  const char* count_env = std::getenv("STEP35_HOSTILE_REQUESTS");
+  const uint32_t seed = seed_env ? uint32_t(std::strtoul(seed_env, nullptr, 10)) : 20261207u;
+  const int n_requests = count_env ? std::atoi(count_env) : 700;
+  std::mt19937 rng(seed);
+  int answered = 0;
+  for (int i = 0; i < n_requests; ++i) {
+    const auto& [path, body] = requests[size_t(i) % requests.size()];
+    const std::string text = mutated(body, rng);
+    std::string out;
+    const int status = s.post(path, text, &out);
+    const bool deliberate = (status >= 200 && status < 500) || status == 503;
+    ASSERT_TRUE(deliberate) << "seed " << seed << ", request " << i << " to " << path << " got " << status << ": " << out.substr(0, 300)
+                            << "\nbody: " << text.substr(0, 600);
+    ++answered;
+    if (i % 100 == 99) {
+      ASSERT_TRUE(s.alive()) << "after request " << i;
+    }
+  }
+  EXPECT_EQ(answered, n_requests);
+  s.expect_serving("after mutated client requests");
 }
 
 TEST(ServerHostile, HugeAndNegativeNumbers) {

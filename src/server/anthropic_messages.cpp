@@ -59,16 +59,22 @@ void add_message(const json& message, const std::string& where, json& messages) 
   if (!content.is_array()) throw ApiError(400, "'" + where + ".content' must be a string or an array", where + ".content");
   std::string text, thinking;
   json calls = json::array();
+  // A block's string member ("" when absent); any other type is the client's error.
+  const auto member = [&](const json& b, const char* key) -> std::string {
+    if (!b.contains(key) || b[key].is_null()) return "";
+    if (!b[key].is_string()) throw ApiError(400, "'" + where + "': a block's '" + key + "' must be a string", where);
+    return b[key].get<std::string>();
+  };
   for (const json& b : content) {
-    const std::string type = b.is_object() ? b.value("type", "") : "";
+    const std::string type = b.is_object() ? member(b, "type") : "";
     if (type == "text") {
-      text += b.value("text", "");
+      text += member(b, "text");
     } else if (type == "thinking" && role == "assistant") {
-      thinking += b.value("thinking", "");
+      thinking += member(b, "thinking");
     } else if (type == "tool_use" && role == "assistant") {
       if (!b.contains("name") || !b["name"].is_string() || !b.contains("input") || !b["input"].is_object())
         throw ApiError(400, "'" + where + "': tool_use blocks need a name and an input object", where);
-      calls.push_back({{"id", b.value("id", "")}, {"type", "function"},
+      calls.push_back({{"id", member(b, "id")}, {"type", "function"},
                        {"function", {{"name", b["name"]}, {"arguments", b["input"].dump()}}}});
     } else if (type == "tool_result" && role == "user") {
       if (!text.empty()) {
@@ -76,7 +82,7 @@ void add_message(const json& message, const std::string& where, json& messages) 
         text.clear();
       }
       const json rc = b.contains("content") ? b["content"] : json("");
-      messages.push_back({{"role", "tool"}, {"tool_call_id", b.value("tool_use_id", "")},
+      messages.push_back({{"role", "tool"}, {"tool_call_id", member(b, "tool_use_id")},
                           {"content", block_text(rc, where + ".tool_result.content")}});
     } else {
       throw ApiError(400, "'" + where + "': unsupported content block type '" + type + "' for role " + role, where);

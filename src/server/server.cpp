@@ -169,6 +169,10 @@ void run_endpoint(ServerContext& ctx, const EndpointSpec& spec, const httplib::R
     send_error(res, a, anthropic);
   } catch (const RequestError& e) {
     send_error(res, ApiError(400, e.what()), anthropic);
+  } catch (const nlohmann::json::type_error& e) {
+    // Handlers read typed members of the client's JSON; one of the wrong type that a
+    // handler did not check itself is still the client's error, not the server's.
+    send_error(res, ApiError(400, std::string("a field of the request has the wrong type: ") + e.what()), anthropic);
   } catch (const std::exception& e) {
     send_error(res, ApiError(500, std::string("internal error: ") + e.what()), anthropic);
   }
