@@ -856,3 +856,31 @@ TEST(JinjaLimits, IntegersStayExactOrFail) {
 }
 
 }  // namespace
+
+// Integers above 2^63-1 that JSON holds exactly (unsigned 64-bit): printed, serialised,
+// compared and ordered as Python does; computing with them is a TypeError naming the value.
+TEST(JinjaLanguage, WideIntegersFromJson) {
+  const ordered_json vars = ordered_json::parse(
+      R"({"big": 12345678901234567890, "max": 18446744073709551615, "top": 9223372036854775807,
+          "args": {"id": 9223372036854775808, "n": -9223372036854775808}})");
+  EXPECT_EQ(render("{{ big }} {{ max }} {{ top }}", vars), "12345678901234567890 18446744073709551615 9223372036854775807");
+  EXPECT_EQ(render("{{ args|tojson }}", vars), R"({"id": 9223372036854775808, "n": -9223372036854775808})");
+  EXPECT_EQ(render("{{ [big]|tojson }} {{ big|string }} {{ big is integer }} {{ big is number }}", vars),
+            "[12345678901234567890] 12345678901234567890 True True");
+  EXPECT_EQ(render("{{ big == same }} {{ big > top }} {{ top < big }} {{ big == max }} "
+                   "{{ big != big }} {{ big|abs }} {{ big|int }} {{ big|float }}",
+                   ordered_json::parse(R"({"big": 12345678901234567890, "top": 9223372036854775807,
+                                           "max": 18446744073709551615, "same": 12345678901234567890})")),
+            "True True True False False 12345678901234567890 12345678901234567890 1.2345678901234567e+19");
+  EXPECT_EQ(render("{{ {'k': big}|tojson }} {{ big|round }} {{ 'yes' if big else 'no' }}", vars),
+            R"({"k": 12345678901234567890} 12345678901234567890 yes)");
+  for (const char* source : {"{{ big + 1 }}", "{{ big * 2 }}", "{{ -big }}", "{{ [1, 2][big] }}", "{{ '%d' % big }}"}) {
+    try {
+      render(source, vars);
+      ADD_FAILURE() << source << " rendered";
+    } catch (const Error& e) {
+      EXPECT_EQ(e.kind(), ErrorKind::Type) << source;
+      EXPECT_NE(std::string(e.what()).find("12345678901234567890"), std::string::npos) << source << ": " << e.what();
+    }
+  }
+}
