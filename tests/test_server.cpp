@@ -7,6 +7,7 @@
 #include <unistd.h>
 
 #include <chrono>
+#include <cstdlib>
 #include <fstream>
 #include <future>
 #include <string>
@@ -166,7 +167,13 @@ TEST(Server, CacheTypesAndContextLimit) {
   double f16_bytes = 0;
   for (const char* type : {"f16", "q8_0", "q4_0", "bf16", "f32"}) {
     SCOPED_TRACE(type);
+    // The q8_0 server's steps take at least 30 ms each (the server's test seam), so that its
+    // 100-token request below is surely still running when /metrics is read: at full speed it
+    // could finish between two scrapes on a loaded machine (a flake of full runs).
+    const bool slow_steps = std::string(type) == "q8_0";
+    if (slow_steps) setenv("STEP35_TEST_STEP_DELAY_MS", "30", 1);
     ServerProcess s({"-c", "160", "--parallel", "2", "-ctk", type, "-ctv", type});
+    if (slow_steps) unsetenv("STEP35_TEST_STEP_DELAY_MS");
     std::string expected;
     ASSERT_EQ(run_command(step35_binary() + " run -m '" + fixture_model(kModel) + "' --chat -p 'Hello there' --temp 0 " +
                               "-n 24 -t 1 -ctk " + type + " -ctv " + type,
@@ -197,7 +204,7 @@ TEST(Server, CacheTypesAndContextLimit) {
     long_body["ignore_eos"] = true;
     auto running = std::async(std::launch::async, [&] { int st = 0; json j = post(s, "/v1/chat/completions", long_body, &st); return std::make_pair(st, j); });
     std::vector<double> running_and_used;
-    for (int i = 0; i < 200; ++i) {
+    for (int i = 0; i < 1000; ++i) {
       running_and_used = metrics(s, {"step35_running_sequences", "step35_kv_bytes_used"});
       if (running_and_used[0] >= 1) break;
       std::this_thread::sleep_for(std::chrono::milliseconds(10));
