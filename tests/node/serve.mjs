@@ -6,11 +6,13 @@ import { spawn } from 'node:child_process';
 
 const sleep = (ms) => new Promise((r) => setTimeout(r, ms));
 
-// Starts the server on `model` with extra arguments and resolves once /health answers 200,
+// Starts the server on `model` (a GGUF path, or 'builtin') with extra arguments and resolves once /health answers 200,
 // with { base } (http://127.0.0.1:PORT) and terminate(), which sends SIGTERM and resolves
 // with how the process ended: { code, signal }, or null if it still ran after 10 s.
 export async function startServer(binary, model, args = []) {
-  const server = spawn(binary, ['serve', '-m', model, '--port', '0', ...args],
+  // 'builtin': no -m, the server's built-in tiny model.
+  const modelArgs = model === 'builtin' ? [] : ['-m', model];
+  const server = spawn(binary, ['serve', ...modelArgs, '--port', '0', ...args],
                        { stdio: ['ignore', 'inherit', 'pipe'] });
   let port = null;
   let logged = '';
