@@ -10,6 +10,7 @@
 
 #include "gguf/gguf.h"
 #include "server/api_error.h"
+#include "server/endpoint.h"
 #include "server/request_validation.h"
 #include "server/server_context.h"
 

@@ -4,6 +4,7 @@
 
 #include "server/api_error.h"
 #include "server/chat_plan.h"
+#include "server/endpoint.h"
 #include "server/generation.h"
 #include "server/request_validation.h"
 #include "server/server_context.h"

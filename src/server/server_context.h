@@ -103,27 +103,8 @@ std::string hotswap_metrics(ServerContext& ctx);
 // throws std::runtime_error naming the file and slice when one does not fit.
 void apply_startup_patches(ServerContext& ctx);
 
-// Shared by the handlers.
-using Body = std::function<void(HttpExchange&, const std::string& body)>;
-struct EndpointSpec {
-  std::string name;       // for metrics
-  bool needs_model = true;
-  bool needs_auth = true;
-};
-// A GET route through the common path: CORS, authentication, readiness, error mapping,
-// metrics and the access log.
-httplib::Server::Handler get_endpoint(ServerContext& ctx, EndpointSpec spec, Body body);
 // The web pages (server/webui.cpp): / and /dashboard with their assets unless --no-webui,
 // and GET /v1/step35/dashboard, the dashboard's data, always.
 void add_webui_routes(httplib::Server& svr, ServerContext& ctx);
-void set_json(httplib::Response& res, const nlohmann::json& body, int status = 200);
-// Starts an SSE response whose body `produce` writes; the exchange's access log line is
-// written when it ends.
-void set_event_stream(ServerContext& ctx, HttpExchange& ex, std::function<void(httplib::DataSink&)> produce);
-std::string random_id(const char* prefix);
-int64_t unix_time();
-// How long a handler waits for its generation: the request timeout plus a margin (the
-// engine times the request out first and says so).
-std::chrono::steady_clock::time_point generation_deadline(const ServerContext& ctx);
 
 }  // namespace step35::server

@@ -2,6 +2,7 @@
 
 #include "server/api_error.h"
 #include "server/client_connection.h"
+#include "server/endpoint.h"
 
 namespace step35::server {
 

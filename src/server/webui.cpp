@@ -11,6 +11,7 @@
 #include <string>
 
 #include "server/api_error.h"
+#include "server/endpoint.h"
 #include "server/server_context.h"
 #include "server/webui_assets.h"
 
