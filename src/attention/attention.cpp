@@ -8,7 +8,6 @@
 #include "exec/thread_pool.h"
 #include "tensor/kernels.h"
 #include "tensor/kv_kernels.h"
-#include "tensor/kv_layout.h"
 
 namespace step35 {
 
@@ -336,12 +335,7 @@ void attend_reference(const KvPool& kv, const AttentionLayer& L, const Attention
       std::memcpy(qr.data(), q + (t * H + h) * D, size_t(D) * sizeof(float));
       if (rot.k) kernels::hadamard_rows(qr.data(), D, rot.k);
       kernels::attn_convert_query(types.k, qr.data(), D, qc.data());
-      if (kernels::kv_type_quantized(types.k)) {
-        const auto* blocks = reinterpret_cast<const kernels::QueryQ8*>(qc.data());
-        for (int64_t i = 0; i < D; ++i) qr[size_t(i)] = blocks[i / 32].d * float(blocks[i / 32].qs[i % 32]);
-      } else {
-        std::memcpy(qr.data(), qc.data(), size_t(D) * sizeof(float));
-      }
+      kernels::attn_query_values(types.k, qc.data(), D, qr.data());
       sc.assign(size_t(p - lo + 1), 0.0);
       double mx = -INFINITY;
       for (int32_t u = lo; u <= p; ++u) {

@@ -161,6 +161,16 @@ void attn_convert_query(DType t, const float* q, int64_t d, uint8_t* dst) {
   }
 }
 
+void attn_query_values(DType t, const uint8_t* converted, int64_t d, float* out) {
+  require_type(t, d, "attn_query_values");
+  if (kv_type_quantized(t)) {
+    const auto* blocks = reinterpret_cast<const QueryQ8*>(converted);
+    for (int64_t i = 0; i < d; ++i) out[i] = blocks[i / 32].d * float(blocks[i / 32].qs[i % 32]);
+  } else {
+    std::memcpy(out, converted, size_t(d) * sizeof(float));
+  }
+}
+
 void attn_scores(DType t, const uint8_t* q, size_t q_stride, int64_t n_q, const uint8_t* block, int32_t bs,
                  int32_t n_k, int64_t d, float scale, float* s, int64_t s_stride) {
   active_table().kv_scores(t, q, q_stride, n_q, block, bs, n_k, d, scale, s, s_stride);

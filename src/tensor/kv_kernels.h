@@ -52,6 +52,9 @@ void kv_load_value(DType t, const uint8_t* block, int32_t bs, int32_t slot, int6
 // A query row converted for keys of type t: attn_query_bytes(t, d) bytes (a multiple of 8).
 size_t attn_query_bytes(DType t, int64_t d);
 void attn_convert_query(DType t, const float* q, int64_t d, uint8_t* dst);
+// The values a converted query row multiplies the keys with, as F32 (the query as the key
+// type rounds it): for references and tests, which need not know the row's layout.
+void attn_query_values(DType t, const uint8_t* converted, int64_t d, float* out);
 
 // s[r*s_stride + j] = scale * (q_r . k_j) for the n_q converted query rows q_r = q +
 // r*q_stride and the keys j < n_k (<= bs) of one head block of type t.
