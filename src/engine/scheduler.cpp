@@ -61,17 +61,41 @@ SequenceParams sequence_params(GenerateRequest&& request) {
   return p;
 }
 
+// The KV pool's sizing for an engine's options, written once for the engine and for
+// kv_budget(): the context and the longest chunk the engine uses, the blocks one sequence
+// needs of each kind (full, SWA) and the bytes of a block of each kind.
+struct KvSizing {
+  int32_t n_ctx = 0, max_chunk = 0;
+  std::pair<int64_t, int64_t> blocks_per_sequence;
+  std::pair<size_t, size_t> block_bytes;
+  double bytes_per_sequence() const {
+    return double(blocks_per_sequence.first) * double(block_bytes.first) +
+           double(blocks_per_sequence.second) * double(block_bytes.second);
+  }
+};
+
+KvSizing kv_sizing(const Model& model, const EngineOptions& options) {
+  KvSizing s;
+  s.n_ctx = std::clamp(options.n_ctx, 2, model.hparams().n_ctx_train);
+  s.max_chunk = std::min(std::max(1, options.n_batch), s.n_ctx);
+  const auto layers = model.kv_layers();
+  s.blocks_per_sequence = KvPool::blocks_for_sequence(layers, s.n_ctx, model.hparams().swa_window, s.max_chunk);
+  s.block_bytes = KvPool::block_bytes(layers, KvPool::kDefaultBlockSize, options.kv_types);
+  return s;
+}
+
 class BatchEngine final : public Engine {
  public:
   BatchEngine(const Model& model, const EngineOptions& opts) : model_(model), opts_(opts) {
     opts_.n_threads = std::max(1, opts_.n_threads);
     opts_.n_parallel = std::max(1, opts_.n_parallel);
     opts_.n_batch = std::max(1, opts_.n_batch);
-    opts_.n_ctx = std::clamp(opts_.n_ctx, 2, model.hparams().n_ctx_train);
+    const KvSizing sizing = kv_sizing(model, opts_);
+    opts_.n_ctx = sizing.n_ctx;
     opts_.max_queue = std::max(0, opts_.max_queue);
-    max_chunk_ = std::min(opts_.n_batch, opts_.n_ctx);
+    max_chunk_ = sizing.max_chunk;
     const bool mtp = opts_.mtp > 0 && model.has_mtp();
-    make_kv_pool(mtp ? kMaxDrafts : 0);  // speculation rolls rejected drafts back
+    make_kv_pool(sizing, mtp ? kMaxDrafts : 0);  // speculation rolls rejected drafts back
     if (mtp)
       speculation_ = std::make_unique<Speculation>(model, opts_.mtp, opts_.mtp_adaptive,
                                                    opts_.n_parallel + kLowLatencyExtraSlots, opts_.n_ctx,
@@ -214,22 +238,18 @@ class BatchEngine final : public Engine {
 
   // The KV pool: room for every running sequence (low_latency extras included), or a byte
   // budget (--kv-mem) split between the block kinds in the proportion one sequence needs.
-  void make_kv_pool(int32_t keep_back) {
-    const auto layers = model_.kv_layers();
-    const int32_t swa_window = model_.hparams().swa_window;
-    const auto per_seq = KvPool::blocks_for_sequence(layers, opts_.n_ctx, swa_window, max_chunk_);
+  void make_kv_pool(const KvSizing& sizing, int32_t keep_back) {
+    const auto per_seq = sizing.blocks_per_sequence;
     swa_per_seq_ = per_seq.second;
     const int64_t slots = int64_t(opts_.n_parallel) + kLowLatencyExtraSlots;
     int64_t n_full = per_seq.first * slots, n_swa = per_seq.second * slots;
     if (opts_.kv_bytes > 0) {
-      const auto [fb, sb] = KvPool::block_bytes(layers, KvPool::kDefaultBlockSize, opts_.kv_types);
-      const double per_seq_bytes = double(per_seq.first) * double(fb) + double(per_seq.second) * double(sb);
-      const double seqs = double(opts_.kv_bytes) / std::max(per_seq_bytes, 1.0);
+      const double seqs = double(opts_.kv_bytes) / std::max(sizing.bytes_per_sequence(), 1.0);
       n_full = std::max<int64_t>(per_seq.first, int64_t(seqs * double(per_seq.first)));
       n_swa = std::max<int64_t>(per_seq.second, int64_t(seqs * double(per_seq.second)));
     }
-    kv_ = std::make_unique<KvPool>(layers, swa_window, KvPool::kDefaultBlockSize, n_full, n_swa, keep_back,
-                                   opts_.kv_types);
+    kv_ = std::make_unique<KvPool>(model_.kv_layers(), model_.hparams().swa_window, KvPool::kDefaultBlockSize, n_full,
+                                   n_swa, keep_back, opts_.kv_types);
   }
 
   // A prompt pass and a decode step over a throwaway sequence: the weights the first
@@ -650,14 +670,10 @@ std::unique_ptr<Engine> make_engine(const Model& model, const EngineOptions& opt
 }
 
 KvBudget kv_budget(const Model& model, const EngineOptions& options) {
-  // The sizing of BatchEngine's constructor.
-  const int32_t n_ctx = std::clamp(options.n_ctx, 2, model.hparams().n_ctx_train);
-  const auto layers = model.kv_layers();
-  const auto per_seq = KvPool::blocks_for_sequence(layers, n_ctx, model.hparams().swa_window,
-                                                   std::min(std::max(1, options.n_batch), n_ctx));
-  const auto [fb, sb] = KvPool::block_bytes(layers, KvPool::kDefaultBlockSize, options.kv_types);
+  const KvSizing sizing = kv_sizing(model, options);
+  const auto per_seq = sizing.blocks_per_sequence;
   KvBudget b;
-  b.per_sequence_bytes = per_seq.first * int64_t(fb) + per_seq.second * int64_t(sb);
+  b.per_sequence_bytes = int64_t(sizing.bytes_per_sequence());
   // A budget of B bytes makes B / per_sequence_bytes sequences' worth of blocks of each kind.
   const int64_t most_blocks = std::max(per_seq.first, per_seq.second);
   const double max_sequences = most_blocks > 0 ? double((int64_t(1) << 31) - 1) / double(most_blocks) : 1e18;
