@@ -11,30 +11,13 @@
 
 #include "attention/attention.h"
 #include "exec/thread_pool.h"
+#include "model/layer_math.h"
 #include "model/step35.h"
 #include "model/workspace.h"
 
 namespace step35 {
 
 namespace {
-
-float sigmoid(float z) { return 1.0f / (1.0f + std::exp(-z)); }
-
-// RMS(x; w) of one row (architecture.md "Conventions").
-void rms_norm_row(const float* x, const float* w, float* y, int64_t n, float eps) {
-  const float scale = 1.0f / std::sqrt(kernels::sum_squares_f32(x, n) / float(n) + eps);
-  for (int64_t i = 0; i < n; ++i) y[i] = x[i] * scale * w[i];
-}
-
-// NeoX ("rotate-half") RoPE on the first 2*half dims of one head with precomputed
-// cos/sin of the half angles (architecture.md "Attention", step 3).
-void rope_apply(float* x, int32_t half, const float* cs, const float* sn) {
-  for (int32_t i = 0; i < half; ++i) {
-    const float x0 = x[i], x1 = x[i + half];
-    x[i] = x0 * cs[i] - x1 * sn[i];
-    x[i + half] = x0 * sn[i] + x1 * cs[i];
-  }
-}
 
 // Runs fn(t) for t < n, on the pool only when there is enough work to share.
 template <typename Fn>
@@ -231,14 +214,7 @@ const float* ForwardPass::rope_table(const LayerHParams& L) {
   const int32_t half = L.n_rot / 2;
   float* tab = ws_.rope_tables[i].get(size_t(T_) * size_t(2 * half));
   const float* ff = freqs ? m_.rope_freqs_.data() : nullptr;
-  for_each_row(T_, pool_, 64, [&](int64_t t) {
-    for (int32_t j = 0; j < half; ++j) {
-      double theta = double(pos_[t]) * std::pow(double(L.rope_base), -2.0 * j / double(L.n_rot));
-      if (ff) theta /= double(ff[j]);
-      tab[t * 2 * half + j] = float(std::cos(theta));
-      tab[t * 2 * half + half + j] = float(std::sin(theta));
-    }
-  });
+  for_each_row(T_, pool_, 64, [&](int64_t t) { rope_angles(pos_[t], L.n_rot, L.rope_base, ff, tab + t * 2 * half); });
   return tab;
 }
 
@@ -459,16 +435,8 @@ ForwardPass::MoeRoute ForwardPass::route_tokens(int il) {
 // One token's routing from its router logits p (turned into probabilities in place).
 void ForwardPass::route_token(const LayerWeights& W, int64_t t, float* p, const MoeRoute& r) const {
   const int64_t X = hp_.n_expert, K = r.K;
-  if (hp_.gating_sigmoid) {
-    for (int64_t e = 0; e < X; ++e) p[e] = sigmoid(p[e]);
-  } else {
-    const float mx = *std::max_element(p, p + X);
-    float sum = 0;
-    for (int64_t e = 0; e < X; ++e) sum += (p[e] = std::exp(p[e] - mx));
-    for (int64_t e = 0; e < X; ++e) p[e] /= sum;
-  }
-  // Top-k by selection score, kept sorted by insertion (k is small; no full sort).
-  // Ties go to the lower expert id.
+  router_probabilities(hp_.gating_sigmoid, p, X);
+  // Top-k by selection score (probability + bias); ties go to the lower expert id.
   int32_t* ids = r.topk + t * K;
   float sel_top[64];
   float* sel = K <= 64 ? sel_top : nullptr;
@@ -477,19 +445,7 @@ void ForwardPass::route_token(const LayerWeights& W, int64_t t, float* p, const 
     sel_big.resize(size_t(K));
     sel = sel_big.data();
   }
-  int64_t n = 0;
-  for (int64_t e = 0; e < X; ++e) {
-    const float s = p[e] + (W.exp_probs_b.empty() ? 0.0f : W.exp_probs_b[size_t(e)]);
-    if (n == K && !(s > sel[K - 1])) continue;
-    int64_t j = n < K ? n++ : K - 1;
-    while (j > 0 && s > sel[j - 1]) {
-      sel[j] = sel[j - 1];
-      ids[j] = ids[j - 1];
-      --j;
-    }
-    sel[j] = s;
-    ids[j] = int32_t(e);
-  }
+  router_top_k(p, W.exp_probs_b.empty() ? nullptr : W.exp_probs_b.data(), X, K, ids, sel);
   float* w_raw = r.w_raw + t * K;
   float sum = 0;
   for (int64_t k = 0; k < K; ++k) sum += (w_raw[k] = p[ids[k]]);
@@ -504,7 +460,7 @@ void ForwardPass::route_token(const LayerWeights& W, int64_t t, float* p, const 
     if (keep < K) sum = acc;
   }
   r.n_kept[t] = int32_t(keep);
-  const float norm = hp_.expert_weights_norm ? 1.0f / std::max(sum, 6.103515625e-5f) : 1.0f;
+  const float norm = expert_weight_norm(hp_.expert_weights_norm, sum);
   for (int64_t k = 0; k < K; ++k) r.w[t * K + k] = k < keep ? w_raw[k] * norm * hp_.expert_weights_scale : 0.0f;
 }
 

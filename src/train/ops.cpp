@@ -4,19 +4,13 @@
 #include <cmath>
 #include <cstring>
 
+#include "model/layer_math.h"
 #include "tensor/kernels.h"
 
 namespace step35::train {
 
-namespace {
-
-float sigmoid(float z) { return 1.0f / (1.0f + std::exp(-z)); }
-
-// The forward pass divides the chosen weights by their sum, but by no less than this
-// (architecture.md "MoE routing and the shared expert", step 4).
-constexpr float kMinWeightSum = 6.103515625e-5f;
-
-}  // namespace
+// The forward arithmetic (RMS norm, RoPE, the router) is the inference forward's own,
+// model/layer_math.h; the backward steps beside it are this file's.
 
 // ---------------------------------------------------------------------------------------
 // RMSNorm
@@ -24,10 +18,8 @@ constexpr float kMinWeightSum = 6.103515625e-5f;
 void rms_norm_forward(const float* x, const float* w, float* y, float* inv_rms, int64_t rows, int64_t n, float eps) {
   for (int64_t t = 0; t < rows; ++t) {
     const float* xt = x + t * n;
-    const float r = 1.0f / std::sqrt(kernels::sum_squares_f32(xt, n) / float(n) + eps);
+    const float r = rms_norm_row(xt, w, y + t * n, n, eps);
     if (inv_rms) inv_rms[t] = r;
-    float* yt = y + t * n;
-    for (int64_t i = 0; i < n; ++i) yt[i] = xt[i] * r * w[i];
   }
 }
 
@@ -55,13 +47,7 @@ std::vector<float> rope_table(const int32_t* pos, int64_t n_pos, int32_t n_rot, 
                               const float* freq_factors) {
   const int32_t half = n_rot / 2;
   std::vector<float> tab(size_t(n_pos) * size_t(2 * half));
-  for (int64_t t = 0; t < n_pos; ++t)
-    for (int32_t j = 0; j < half; ++j) {
-      double theta = double(pos[t]) * std::pow(double(base), -2.0 * j / double(n_rot));
-      if (freq_factors) theta /= double(freq_factors[j]);
-      tab[size_t(t * 2 * half + j)] = float(std::cos(theta));
-      tab[size_t(t * 2 * half + half + j)] = float(std::sin(theta));
-    }
+  for (int64_t t = 0; t < n_pos; ++t) rope_angles(pos[t], n_rot, base, freq_factors, tab.data() + t * 2 * half);
   return tab;
 }
 
@@ -69,14 +55,7 @@ void rope_forward(float* x, int64_t rows, int64_t n_heads, int64_t head_dim, int
   for (int64_t t = 0; t < rows; ++t) {
     const float* cs = table + t * 2 * half;
     const float* sn = cs + half;
-    for (int64_t h = 0; h < n_heads; ++h) {
-      float* xh = x + (t * n_heads + h) * head_dim;
-      for (int32_t i = 0; i < half; ++i) {
-        const float x0 = xh[i], x1 = xh[i + half];
-        xh[i] = x0 * cs[i] - x1 * sn[i];
-        xh[i + half] = x0 * sn[i] + x1 * cs[i];
-      }
-    }
+    for (int64_t h = 0; h < n_heads; ++h) rope_apply(x + (t * n_heads + h) * head_dim, half, cs, sn);
   }
 }
 
@@ -308,33 +287,13 @@ void head_gate_backward(const float* graw, const float* o, const float* dout, fl
 
 float router_forward(const RouterConfig& c, const float* z, const float* bias, float* p, int32_t* ids, float* w) {
   const int64_t X = c.n_expert, K = c.k;
-  if (c.sigmoid) {
-    for (int64_t e = 0; e < X; ++e) p[e] = sigmoid(z[e]);
-  } else {
-    const float mx = *std::max_element(z, z + X);
-    float sum = 0;
-    for (int64_t e = 0; e < X; ++e) sum += (p[e] = std::exp(z[e] - mx));
-    for (int64_t e = 0; e < X; ++e) p[e] /= sum;
-  }
-  // Top-k by selection score, kept sorted by insertion; ties go to the lower expert id
-  // (the forward pass's order).
+  std::copy(z, z + X, p);
+  router_probabilities(c.sigmoid, p, X);
   std::vector<float> sel(static_cast<size_t>(K));
-  int64_t n = 0;
-  for (int64_t e = 0; e < X; ++e) {
-    const float sc = p[e] + (bias ? bias[e] : 0.0f);
-    if (n == K && !(sc > sel[size_t(K - 1)])) continue;
-    int64_t j = n < K ? n++ : K - 1;
-    while (j > 0 && sc > sel[size_t(j - 1)]) {
-      sel[size_t(j)] = sel[size_t(j - 1)];
-      ids[j] = ids[j - 1];
-      --j;
-    }
-    sel[size_t(j)] = sc;
-    ids[j] = int32_t(e);
-  }
+  router_top_k(p, bias, X, K, ids, sel.data());
   float sum = 0;
   for (int64_t k = 0; k < K; ++k) sum += (w[k] = p[ids[k]]);
-  const float norm = c.normalize ? 1.0f / std::max(sum, kMinWeightSum) : 1.0f;
+  const float norm = expert_weight_norm(c.normalize, sum);
   for (int64_t k = 0; k < K; ++k) w[k] = w[k] * norm * c.scale;
   return c.normalize ? sum : 0.0f;
 }
@@ -352,10 +311,10 @@ void router_backward(const RouterConfig& c, const float* p, const int32_t* ids, 
   for (int64_t k = 0; k < K; ++k) {
     if (!c.normalize)
       dp[size_t(k)] = c.scale * dw[k];
-    else if (float(S) >= kMinWeightSum)
+    else if (float(S) >= kMinExpertWeightSum)
       dp[size_t(k)] = float(c.scale * (dw[k] / S - A / (S * S)));
     else
-      dp[size_t(k)] = c.scale * dw[k] / kMinWeightSum;
+      dp[size_t(k)] = c.scale * dw[k] / kMinExpertWeightSum;
   }
   if (c.sigmoid) {
     for (int64_t k = 0; k < K; ++k) {
