@@ -19,6 +19,7 @@
 #include <stdexcept>
 
 #include "gguf/gguf.h"
+#include "tensor/type_traits.h"
 
 namespace step35 {
 
@@ -218,16 +219,7 @@ DType mix_type(MixState& st, const TensorDesc& t, DType type) {
 DType fit_row_length(const TensorDesc& t, DType type, TensorChoice* choice) {
   const int64_t block = dtype_info(type).block_elems;
   if (t.ne[0] % block == 0) return type;
-  DType fallback = type;
-  switch (type) {
-    case DType::Q2_K:
-    case DType::Q3_K: fallback = DType::Q4_0; break;
-    case DType::Q4_K: fallback = DType::Q5_0; break;
-    case DType::Q5_K: fallback = DType::Q5_1; break;
-    case DType::Q6_K: fallback = DType::Q8_0; break;
-    case DType::IQ4_XS: fallback = DType::IQ4_NL; break;
-    default: break;  // a 32-block type has no smaller block to fall back to
-  }
+  DType fallback = type_traits(type).short_row_type;  // itself where no smaller block has a type
   if (t.ne[0] % dtype_info(fallback).block_elems != 0) fallback = DType::F16;
   choice->fallback = true;
   choice->note = "ncols " + std::to_string(t.ne[0]) + " not divisible by " + std::to_string(block) + " (" +

@@ -242,35 +242,9 @@ const char* act_type_name(ActType t) {
 
 ActType act_type(DType weight, Precision p) {
   if (p == Precision::Exact) return ActType::F32;
-  switch (weight) {
-    case DType::F32: return ActType::F32;
-    case DType::F16: return ActType::F16;
-    case DType::BF16: return ActType::BF16;
-    case DType::Q8_0:
-    case DType::Q4_0:
-    case DType::Q5_0:
-    case DType::MXFP4:
-    case DType::IQ4_NL: return ActType::Q8_0;
-    case DType::Q4_1:
-    case DType::Q5_1: return ActType::Q8_1;
-    case DType::Q2_K:
-    case DType::Q3_K:
-    case DType::Q4_K:
-    case DType::Q5_K:
-    case DType::Q6_K:
-    // ggml-cpu's vec_dot_type of every IQ type but IQ4_NL, and of TQ1_0 / TQ2_0.
-    case DType::IQ2_XXS:
-    case DType::IQ2_XS:
-    case DType::IQ2_S:
-    case DType::IQ3_XXS:
-    case DType::IQ3_S:
-    case DType::IQ1_S:
-    case DType::IQ1_M:
-    case DType::IQ4_XS:
-    case DType::TQ1_0:
-    case DType::TQ2_0: return ActType::Q8_K;
-  }
-  throw std::invalid_argument("act_type: unsupported weight type");
+  const TypeTraits* tt = type_traits(uint32_t(weight));
+  if (!tt) throw std::invalid_argument("act_type: unsupported weight type");
+  return tt->act;
 }
 
 namespace {

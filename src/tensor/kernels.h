@@ -28,6 +28,7 @@
 
 #include "tensor/dtype.h"
 #include "tensor/tensor.h"
+#include "tensor/type_traits.h"
 
 namespace step35 {
 
@@ -68,9 +69,8 @@ std::string cpu_summary();
 // ---------------------------------------------------------------------------------------
 // Activations
 
-// Internal activation formats (not GGUF types; never written to files). Row layouts are
-// private to the kernels; only act_row_bytes() is needed to size buffers.
-enum class ActType : uint8_t { F32, F16, BF16, Q8_0, Q8_1, Q8_K };
+// Internal activation formats: ActType (tensor/type_traits.h, where each weight type's row
+// names the one its native dot product consumes).
 const char* act_type_name(ActType t);
 
 // The activation format matrix products with `weight` consume at precision p

@@ -13,6 +13,7 @@
 #include "tensor/kernels_impl.h"
 #include "tensor/kv_layout.h"
 #include "tensor/quants.h"
+#include "tensor/type_traits.h"
 
 namespace step35::kernels {
 
@@ -36,82 +37,64 @@ void store_u16(uint8_t* p, uint16_t v) { std::memcpy(p, &v, 2); }
 }  // namespace
 
 bool kv_type_supported(DType t) {
-  return t == DType::F32 || t == DType::F16 || t == DType::BF16 || t == DType::Q8_0 || t == DType::Q4_0;
+  const TypeTraits* tt = type_traits(uint32_t(t));
+  return tt && tt->kv != KvRole::None;
 }
 
-bool kv_type_quantized(DType t) { return t == DType::Q8_0 || t == DType::Q4_0; }
+bool kv_type_quantized(DType t) {
+  const TypeTraits* tt = type_traits(uint32_t(t));
+  return tt && tt->kv == KvRole::Int;
+}
 
 void kv_store_key(DType t, const float* x, int64_t d, uint8_t* block, int32_t bs, int32_t slot) {
   require_type(t, d, "kv_store_key");
-  switch (t) {
-    case DType::F32:
-      for (int64_t i = 0; i < d; ++i) std::memcpy(block + (size_t(i) * size_t(bs) + size_t(slot)) * 4, &x[i], 4);
-      return;
-    case DType::F16:
-      for (int64_t i = 0; i < d; ++i) store_u16(block + (size_t(i) * size_t(bs) + size_t(slot)) * 2, fp32_to_fp16(x[i]));
-      return;
-    case DType::BF16:
-      for (int64_t i = 0; i < d; ++i) store_u16(block + (size_t(i) * size_t(bs) + size_t(slot)) * 2, fp32_to_bf16(x[i]));
-      return;
-    case DType::Q8_0: {
-      uint8_t* ints = block + key_scale_bytes(d, bs);
-      for (int64_t b = 0; b < d / 32; ++b) {
-        ActQ8_0 q;
-        active_table().quantize_q8_0(x + 32 * b, &q, 32);  // the cache writer's encoder (ggml x86 quantize_row_q8_0)
-        store_u16(block + (size_t(b) * size_t(bs) + size_t(slot)) * 2, q.d);
-        for (int e = 0; e < 32; ++e)
-          ints[key_q8_index(32 * b + e, slot, bs)] = uint8_t(int32_t(q.qs[e]) + kKeyOffsetQ8_0);
+  if (!kv_type_quantized(t)) {
+    // Float keys, dimension-major: element i of slot j at (i·bs + j) elements, rounded by the
+    // type's encoder (F32 copy, F16 / BF16 round to nearest even).
+    const TypeTraits& tt = type_traits(t);
+    for (int64_t i = 0; i < d; ++i) tt.quantize(&x[i], block + (size_t(i) * size_t(bs) + size_t(slot)) * tt.block_bytes, 1);
+    return;
+  }
+  uint8_t* ints = block + key_scale_bytes(d, bs);
+  for (int64_t b = 0; b < d / 32; ++b) {
+    if (t == DType::Q8_0) {
+      ActQ8_0 q;
+      active_table().quantize_q8_0(x + 32 * b, &q, 32);  // the cache writer's encoder (ggml x86 quantize_row_q8_0)
+      store_u16(block + (size_t(b) * size_t(bs) + size_t(slot)) * 2, q.d);
+      for (int e = 0; e < 32; ++e)
+        ints[key_q8_index(32 * b + e, slot, bs)] = uint8_t(int32_t(q.qs[e]) + kKeyOffsetQ8_0);
+    } else {  // Q4_0
+      BlockQ4_0 q;
+      quantize_row_ref(DType::Q4_0, x + 32 * b, &q, 32);  // ggml's quantize_row_q4_0_ref
+      store_u16(block + (size_t(b) * size_t(bs) + size_t(slot)) * 2, q.d);
+      for (int e = 0; e < 32; ++e) {
+        const int64_t i = 32 * b + e;
+        const uint8_t n = e < 16 ? (q.qs[e] & 15) : (q.qs[e - 16] >> 4);
+        uint8_t& byte = ints[key_q4_index(i, slot, bs)];
+        byte = key_q4_high(i) ? uint8_t((byte & 0x0F) | (n << 4)) : uint8_t((byte & 0xF0) | n);
       }
-      return;
     }
-    case DType::Q4_0: {
-      uint8_t* ints = block + key_scale_bytes(d, bs);
-      for (int64_t b = 0; b < d / 32; ++b) {
-        BlockQ4_0 q;
-        quantize_row_ref(DType::Q4_0, x + 32 * b, &q, 32);  // ggml's quantize_row_q4_0_ref
-        store_u16(block + (size_t(b) * size_t(bs) + size_t(slot)) * 2, q.d);
-        for (int e = 0; e < 32; ++e) {
-          const int64_t i = 32 * b + e;
-          const uint8_t n = e < 16 ? (q.qs[e] & 15) : (q.qs[e - 16] >> 4);
-          uint8_t& byte = ints[key_q4_index(i, slot, bs)];
-          byte = key_q4_high(i) ? uint8_t((byte & 0x0F) | (n << 4)) : uint8_t((byte & 0xF0) | n);
-        }
-      }
-      return;
-    }
-    default: break;
   }
 }
 
 void kv_load_key(DType t, const uint8_t* block, int32_t bs, int32_t slot, int64_t d, float* out) {
   require_type(t, d, "kv_load_key");
-  switch (t) {
-    case DType::F32:
-      for (int64_t i = 0; i < d; ++i) std::memcpy(&out[i], block + (size_t(i) * size_t(bs) + size_t(slot)) * 4, 4);
-      return;
-    case DType::F16:
-      for (int64_t i = 0; i < d; ++i) out[i] = fp16_to_fp32(load_u16(block + (size_t(i) * size_t(bs) + size_t(slot)) * 2));
-      return;
-    case DType::BF16:
-      for (int64_t i = 0; i < d; ++i) out[i] = bf16_to_fp32(load_u16(block + (size_t(i) * size_t(bs) + size_t(slot)) * 2));
-      return;
-    case DType::Q8_0:
-    case DType::Q4_0: {
-      const uint8_t* ints = block + key_scale_bytes(d, bs);
-      for (int64_t i = 0; i < d; ++i) {
-        const float scale = fp16_to_fp32(load_u16(block + (size_t(i / 32) * size_t(bs) + size_t(slot)) * 2));
-        int32_t q;
-        if (t == DType::Q8_0) {
-          q = int32_t(ints[key_q8_index(i, slot, bs)]) - kKeyOffsetQ8_0;
-        } else {
-          const uint8_t byte = ints[key_q4_index(i, slot, bs)];
-          q = int32_t(key_q4_high(i) ? byte >> 4 : byte & 15) - kKeyOffsetQ4_0;
-        }
-        out[i] = float(q) * scale;
-      }
-      return;
+  if (!kv_type_quantized(t)) {
+    const TypeTraits& tt = type_traits(t);
+    for (int64_t i = 0; i < d; ++i) tt.dequantize(block + (size_t(i) * size_t(bs) + size_t(slot)) * tt.block_bytes, &out[i], 1);
+    return;
+  }
+  const uint8_t* ints = block + key_scale_bytes(d, bs);
+  for (int64_t i = 0; i < d; ++i) {
+    const float scale = fp16_to_fp32(load_u16(block + (size_t(i / 32) * size_t(bs) + size_t(slot)) * 2));
+    int32_t q;
+    if (t == DType::Q8_0) {
+      q = int32_t(ints[key_q8_index(i, slot, bs)]) - kKeyOffsetQ8_0;
+    } else {
+      const uint8_t byte = ints[key_q4_index(i, slot, bs)];
+      q = int32_t(key_q4_high(i) ? byte >> 4 : byte & 15) - kKeyOffsetQ4_0;
     }
-    default: break;
+    out[i] = float(q) * scale;
   }
 }
 

@@ -1,10 +1,11 @@
 // Scalar reference kernels: one plain per-block dequantizer per type (layouts in
-// docs/architecture.md, "Weight types and block layouts"), and row loops that dispatch on the type
-// once per row. The float operation order inside each dequantizer is the natural one of the formula
+// docs/architecture.md, "Weight types and block layouts"), their row loops, and the type traits
+// table (tensor/type_traits.h) that holds them with every other per-type fact. The float operation order inside each dequantizer is the natural one of the formula
 // (scale·q, then ± offset) so the values match llama.cpp's own dequantization.
 #include "tensor/quants.h"
 
 #include <algorithm>
+#include <array>
 #include <cmath>
 #include <cstring>
 #include <stdexcept>
@@ -14,6 +15,8 @@
 #include "tensor/iq_grids.h"
 #include "tensor/quants_iq.h"
 #include "tensor/quants_kquant_encode.h"
+#include "tensor/repack.h"
+#include "tensor/type_traits.h"
 
 namespace step35 {
 
@@ -375,6 +378,41 @@ void quant_blocks(const float* src, void* dst, int64_t n) {
   for (int64_t i = 0; i < n / 32; ++i) Quant(src + 32 * i, b + i);
 }
 
+// ---- the float types' rows and the IQ / TQ rows, as the table's columns take them ------
+
+void deq_row_f32(const void* src, float* dst, int64_t n) { std::memcpy(dst, src, size_t(n) * 4); }
+
+// The float types are blocks of one element: each product in float, summed in double.
+// memcpy-based reads keep an unaligned F32 row legal.
+float dot_row_f32(const void* w, const float* x, int64_t n) {
+  const uint8_t* p = static_cast<const uint8_t*>(w);
+  double sum = 0.0;
+  for (int64_t i = 0; i < n; ++i) {
+    float v;
+    std::memcpy(&v, p + 4 * i, 4);
+    sum += double(v * x[i]);
+  }
+  return float(sum);
+}
+
+void quant_row_f32(const float* src, void* dst, int64_t n) { std::memcpy(dst, src, size_t(n) * 4); }
+
+template <uint16_t (*Round)(float)>
+void quant_row_half(const float* src, void* dst, int64_t n) {
+  uint8_t* out = static_cast<uint8_t*>(dst);
+  for (int64_t i = 0; i < n; ++i) {
+    const uint16_t h = Round(src[i]);
+    std::memcpy(out + 2 * i, &h, 2);
+  }
+}
+void quant_row_f16(const float* src, void* dst, int64_t n) { quant_row_half<fp32_to_fp16>(src, dst, n); }
+void quant_row_bf16(const float* src, void* dst, int64_t n) { quant_row_half<fp32_to_bf16>(src, dst, n); }
+
+template <DType T>
+void dequant_iq_row(const void* src, float* dst, int64_t n) { dequant_iq_blocks(T, src, dst, n); }
+template <DType T>
+float dot_iq_row(const void* w, const float* x, int64_t n) { return dot_iq_blocks(T, w, x, n); }
+
 }  // namespace
 
 // Q4_K / Q5_K: 6-bit scale and min of sub-block b (0..7) from the 12 packed bytes. The
@@ -392,113 +430,154 @@ void k4_scale_min(const uint8_t* s, int b, int* sc, int* m) {
 
 void dequantize_row_ref(DType t, const void* src, float* dst, int64_t n) {
   check_row(t, n, "dequantize_row_ref");
-  switch (t) {
-    case DType::F32: std::memcpy(dst, src, size_t(n) * 4); return;
-    case DType::F16: return dequant_blocks<F16Elem, 1, deq_f16>(src, dst, n);
-    case DType::BF16: return dequant_blocks<BF16Elem, 1, deq_bf16>(src, dst, n);
-    case DType::Q8_0: return dequant_blocks<BlockQ8_0, 32, deq_q8_0>(src, dst, n);
-    case DType::Q4_0: return dequant_blocks<BlockQ4_0, 32, deq_q4_0>(src, dst, n);
-    case DType::Q4_1: return dequant_blocks<BlockQ4_1, 32, deq_q4_1>(src, dst, n);
-    case DType::Q5_0: return dequant_blocks<BlockQ5_0, 32, deq_q5_0>(src, dst, n);
-    case DType::Q5_1: return dequant_blocks<BlockQ5_1, 32, deq_q5_1>(src, dst, n);
-    case DType::MXFP4: return dequant_blocks<BlockMXFP4, 32, deq_mxfp4>(src, dst, n);
-    case DType::Q2_K: return dequant_blocks<BlockQ2_K, 256, deq_q2_k>(src, dst, n);
-    case DType::Q3_K: return dequant_blocks<BlockQ3_K, 256, deq_q3_k>(src, dst, n);
-    case DType::Q4_K: return dequant_blocks<BlockQ4_K, 256, deq_q4_k>(src, dst, n);
-    case DType::Q5_K: return dequant_blocks<BlockQ5_K, 256, deq_q5_k>(src, dst, n);
-    case DType::Q6_K: return dequant_blocks<BlockQ6_K, 256, deq_q6_k>(src, dst, n);
-    case DType::IQ4_NL: return dequant_blocks<BlockIQ4_NL, 32, deq_iq4_nl>(src, dst, n);
-    case DType::IQ2_XXS:
-    case DType::IQ2_XS:
-    case DType::IQ2_S:
-    case DType::IQ3_XXS:
-    case DType::IQ3_S:
-    case DType::IQ1_S:
-    case DType::IQ1_M:
-    case DType::IQ4_XS:
-    case DType::TQ1_0:
-    case DType::TQ2_0: return dequant_iq_blocks(t, src, dst, n);
-  }
+  type_traits(t).dequantize(src, dst, n);
 }
 
 float dot_row_ref(DType t, const void* w, const float* x, int64_t n) {
   check_row(t, n, "dot_row_ref");
-  switch (t) {
-    // The float types are blocks of one element: each product in float, summed in double.
-    // memcpy-based reads keep an unaligned F32 row legal.
-    case DType::F32: {
-      const uint8_t* p = static_cast<const uint8_t*>(w);
-      double sum = 0.0;
-      for (int64_t i = 0; i < n; ++i) {
-        float v;
-        std::memcpy(&v, p + 4 * i, 4);
-        sum += double(v * x[i]);
-      }
-      return float(sum);
-    }
-    case DType::F16: return dot_blocks<F16Elem, 1, deq_f16>(w, x, n);
-    case DType::BF16: return dot_blocks<BF16Elem, 1, deq_bf16>(w, x, n);
-    case DType::Q8_0: return dot_blocks<BlockQ8_0, 32, deq_q8_0>(w, x, n);
-    case DType::Q4_0: return dot_blocks<BlockQ4_0, 32, deq_q4_0>(w, x, n);
-    case DType::Q4_1: return dot_blocks<BlockQ4_1, 32, deq_q4_1>(w, x, n);
-    case DType::Q5_0: return dot_blocks<BlockQ5_0, 32, deq_q5_0>(w, x, n);
-    case DType::Q5_1: return dot_blocks<BlockQ5_1, 32, deq_q5_1>(w, x, n);
-    case DType::MXFP4: return dot_blocks<BlockMXFP4, 32, deq_mxfp4>(w, x, n);
-    case DType::Q2_K: return dot_blocks<BlockQ2_K, 256, deq_q2_k>(w, x, n);
-    case DType::Q3_K: return dot_blocks<BlockQ3_K, 256, deq_q3_k>(w, x, n);
-    case DType::Q4_K: return dot_blocks<BlockQ4_K, 256, deq_q4_k>(w, x, n);
-    case DType::Q5_K: return dot_blocks<BlockQ5_K, 256, deq_q5_k>(w, x, n);
-    case DType::Q6_K: return dot_blocks<BlockQ6_K, 256, deq_q6_k>(w, x, n);
-    case DType::IQ4_NL: return dot_blocks<BlockIQ4_NL, 32, deq_iq4_nl>(w, x, n);
-    case DType::IQ2_XXS:
-    case DType::IQ2_XS:
-    case DType::IQ2_S:
-    case DType::IQ3_XXS:
-    case DType::IQ3_S:
-    case DType::IQ1_S:
-    case DType::IQ1_M:
-    case DType::IQ4_XS:
-    case DType::TQ1_0:
-    case DType::TQ2_0: return dot_iq_blocks(t, w, x, n);
-  }
-  return 0.0f;  // unreachable: check_row rejected unknown types
+  return type_traits(t).dot(w, x, n);
 }
 
 bool quantize_row_ref(DType t, const float* src, void* dst, int64_t n) {
-  const DTypeInfo* info = dtype_info(uint32_t(t));
-  if (!info || n < 0 || n % info->block_elems != 0) return false;
-  switch (t) {
-    case DType::F32: std::memcpy(dst, src, size_t(n) * 4); return true;
-    case DType::F16: {
-      uint8_t* out = static_cast<uint8_t*>(dst);
-      for (int64_t i = 0; i < n; ++i) {
-        const uint16_t h = fp32_to_fp16(src[i]);
-        std::memcpy(out + 2 * i, &h, 2);
-      }
-      return true;
-    }
-    case DType::BF16: {
-      uint8_t* out = static_cast<uint8_t*>(dst);
-      for (int64_t i = 0; i < n; ++i) {
-        const uint16_t h = fp32_to_bf16(src[i]);
-        std::memcpy(out + 2 * i, &h, 2);
-      }
-      return true;
-    }
-    case DType::Q8_0: quant_blocks<BlockQ8_0, quant_q8_0>(src, dst, n); return true;
-    case DType::Q4_0: quant_blocks<BlockQ4_0, quant_q4_0>(src, dst, n); return true;
-    case DType::Q4_1: quant_blocks<BlockQ4_1, quant_q4_1>(src, dst, n); return true;
-    case DType::Q5_0: quant_blocks<BlockQ5_0, quant_q5_0>(src, dst, n); return true;
-    case DType::Q5_1: quant_blocks<BlockQ5_1, quant_q5_1>(src, dst, n); return true;
-    case DType::Q2_K: quantize_row_q2_k_ref(src, dst, n); return true;
-    case DType::Q3_K: quantize_row_q3_k_ref(src, dst, n); return true;
-    case DType::Q4_K: quantize_row_q4_k_ref(src, dst, n); return true;
-    case DType::Q5_K: quantize_row_q5_k_ref(src, dst, n); return true;
-    case DType::Q6_K: quantize_row_q6_k_ref(src, dst, n); return true;
-    case DType::IQ4_NL: iq::quantize_row_iq4_nl(src, dst, n); return true;
-    case DType::IQ4_XS: iq::quantize_row_iq4_xs(src, dst, n); return true;
-    default: return false;
-  }
+  const TypeTraits* tt = type_traits(uint32_t(t));
+  if (!tt || !tt->quantize || n < 0 || n % tt->block_elems != 0) return false;
+  tt->quantize(src, dst, n);
+  return true;
 }
+
+// ---- the type traits table (tensor/type_traits.h) -------------------------------------
+
+namespace {
+
+using kernels::ActType;
+using kernels::kIq1X16Values;
+using kernels::kIq2X16Values;
+using kernels::kIq3sX16Values;
+using kernels::kIq3xxsX16Values;
+using kernels::kIq4X16Values;
+using kernels::kTqX16Values;
+using kernels::iq_x16_block_bytes;
+using kernels::kQ4kX16BlockBytes;
+using kernels::kQ5kX16BlockBytes;
+using kernels::kQ6kX16BlockBytes;
+using F = TypeFamily;
+using A = ActType;
+using K = KvRole;
+
+// One row per type, ordered by id. Block bytes of the IQ and TQ types: ggml's block_iq* /
+// block_tq* structs (tensor/quants.h reproduces them and checks the sizes). Columns: type,
+// name, block elements, block bytes; family, native activation format; reference dequantize,
+// dot and encode rows, fast encoder; short-row type; IQ decoder, row factor; x16 block bytes,
+// x16 scale part, x16 values; KV cache role.
+constexpr TypeTraits kTypeTraits[] = {
+    {{DType::F32, "f32", 1, 4}, F::Float, A::F32,
+     deq_row_f32, dot_row_f32, quant_row_f32, nullptr,
+     DType::F32, nullptr, 1.0f, 0, false, nullptr, K::Float},
+    {{DType::F16, "f16", 1, 2}, F::Float, A::F16,
+     dequant_blocks<F16Elem, 1, deq_f16>, dot_blocks<F16Elem, 1, deq_f16>, quant_row_f16, nullptr,
+     DType::F16, nullptr, 1.0f, 0, false, nullptr, K::Float},
+    {{DType::Q4_0, "q4_0", 32, 18}, F::Block32, A::Q8_0,
+     dequant_blocks<BlockQ4_0, 32, deq_q4_0>, dot_blocks<BlockQ4_0, 32, deq_q4_0>, quant_blocks<BlockQ4_0, quant_q4_0>, nullptr,
+     DType::Q4_0, nullptr, 1.0f, 0, false, nullptr, K::Int},
+    {{DType::Q4_1, "q4_1", 32, 20}, F::Block32, A::Q8_1,
+     dequant_blocks<BlockQ4_1, 32, deq_q4_1>, dot_blocks<BlockQ4_1, 32, deq_q4_1>, quant_blocks<BlockQ4_1, quant_q4_1>, nullptr,
+     DType::Q4_1, nullptr, 1.0f, 0, false, nullptr, K::None},
+    {{DType::Q5_0, "q5_0", 32, 22}, F::Block32, A::Q8_0,
+     dequant_blocks<BlockQ5_0, 32, deq_q5_0>, dot_blocks<BlockQ5_0, 32, deq_q5_0>, quant_blocks<BlockQ5_0, quant_q5_0>, nullptr,
+     DType::Q5_0, nullptr, 1.0f, 0, false, nullptr, K::None},
+    {{DType::Q5_1, "q5_1", 32, 24}, F::Block32, A::Q8_1,
+     dequant_blocks<BlockQ5_1, 32, deq_q5_1>, dot_blocks<BlockQ5_1, 32, deq_q5_1>, quant_blocks<BlockQ5_1, quant_q5_1>, nullptr,
+     DType::Q5_1, nullptr, 1.0f, 0, false, nullptr, K::None},
+    {{DType::Q8_0, "q8_0", 32, 34}, F::Block32, A::Q8_0,
+     dequant_blocks<BlockQ8_0, 32, deq_q8_0>, dot_blocks<BlockQ8_0, 32, deq_q8_0>, quant_blocks<BlockQ8_0, quant_q8_0>, nullptr,
+     DType::Q8_0, nullptr, 1.0f, 0, false, nullptr, K::Int},
+    {{DType::Q2_K, "q2_K", 256, 84}, F::KQuant, A::Q8_K,
+     dequant_blocks<BlockQ2_K, 256, deq_q2_k>, dot_blocks<BlockQ2_K, 256, deq_q2_k>, quantize_row_q2_k_ref, quantize_row_q2_k_fast,
+     DType::Q4_0, nullptr, 1.0f, 0, false, nullptr, K::None},
+    {{DType::Q3_K, "q3_K", 256, 110}, F::KQuant, A::Q8_K,
+     dequant_blocks<BlockQ3_K, 256, deq_q3_k>, dot_blocks<BlockQ3_K, 256, deq_q3_k>, quantize_row_q3_k_ref, nullptr,
+     DType::Q4_0, nullptr, 1.0f, 0, false, nullptr, K::None},
+    {{DType::Q4_K, "q4_K", 256, 144}, F::KQuant, A::Q8_K,
+     dequant_blocks<BlockQ4_K, 256, deq_q4_k>, dot_blocks<BlockQ4_K, 256, deq_q4_k>, quantize_row_q4_k_ref, quantize_row_q4_k_fast,
+     DType::Q5_0, nullptr, 1.0f, kQ4kX16BlockBytes, false, nullptr, K::None},
+    {{DType::Q5_K, "q5_K", 256, 176}, F::KQuant, A::Q8_K,
+     dequant_blocks<BlockQ5_K, 256, deq_q5_k>, dot_blocks<BlockQ5_K, 256, deq_q5_k>, quantize_row_q5_k_ref, quantize_row_q5_k_fast,
+     DType::Q5_1, nullptr, 1.0f, kQ5kX16BlockBytes, false, nullptr, K::None},
+    {{DType::Q6_K, "q6_K", 256, 210}, F::KQuant, A::Q8_K,
+     dequant_blocks<BlockQ6_K, 256, deq_q6_k>, dot_blocks<BlockQ6_K, 256, deq_q6_k>, quantize_row_q6_k_ref, quantize_row_q6_k_fast,
+     DType::Q8_0, nullptr, 1.0f, kQ6kX16BlockBytes, true, nullptr, K::None},
+    {{DType::IQ2_XXS, "iq2_xxs", 256, 66}, F::IQ, A::Q8_K,
+     dequant_iq_row<DType::IQ2_XXS>, dot_iq_row<DType::IQ2_XXS>, nullptr, nullptr,
+     DType::IQ2_XXS, iq::decode_iq2_xxs, 0.125f, iq_x16_block_bytes(DType::IQ2_XXS), true, kIq2X16Values, K::None},
+    {{DType::IQ2_XS, "iq2_xs", 256, 74}, F::IQ, A::Q8_K,
+     dequant_iq_row<DType::IQ2_XS>, dot_iq_row<DType::IQ2_XS>, nullptr, nullptr,
+     DType::IQ2_XS, iq::decode_iq2_xs, 0.125f, iq_x16_block_bytes(DType::IQ2_XS), true, kIq2X16Values, K::None},
+    {{DType::IQ3_XXS, "iq3_xxs", 256, 98}, F::IQ, A::Q8_K,
+     dequant_iq_row<DType::IQ3_XXS>, dot_iq_row<DType::IQ3_XXS>, nullptr, nullptr,
+     DType::IQ3_XXS, iq::decode_iq3_xxs, 0.25f, iq_x16_block_bytes(DType::IQ3_XXS), true, kIq3xxsX16Values, K::None},
+    {{DType::IQ1_S, "iq1_s", 256, 50}, F::IQ, A::Q8_K,
+     dequant_iq_row<DType::IQ1_S>, dot_iq_row<DType::IQ1_S>, nullptr, nullptr,
+     DType::IQ1_S, iq::decode_iq1_s, 1.0f, iq_x16_block_bytes(DType::IQ1_S), true, kIq1X16Values, K::None},
+    {{DType::IQ4_NL, "iq4_nl", 32, 18}, F::Block32, A::Q8_0,
+     dequant_blocks<BlockIQ4_NL, 32, deq_iq4_nl>, dot_blocks<BlockIQ4_NL, 32, deq_iq4_nl>, iq::quantize_row_iq4_nl, iq::quantize_row_iq4_nl_fast,
+     DType::IQ4_NL, nullptr, 1.0f, 0, false, nullptr, K::None},
+    {{DType::IQ3_S, "iq3_s", 256, 110}, F::IQ, A::Q8_K,
+     dequant_iq_row<DType::IQ3_S>, dot_iq_row<DType::IQ3_S>, nullptr, nullptr,
+     DType::IQ3_S, iq::decode_iq3_s, 1.0f, iq_x16_block_bytes(DType::IQ3_S), true, kIq3sX16Values, K::None},
+    {{DType::IQ2_S, "iq2_s", 256, 82}, F::IQ, A::Q8_K,
+     dequant_iq_row<DType::IQ2_S>, dot_iq_row<DType::IQ2_S>, nullptr, nullptr,
+     DType::IQ2_S, iq::decode_iq2_s, 0.125f, iq_x16_block_bytes(DType::IQ2_S), true, kIq2X16Values, K::None},
+    {{DType::IQ4_XS, "iq4_xs", 256, 136}, F::IQ, A::Q8_K,
+     dequant_iq_row<DType::IQ4_XS>, dot_iq_row<DType::IQ4_XS>, iq::quantize_row_iq4_xs, iq::quantize_row_iq4_xs_fast,
+     DType::IQ4_NL, iq::decode_iq4_xs, 1.0f, iq_x16_block_bytes(DType::IQ4_XS), true, kIq4X16Values, K::None},
+    {{DType::IQ1_M, "iq1_m", 256, 56}, F::IQ, A::Q8_K,
+     dequant_iq_row<DType::IQ1_M>, dot_iq_row<DType::IQ1_M>, nullptr, nullptr,
+     DType::IQ1_M, iq::decode_iq1_m, 1.0f, iq_x16_block_bytes(DType::IQ1_M), true, kIq1X16Values, K::None},
+    {{DType::BF16, "bf16", 1, 2}, F::Float, A::BF16,
+     dequant_blocks<BF16Elem, 1, deq_bf16>, dot_blocks<BF16Elem, 1, deq_bf16>, quant_row_bf16, nullptr,
+     DType::BF16, nullptr, 1.0f, 0, false, nullptr, K::Float},
+    {{DType::TQ1_0, "tq1_0", 256, 54}, F::TQ, A::Q8_K,
+     dequant_iq_row<DType::TQ1_0>, dot_iq_row<DType::TQ1_0>, nullptr, nullptr,
+     DType::TQ1_0, iq::decode_tq1_0, 1.0f, iq_x16_block_bytes(DType::TQ1_0), true, kTqX16Values, K::None},
+    {{DType::TQ2_0, "tq2_0", 256, 66}, F::TQ, A::Q8_K,
+     dequant_iq_row<DType::TQ2_0>, dot_iq_row<DType::TQ2_0>, nullptr, nullptr,
+     DType::TQ2_0, iq::decode_tq2_0, 1.0f, iq_x16_block_bytes(DType::TQ2_0), true, kTqX16Values, K::None},
+    {{DType::MXFP4, "mxfp4", 32, 17}, F::Block32, A::Q8_0,
+     dequant_blocks<BlockMXFP4, 32, deq_mxfp4>, dot_blocks<BlockMXFP4, 32, deq_mxfp4>, nullptr, nullptr,
+     DType::MXFP4, nullptr, 1.0f, 0, false, nullptr, K::None},
+};
+
+// Row index of every id below kIdLimit, -1 for the unsupported ones.
+constexpr uint32_t kIdLimit = 64;
+constexpr auto kRowOfId = [] {
+  std::array<int8_t, kIdLimit> idx{};
+  for (auto& i : idx) i = -1;
+  for (size_t r = 0; r < std::size(kTypeTraits); ++r) idx[uint32_t(kTypeTraits[r].type)] = int8_t(r);
+  return idx;
+}();
+
+constexpr bool ordered_by_id() {
+  for (size_t r = 1; r < std::size(kTypeTraits); ++r)
+    if (uint32_t(kTypeTraits[r - 1].type) >= uint32_t(kTypeTraits[r].type)) return false;
+  return true;
+}
+static_assert(ordered_by_id(), "kTypeTraits: one row per type, in id order");
+
+}  // namespace
+
+const TypeTraits* type_traits(uint32_t ggml_type_id) {
+  if (ggml_type_id >= kIdLimit || kRowOfId[ggml_type_id] < 0) return nullptr;
+  return &kTypeTraits[kRowOfId[ggml_type_id]];
+}
+
+const TypeTraits& type_traits(DType t) {
+  const TypeTraits* tt = type_traits(uint32_t(t));
+  // A DType value outside the enum can only come from a cast of an unchecked id: a
+  // programming error, not bad input (file ids go through the uint32_t overload).
+  if (!tt) throw std::invalid_argument("unsupported ggml type id " + std::to_string(uint32_t(t)));
+  return *tt;
+}
+
+std::span<const TypeTraits> all_type_traits() { return kTypeTraits; }
 
 }  // namespace step35

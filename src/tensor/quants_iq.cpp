@@ -12,6 +12,7 @@
 #include "tensor/iq_grids.h"
 #include "tensor/kernels_impl.h"
 #include "tensor/quants.h"
+#include "tensor/type_traits.h"
 
 namespace step35::iq {
 
@@ -43,6 +44,10 @@ void put4(uint32_t entry, uint32_t sign_bits, int first_bit, int8_t* q) {
     q[j] = int8_t(((sign_bits >> (first_bit + j)) & 1u) ? -m : m);
   }
 }
+
+}  // namespace
+
+// ---- decoders (the type traits table's iq_decode column) -------------------------------
 
 // IQ2_XXS: per 32 values, 8 bytes: four grid indices, then a 32-bit word holding four 7-bit
 // sign groups (bits 0..27) and the 4-bit scale s (bits 28..31); value = d·(s+½)/4 · grid.
@@ -265,6 +270,9 @@ void decode_tq2_0(const uint8_t* p, BlockInts* b) {
 
 // ---- IQ4 encoders ------------------------------------------------------------------------
 
+namespace {
+
+
 // ggml's nearest_int: round half to even through the 1.5·2^23 trick (plain bit operations,
 // so a NaN or huge input gives some int, never undefined behaviour).
 int nearest_int(float v) {
@@ -417,35 +425,13 @@ void encode_iq4_xs(const float* x, BlockIQ4_XS* y, const Iq4Steps& steps) {
 }  // namespace
 
 bool is_super_block_type(DType t) {
-  switch (t) {
-    case DType::IQ2_XXS:
-    case DType::IQ2_XS:
-    case DType::IQ2_S:
-    case DType::IQ3_XXS:
-    case DType::IQ3_S:
-    case DType::IQ1_S:
-    case DType::IQ1_M:
-    case DType::IQ4_XS:
-    case DType::TQ1_0:
-    case DType::TQ2_0: return true;
-    default: return false;
-  }
+  const TypeTraits* tt = type_traits(uint32_t(t));
+  return tt && tt->iq_decode;
 }
 
 void decode(DType t, const uint8_t* block, BlockInts* out) {
-  switch (t) {
-    case DType::IQ2_XXS: return decode_iq2_xxs(block, out);
-    case DType::IQ2_XS: return decode_iq2_xs(block, out);
-    case DType::IQ2_S: return decode_iq2_s(block, out);
-    case DType::IQ3_XXS: return decode_iq3_xxs(block, out);
-    case DType::IQ3_S: return decode_iq3_s(block, out);
-    case DType::IQ1_S: return decode_iq1_s(block, out);
-    case DType::IQ1_M: return decode_iq1_m(block, out);
-    case DType::IQ4_XS: return decode_iq4_xs(block, out);
-    case DType::TQ1_0: return decode_tq1_0(block, out);
-    case DType::TQ2_0: return decode_tq2_0(block, out);
-    default: break;
-  }
+  const TypeTraits* tt = type_traits(uint32_t(t));
+  if (tt && tt->iq_decode) return tt->iq_decode(block, out);
   *out = BlockInts{};  // not a super-block type: callers check is_super_block_type first
 }
 
@@ -461,13 +447,8 @@ void dequantize(const BlockInts& b, float* y) {
 }
 
 float dot_row_factor(DType t) {
-  switch (t) {
-    case DType::IQ2_XXS:
-    case DType::IQ2_XS:
-    case DType::IQ2_S: return 0.125f;
-    case DType::IQ3_XXS: return 0.25f;
-    default: return 1.0f;
-  }
+  const TypeTraits* tt = type_traits(uint32_t(t));
+  return tt ? tt->dot_row_factor : 1.0f;
 }
 
 void quantize_row_iq4_nl(const float* x, void* dst, int64_t n) {

@@ -37,6 +37,18 @@ bool is_super_block_type(DType t);
 // grids, so no block, however corrupt, reads outside them.
 void decode(DType t, const uint8_t* block, BlockInts* out);
 
+// The decoders decode() picks through the type traits table (tensor/type_traits.h).
+void decode_iq2_xxs(const uint8_t* block, BlockInts* out);
+void decode_iq2_xs(const uint8_t* block, BlockInts* out);
+void decode_iq2_s(const uint8_t* block, BlockInts* out);
+void decode_iq3_xxs(const uint8_t* block, BlockInts* out);
+void decode_iq3_s(const uint8_t* block, BlockInts* out);
+void decode_iq1_s(const uint8_t* block, BlockInts* out);
+void decode_iq1_m(const uint8_t* block, BlockInts* out);
+void decode_iq4_xs(const uint8_t* block, BlockInts* out);
+void decode_tq1_0(const uint8_t* block, BlockInts* out);
+void decode_tq2_0(const uint8_t* block, BlockInts* out);
+
 // Dequantizes a decoded block into y[256]: y = dl[g]·q, or dl[g]·(q ± kIq1Delta) for IQ1_*.
 void dequantize(const BlockInts& b, float* y);
 

@@ -27,6 +27,7 @@
 #include "tensor/fp16.h"
 #include "tensor/quants.h"
 #include "tensor/quants_iq.h"
+#include "tensor/type_traits.h"
 
 namespace step35 {
 
@@ -702,20 +703,18 @@ void quantize_row_q4_k_ref(const float* src, void* dst, int64_t n) { encode_row<
 void quantize_row_q5_k_ref(const float* src, void* dst, int64_t n) { encode_row<BlockQ5_K, encode_q5_k<false>>(src, dst, n); }
 void quantize_row_q6_k_ref(const float* src, void* dst, int64_t n) { encode_row<BlockQ6_K, encode_q6_k<false>>(src, dst, n); }
 
+void quantize_row_q2_k_fast(const float* src, void* dst, int64_t n) { encode_row<BlockQ2_K, encode_q2_k<true>>(src, dst, n); }
+void quantize_row_q4_k_fast(const float* src, void* dst, int64_t n) { encode_row<BlockQ4_K, encode_q4_k<true>>(src, dst, n); }
+void quantize_row_q5_k_fast(const float* src, void* dst, int64_t n) { encode_row<BlockQ5_K, encode_q5_k<true>>(src, dst, n); }
+void quantize_row_q6_k_fast(const float* src, void* dst, int64_t n) { encode_row<BlockQ6_K, encode_q6_k<true>>(src, dst, n); }
+
 bool quantize_row_fast(DType t, const float* src, void* dst, int64_t n) {
-  if (t == DType::IQ4_NL && n >= 0 && n % 32 == 0) {
-    iq::quantize_row_iq4_nl_fast(src, dst, n);
+  const TypeTraits* tt = type_traits(uint32_t(t));
+  if (tt && tt->quantize_fast && n >= 0 && n % tt->block_elems == 0) {
+    tt->quantize_fast(src, dst, n);
     return true;
   }
-  if (n < 0 || n % kSuperBlock != 0) return quantize_row_ref(t, src, dst, n);
-  switch (t) {
-    case DType::IQ4_XS: iq::quantize_row_iq4_xs_fast(src, dst, n); return true;
-    case DType::Q2_K: encode_row<BlockQ2_K, encode_q2_k<true>>(src, dst, n); return true;
-    case DType::Q4_K: encode_row<BlockQ4_K, encode_q4_k<true>>(src, dst, n); return true;
-    case DType::Q5_K: encode_row<BlockQ5_K, encode_q5_k<true>>(src, dst, n); return true;
-    case DType::Q6_K: encode_row<BlockQ6_K, encode_q6_k<true>>(src, dst, n); return true;
-    default: return quantize_row_ref(t, src, dst, n);
-  }
+  return quantize_row_ref(t, src, dst, n);  // no fast encoder, or a bad length
 }
 
 }  // namespace step35

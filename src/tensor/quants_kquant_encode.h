@@ -17,6 +17,13 @@ void quantize_row_q4_k_ref(const float* src, void* dst, int64_t n);
 void quantize_row_q5_k_ref(const float* src, void* dst, int64_t n);
 void quantize_row_q6_k_ref(const float* src, void* dst, int64_t n);
 
+// The same bytes as the _ref encoders above, their sub-block searches run several sub-blocks
+// side by side (the type traits table's quantize_fast column).
+void quantize_row_q2_k_fast(const float* src, void* dst, int64_t n);
+void quantize_row_q4_k_fast(const float* src, void* dst, int64_t n);
+void quantize_row_q5_k_fast(const float* src, void* dst, int64_t n);
+void quantize_row_q6_k_fast(const float* src, void* dst, int64_t n);
+
 // Same bytes as quantize_row_ref for every type, faster for Q2_K, Q4_K, Q5_K and Q6_K: their
 // sub-block searches run several sub-blocks side by side (vectorisable), each performing the
 // scalar search's exact float operations; and for IQ4_NL and IQ4_XS, whose searches use the

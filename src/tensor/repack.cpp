@@ -11,6 +11,7 @@
 #include "tensor/kernels.h"
 #include "tensor/quants.h"
 #include "tensor/quants_iq.h"
+#include "tensor/type_traits.h"
 
 namespace step35::kernels {
 
@@ -188,31 +189,15 @@ void repack_group_iq(DType t, const uint8_t* const* rows, int64_t n_blocks, uint
 }  // namespace
 
 const int8_t* iq_x16_values(DType t) {
-  switch (t) {
-    case DType::IQ4_XS: return kIq4X16Values;
-    case DType::IQ3_S: return kIq3sX16Values;
-    case DType::IQ3_XXS: return kIq3xxsX16Values;
-    case DType::IQ2_XXS:
-    case DType::IQ2_XS:
-    case DType::IQ2_S: return kIq2X16Values;
-    case DType::IQ1_S:
-    case DType::IQ1_M: return kIq1X16Values;
-    case DType::TQ1_0:
-    case DType::TQ2_0: return kTqX16Values;
-    default: return nullptr;
-  }
+  const TypeTraits* tt = type_traits(uint32_t(t));
+  return tt ? tt->x16_values : nullptr;
 }
 
 size_t x16_group_bytes(DType t, int64_t n_in) {
+  const TypeTraits* tt = type_traits(uint32_t(t));
+  if (!tt || tt->x16_block_bytes == 0) return 0;
   const size_t nb = size_t(n_in / 256);
-  switch (t) {
-    case DType::Q4_K: return nb * kQ4kX16BlockBytes;
-    case DType::Q5_K: return nb * kQ5kX16BlockBytes;
-    case DType::Q6_K: return nb * kQ6kX16BlockBytes + (nb * 32 + 63) / 64 * 64;
-    default:
-      if (!iq_x16_values(t)) return 0;
-      return nb * iq_x16_block_bytes(t) + (nb * 32 + 63) / 64 * 64;
-  }
+  return nb * tt->x16_block_bytes + (tt->x16_d_part ? (nb * 32 + 63) / 64 * 64 : 0);
 }
 
 bool can_repack(const WeightMatrix& w) {
