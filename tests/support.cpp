@@ -109,13 +109,16 @@ int run_command(const std::string& cmd, std::string* out, std::string* err) {
 
 std::string step35_binary() { return STEP35_BINARY; }
 
-std::string regenerated_fixture(const std::string& file, std::string* why) {
+std::string regenerated_fixture(const std::string& file, std::string* why, const std::string& set) {
   static std::mutex mu;
   std::lock_guard<std::mutex> lock(mu);
-  const std::string out = tmp_dir() + "/" + file;
-  nlohmann::json manifest = read_json(fixtures_dir() + "/manifest.json");
+  const std::string folder = set.empty() ? tmp_dir() : tmp_dir() + "/" + set;
+  ::mkdir(folder.c_str(), 0755);
+  const std::string out = folder + "/" + file;
+  nlohmann::json manifest = read_json(fixtures_dir() + (set.empty() ? "" : "/" + set) + "/manifest.json");
   // Find the generator command for this file and the expected sha256.
   std::string gen_cmd;
+  bool same_bytes = true;  // the command is the manifest's, so the file is its file
   for (const auto& c : manifest["commands"]) {
     std::string s = c.get<std::string>();
     if (s.rfind("python3 tools/make_tiny_step35.py --out " + file + " ", 0) == 0) gen_cmd = s;
@@ -129,6 +132,7 @@ std::string regenerated_fixture(const std::string& file, std::string* why) {
         gen_cmd = s;
         gen_cmd.replace(gen_cmd.find("tiny-b-f32.gguf"), 15, file);
         gen_cmd.replace(gen_cmd.find(" --quiet"), 8, " --dtype q8_0 --quiet");
+        same_bytes = false;
       }
     }
   }
@@ -140,13 +144,21 @@ std::string regenerated_fixture(const std::string& file, std::string* why) {
   // ctest runs test processes in parallel: generate in a private folder (same file name,
   // since general.name derives from it), then rename into place atomically, so no process
   // ever reads a half-written model.
-  const std::string work = tmp_dir() + "/gen." + std::to_string(::getpid());
+  const std::string work = folder + "/gen." + std::to_string(::getpid());
   ::mkdir(work.c_str(), 0755);
   std::string cmd = gen_cmd;
   cmd.replace(0, std::strlen("python3 tools/"), "python3 " + std::string(STEP35_SHARED_TOOLS_DIR) + "/");
   std::string err;
   int rc = run_command("cd '" + work + "' && " + cmd + " > /dev/null", nullptr, &err);
   const std::string made = work + "/" + file;
+  // The generator's output must be the manifest's file, byte for byte.
+  std::string sum;
+  const std::string want =
+      same_bytes && manifest["models"].contains(file) ? manifest["models"][file].value("sha256", "") : "";
+  if (rc == 0 && !want.empty() && (run_command("sha256sum '" + made + "'", &sum) != 0 || sum.rfind(want, 0) != 0)) {
+    err = "sha256 of the generated " + file + " is not the manifest's " + want;
+    rc = -1;
+  }
   if (rc != 0 || !install_if_absent(made, out)) {
     if (why) *why = "generator failed (" + std::to_string(rc) + "): " + err;
     std::remove(made.c_str());

@@ -32,8 +32,10 @@ std::string step35_binary();                // the built CLI
 
 // Path of a fixture model that is not shipped but regenerable with the reference
 // generator (tiny-k-f32, tiny-b-q8_0): generated once into tmp_dir() and checked against
-// manifest.json's sha256. Returns "" (and sets *why) when it cannot be made.
-std::string regenerated_fixture(const std::string& file, std::string* why);
+// manifest.json's sha256. Returns "" (and sets *why) when it cannot be made. `set`: a
+// fixture set in its own folder with its own manifest.json (e.g. "vision"); its files go
+// to tmp_dir()/set.
+std::string regenerated_fixture(const std::string& file, std::string* why, const std::string& set = "");
 
 // Where tests/scripts/regen_tiny_q.sh writes the unshipped tiny-q files (they need
 // llama.cpp's llama-quantize): $STEP35_TINY_Q_DIR, else tmp_dir()/tiny-q-regen.

@@ -202,7 +202,7 @@ nlohmann::json by_draft_position(F f) {
 // bench's settings, with their defaults.
 struct BenchSettings {
   std::string model, n_prompt = "512", n_gen = "128", n_depth = "0", threads = std::to_string(default_threads());
-  std::string mtp = "0", expert_policy = "strict", parallel;
+  std::string mtp = "0", expert_policy = "strict", parallel, mtp_model;
   int32_t repetitions = 5, n_batch = GeneratorOptions{}.n_batch, membw_mib = 1024, parallel_prompt = 16;
   double synthetic_accept = -1;  // off
   bool json = false, membw = false, exact = false, verify_cost = false;
@@ -223,6 +223,7 @@ static int bench_main(const Args& args) {
               "per token / bandwidth) and tg as a share of it.");
   BenchSettings bs;
   p.option("-m,--model", "FILE", "GGUF model", bs.model, "the built-in tiny model");
+  add_mtp_model_flag(p, bs.mtp_model);
   p.option("-p,--n-prompt", "N", "prompt tokens, comma list, 0 = skip pp", bs.n_prompt);
   p.option("-n,--n-gen", "N", "generated tokens, comma list, 0 = skip tg", bs.n_gen);
   p.option("-t,--threads", "N", "worker threads, comma list", bs.threads, "number of cores");
@@ -271,8 +272,8 @@ static int bench_main(const Args& args) {
   std::string path = bs.model;
   if (path.empty()) path = builtin_tiny_model_path();
   EpSetup ep(p);
-  if (ep.is_follower()) return ep.follow(path, int(threads_list.front()));
-  auto model = load_model(path, json);
+  if (ep.is_follower()) return ep.follow(path, int(threads_list.front()), bs.mtp_model);
+  auto model = load_model(path, json, bs.mtp_model);
   ep.attach(*model);
   const HParams& hp = model->hparams();
   const int64_t max_prompt = *std::max_element(n_prompt_list.begin(), n_prompt_list.end());

@@ -24,11 +24,12 @@ double now_seconds() {
   return duration<double>(steady_clock::now().time_since_epoch()).count();
 }
 
-std::unique_ptr<Model> load_model(const std::string& path, bool quiet) {
+std::unique_ptr<Model> load_model(const std::string& path, bool quiet, const std::string& mtp_model) {
   const double t0 = now_seconds();
   Model::LoadOptions opts;
   opts.verbose = !quiet;
   opts.progress = !quiet;
+  opts.mtp_model = mtp_model;
   auto model = Model::load(path, opts);
   if (!quiet) {
     const HParams& hp = model->hparams();
@@ -42,13 +43,20 @@ std::unique_ptr<Model> load_model(const std::string& path, bool quiet) {
       std::snprintf(repacked, sizeof repacked, ", %.1f MiB repacked%s", double(model->repacked_bytes()) / (1 << 20),
                     model->lazy_repack_bytes() > 0 ? " (experts: on first use)" : "");
     std::fprintf(stderr,
-                 "model: %s | %d layers (%d SWA, %d full; %d MoE) + %d MTP | embd %d | vocab %d | "
+                 "model: %s | %d layers (%d SWA, %d full; %d MoE) + %d MTP%s | embd %d | vocab %d | "
                  "%.1f MiB of weights mapped%s | loaded in %.0f ms\n",
                  path.c_str(), hp.n_layer, n_swa, hp.n_layer - n_swa, n_moe, model->n_mtp_loaded(),
+                 model->mtp_sidecar_path().empty() ? "" : (" (from " + model->mtp_sidecar_path() + ")").c_str(),
                  hp.n_embd, hp.n_vocab, double(model->weight_bytes()) / (1 << 20), repacked,
                  (now_seconds() - t0) * 1e3);
   }
   return model;
+}
+
+void add_mtp_model_flag(ArgParser& p, std::string& mtp_model) {
+  p.option("--mtp-model", "FILE", "MTP sidecar: a GGUF holding only the MTP blocks, for a model file without them "
+           "(Step-3.7-Flash's mtp-*.gguf); 'none': do not look for one", mtp_model,
+           "an mtp-*.gguf beside the model, if the model has no MTP blocks");
 }
 
 void print_kv_cache(const KvCache& cache) { std::fprintf(stderr, "kv cache: %s\n", cache.describe().c_str()); }

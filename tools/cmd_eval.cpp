@@ -18,12 +18,13 @@ static int eval_main(const Args& args) {
   ArgParser p("eval", "Runs the given token ids through the model as one batch and prints JSON:\n"
                       "{\"n_vocab\":V,\"n_tokens\":N,\"argmax\":[one per position],\"logits\":[[last row]]"
                       " or every row with --all-logits,\"greedy\":[N tokens with --greedy N]}");
-  std::string model_path, token_list;
+  std::string model_path, token_list, mtp_model;
   std::vector<std::string> patches;
   int32_t n_greedy = 0, n_ctx = 0, n_threads = default_threads();
   bool all_logits = false, want_hidden = false, exact = false;
   GeneratorOptions go;
   p.option("-m,--model", "FILE", "GGUF model", model_path);
+  add_mtp_model_flag(p, mtp_model);
   p.option("--tokens", "IDS", "comma-separated token ids", token_list);
   p.option("--all-logits", "print the logits of every position, not only the last", all_logits);
   p.option("--greedy", "N", "then generate N tokens greedily through the KV cache (end of generation not special)",
@@ -48,8 +49,8 @@ static int eval_main(const Args& args) {
                      " greedy tokens exceed the context size " + std::to_string(n_ctx));
 
   EpSetup ep(p);
-  if (ep.is_follower()) return ep.follow(model_path, n_threads);
-  auto model = load_model(model_path);
+  if (ep.is_follower()) return ep.follow(model_path, n_threads, mtp_model);
+  auto model = load_model(model_path, false, mtp_model);
   apply_patches(*model, patches);
   ep.attach(*model);
   const size_t V = size_t(model->hparams().n_vocab), E = size_t(model->hparams().n_embd), T = tokens.size();

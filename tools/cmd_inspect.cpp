@@ -16,6 +16,8 @@ static int inspect_main(const Args& args) {
   p.positional("MODEL", "GGUF file (first part of a split model)");
   p.flag("-m,--model", "FILE", "same as MODEL");
   int32_t n_ctx = 0;
+  std::string mtp_model;
+  add_mtp_model_flag(p, mtp_model);
   p.option("-c,--ctx-size", "N", "context size for the KV cache estimate", n_ctx, 1, 1 << 30,
            "the model's training context");
   KvTypes kv_types;
@@ -25,7 +27,7 @@ static int inspect_main(const Args& args) {
   if (!p.parse(args)) return 0;
   std::string path = p.positionals().empty() ? p.str("model") : p.positionals()[0];
   if (path.empty()) throw UsageError("MODEL is required");
-  auto model = load_model(path, true);
+  auto model = load_model(path, true, mtp_model);
   KvPool::block_bytes(model->kv_layers(), KvPool::kDefaultBlockSize, kv_types);  // types the heads cannot take: error now
   const gguf::File& f = model->file();
   const HParams& hp = model->hparams();
@@ -37,6 +39,7 @@ static int inspect_main(const Args& args) {
               f.opt_str("general.name").value_or("-").c_str());
   std::printf("layers:        %d trunk + %d MTP declared (%d MTP loaded)\n", hp.n_layer, hp.n_mtp,
               model->n_mtp_loaded());
+  if (!model->mtp_sidecar_path().empty()) std::printf("mtp sidecar:   %s\n", model->mtp_sidecar_path().c_str());
   std::printf("embedding:     %d   vocab: %d   head dim: %d (K) / %d (V)\n", hp.n_embd, hp.n_vocab,
               hp.head_dim_k, hp.head_dim_v);
   std::printf("attention:     sliding window %d, rms eps %g, context (training) %d\n", hp.swa_window,

@@ -17,7 +17,7 @@ namespace {
 
 // run's own settings; the others are SamplingParams and GeneratorOptions.
 struct RunSettings {
-  std::string model, prompt, file, system, mtp, chat_template_file;
+  std::string model, prompt, file, system, mtp, chat_template_file, mtp_model;
   std::vector<std::string> patches;  // --patch, in order
   int32_t n_predict = 128;
   int32_t threads = default_threads();
@@ -45,6 +45,7 @@ static int run_main(const Args& args) {
   SamplingParams sp;
   GeneratorOptions go;
   p.option("-m,--model", "FILE", "GGUF model (first part of a split model)", rs.model, "the built-in tiny model");
+  add_mtp_model_flag(p, rs.mtp_model);
   p.option("-p,--prompt", "TEXT", "prompt text", rs.prompt);
   p.option("-f,--file", "FILE", "read the prompt from a file", rs.file);
   p.option("-n,--n-predict", "N", "tokens to generate; stops earlier at end of generation", rs.n_predict, 0, 1 << 30);
@@ -90,9 +91,9 @@ static int run_main(const Args& args) {
                  "-m Step-3.5-Flash-Q4_K_S-00001-of-0000N.gguf -p \"...\"\n",
                  path.c_str());
   }
-  if (ep.is_follower()) return ep.follow(path, n_threads);
+  if (ep.is_follower()) return ep.follow(path, n_threads, rs.mtp_model);
   const double t_load0 = now_seconds();
-  auto model = load_model(path);
+  auto model = load_model(path, false, rs.mtp_model);
   apply_patches(*model, rs.patches);
   ep.attach(*model);
   const double t_load = now_seconds() - t_load0;

@@ -105,6 +105,7 @@ static int serve_main(const Args& args) {
                                std::to_string(o.reasoning.high);
   bool exact = false, log_steps = false;
   p.option("-m,--model", "FILE", "GGUF model (first part of a split model)", o.model_path, "the built-in tiny model");
+  add_mtp_model_flag(p, o.mtp_model);
   p.option("--alias", "NAME", "model id reported by /v1/models", o.model_id, "the model file name");
   p.option("--chat-template-file", "FILE", "Jinja chat template to render requests with, instead of the model "
            "file's tokenizer.chat_template", o.chat_template_file, "the model file's");
@@ -191,7 +192,7 @@ static int serve_main(const Args& args) {
   e.mtp_adaptive = mtp_setting.adaptive;
   e.precision = exact ? Precision::Exact : Precision::Native;
   if (log_steps) e.on_step = log_step;
-  if (ep.is_follower()) return ep.follow(o.model_path, e.n_threads);
+  if (ep.is_follower()) return ep.follow(o.model_path, e.n_threads, o.mtp_model);
   o.on_model_loaded = [&ep](Model& model) { ep.attach(model); };
   return server::serve(o);
 }

@@ -14,8 +14,11 @@ namespace step35::cli {
 
 // Default thread count: the machine's cores.
 int default_threads();
-// Loads a model with a summary on stderr (and a progress bar when stderr is a terminal).
-std::unique_ptr<Model> load_model(const std::string& path, bool quiet = false);
+// Loads a model with a summary on stderr (and a progress bar when stderr is a terminal);
+// `mtp_model` is --mtp-model's value (Model::LoadOptions::mtp_model).
+std::unique_ptr<Model> load_model(const std::string& path, bool quiet = false, const std::string& mtp_model = "");
+// --mtp-model FILE|none: the MTP sidecar file (run, eval, serve, bench, inspect).
+void add_mtp_model_flag(ArgParser& p, std::string& mtp_model);
 // Prints the KV cache size and layout to stderr.
 void print_kv_cache(const KvCache& cache);
 // The built-in tiny random model: created on first use in the cache folder

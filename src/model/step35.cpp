@@ -2,6 +2,7 @@
 // describes them ("Hyperparameters", "GGUF: keys and tensors", "The model").
 #include "model/step35.h"
 
+#include <dirent.h>
 #include <unistd.h>
 
 #include <algorithm>
@@ -37,8 +38,120 @@ std::string block_tensor_name(int layer, const char* name) {
 // ---------------------------------------------------------------------------------------
 // Loading
 
+namespace {
+
+// What llama.cpp recognises an MTP sidecar by: MTP blocks declared, no trunk layer 0.
+bool is_mtp_sidecar(const gguf::File& f) {
+  return f.opt_u32(key("nextn_predict_layers")).value_or(0) > 0 && !f.find_tensor("blk.0.attn_norm.weight");
+}
+
+// The number of trunk layers a file declares (block_count minus the MTP blocks), 0 if unknown.
+int64_t declared_trunk_layers(const gguf::File& f) {
+  const auto blocks = f.opt_u32(key("block_count"));
+  return blocks ? int64_t(*blocks) - int64_t(f.opt_u32(key("nextn_predict_layers")).value_or(0)) : 0;
+}
+
+// Whether the main file holds MTP blocks of its own (their tensors, not only the key).
+bool holds_mtp_blocks(const gguf::File& f) {
+  return f.find_tensor(block_tensor_name(int(declared_trunk_layers(f)), "nextn.eh_proj.weight")) != nullptr;
+}
+
+std::string folder_of(const std::string& path) {
+  const size_t slash = path.rfind('/');
+  return slash == std::string::npos ? "." : slash == 0 ? "/" : path.substr(0, slash);
+}
+
+std::string base_name(const std::string& path) {
+  const size_t slash = path.rfind('/');
+  return slash == std::string::npos ? path : path.substr(slash + 1);
+}
+
+// Why a sidecar candidate cannot serve `main` in a quick look at its header ("" if it can);
+// Model::adopt_mtp_sidecar_hparams checks the rest.
+std::string sidecar_misfit(const gguf::File& main, const gguf::File& side) {
+  if (side.opt_str("general.architecture").value_or("") != "step35") return "its architecture is not step35";
+  if (!is_mtp_sidecar(side)) return "it is not an MTP sidecar (no nextn_predict_layers, or it holds trunk layers)";
+  const int64_t main_layers = declared_trunk_layers(main), side_layers = declared_trunk_layers(side);
+  if (main_layers != side_layers)
+    return "its MTP blocks start at block " + std::to_string(side_layers) + ", the model has " +
+           std::to_string(main_layers) + " layers";
+  const auto main_embd = main.opt_u32(key("embedding_length")), side_embd = side.opt_u32(key("embedding_length"));
+  if (main_embd != side_embd)
+    return "its embedding length is " + std::to_string(side_embd.value_or(0)) + ", the model's " +
+           std::to_string(main_embd.value_or(0));
+  const gguf::TensorInfo* main_te = main.find_tensor("token_embd.weight");
+  const gguf::TensorInfo* side_te = side.find_tensor("token_embd.weight");
+  if (main_te && side_te && main_te->ne[1] != side_te->ne[1])
+    return "its vocabulary has " + std::to_string(side_te->ne[1]) + " tokens, the model's " +
+           std::to_string(main_te->ne[1]);
+  return "";
+}
+
+// The sidecar for `main` (opened), or nullptr: the one named, or with an empty name an
+// mtp-*.gguf beside the model when the model has no MTP block. Several candidates that fit:
+// the one whose name (after "mtp-") shares the longest prefix with the model's.
+std::unique_ptr<gguf::File> open_mtp_sidecar(const gguf::File& main, const std::string& model_path,
+                                             const Model::LoadOptions& opts) {
+  if (opts.mtp_model == Model::kNoMtpSidecar) return nullptr;
+  if (!opts.mtp_model.empty()) {
+    if (holds_mtp_blocks(main))
+      throw gguf::Error(model_path + " holds MTP blocks of its own; --mtp-model " + opts.mtp_model +
+                        " is for a model file without them");
+    auto side = gguf::File::open(opts.mtp_model);
+    if (const std::string why = sidecar_misfit(main, *side); !why.empty())
+      throw gguf::Error(opts.mtp_model + " does not fit " + model_path + " as its MTP sidecar: " + why);
+    return side;
+  }
+  if (holds_mtp_blocks(main)) return nullptr;
+  std::vector<std::string> names;
+  if (DIR* d = ::opendir(folder_of(model_path).c_str())) {
+    while (const dirent* e = ::readdir(d)) {
+      const std::string n = e->d_name;
+      if (n.size() > 9 && n.rfind("mtp-", 0) == 0 && n.compare(n.size() - 5, 5, ".gguf") == 0) names.push_back(n);
+    }
+    ::closedir(d);
+  }
+  std::sort(names.begin(), names.end());
+  std::unique_ptr<gguf::File> best;
+  std::string best_name, refusals;
+  size_t best_prefix = 0;
+  const std::string model_name = base_name(model_path);
+  for (const std::string& n : names) {
+    const std::string path = model_path.find('/') == std::string::npos ? n : folder_of(model_path) + "/" + n;
+    std::unique_ptr<gguf::File> side;
+    std::string why;
+    try {
+      side = gguf::File::open(path);
+      why = sidecar_misfit(main, *side);
+    } catch (const std::exception& e) {
+      why = e.what();
+    }
+    if (!why.empty()) {
+      refusals += "\n  " + path + ": " + why;
+      continue;
+    }
+    size_t prefix = 0;
+    while (prefix + 4 < n.size() && prefix < model_name.size() && n[prefix + 4] == model_name[prefix]) ++prefix;
+    if (!best || prefix > best_prefix) best = std::move(side), best_name = path, best_prefix = prefix;
+  }
+  if (!best && !refusals.empty())
+    throw gguf::Error("the MTP sidecar beside " + model_path + " does not fit it (pass --mtp-model FILE, or " +
+                      "--mtp-model none to run without MTP):" + refusals);
+  if (best && opts.verbose)
+    std::fprintf(stderr, "mtp: using the MTP sidecar %s found beside the model (--mtp-model none: without it)\n",
+                 best_name.c_str());
+  return best;
+}
+
+}  // namespace
+
 std::unique_ptr<Model> Model::load(const std::string& path, const LoadOptions& opts) {
-  return load_parsed(gguf::File::open(path), opts);
+  auto file = gguf::File::open(path);
+  if (is_mtp_sidecar(*file))
+    throw gguf::Error(path + " is an MTP sidecar (it holds only the MTP blocks): pass the main model file with -m "
+                      "and this one with --mtp-model");
+  auto side = open_mtp_sidecar(*file, path, opts);
+  return load_parsed(std::move(file), std::move(side), opts);
 }
 
 namespace {
@@ -59,14 +172,17 @@ uint64_t usable_memory_bytes() {
 
 std::unique_ptr<Model> Model::load_buffer(const uint8_t* data, size_t size, const std::string& name,
                                           const LoadOptions& opts) {
-  return load_parsed(gguf::File::parse_buffer(data, size, name), opts);
+  return load_parsed(gguf::File::parse_buffer(data, size, name), nullptr, opts);
 }
 
-std::unique_ptr<Model> Model::load_parsed(std::unique_ptr<gguf::File> file, const LoadOptions& opts) {
+std::unique_ptr<Model> Model::load_parsed(std::unique_ptr<gguf::File> file, std::unique_ptr<gguf::File> mtp_file,
+                                          const LoadOptions& opts) {
   const std::string path = file->path();
   std::unique_ptr<Model> m(new Model());
   m->file_ = std::move(file);
+  m->mtp_file_ = std::move(mtp_file);
   m->load_hparams();
+  if (m->mtp_file_) m->adopt_mtp_sidecar_hparams();
   m->tokenizer_ = Tokenizer::from_gguf(*m->file_);
   m->load_tensors(opts);
   bool repack = opts.repack;
@@ -95,8 +211,10 @@ std::unique_ptr<Model> Model::load_parsed(std::unique_ptr<gguf::File> file, cons
   return m;
 }
 
-void Model::load_hparams() {
-  const gguf::File& f = *file_;
+namespace {
+
+// The hyperparameters a file declares (architecture.md "Hyperparameters").
+HParams read_hparams(const gguf::File& f) {
   const std::string& path = f.path();
   const std::string arch = f.get_str("general.architecture");
   if (arch != "step35")
@@ -109,7 +227,7 @@ void Model::load_hparams() {
     return int32_t(v);
   };
 
-  HParams& hp = hp_;
+  HParams hp;
   hp.n_embd = positive(key("embedding_length"), f.get_u32(key("embedding_length")));
   const int32_t n_block = positive(key("block_count"), f.get_u32(key("block_count")));
   hp.n_mtp = int32_t(f.opt_u32(key("nextn_predict_layers")).value_or(0));
@@ -189,21 +307,53 @@ void Model::load_hparams() {
         throw gguf::Error(where + "key '" + key("expert_feed_forward_length") + "' is missing or 0");
     }
   }
+  return hp;
+}
+
+}  // namespace
+
+void Model::load_hparams() { hp_ = read_hparams(*file_); }
+
+void Model::adopt_mtp_sidecar_hparams() {
+  const HParams side = read_hparams(*mtp_file_);
+  const std::string fits = mtp_file_->path() + " does not fit " + file_->path() + " as its MTP sidecar: ";
+  auto differ = [&](const char* what, double a, double b) {
+    if (a != b)
+      throw gguf::Error(fits + what + " is " + std::to_string(b) + " there and " + std::to_string(a) + " in the model");
+  };
+  differ("the number of trunk layers", hp_.n_layer, side.n_layer);
+  differ("embedding_length", hp_.n_embd, side.n_embd);
+  differ("attention.key_length", hp_.head_dim_k, side.head_dim_k);
+  differ("attention.value_length", hp_.head_dim_v, side.head_dim_v);
+  differ("attention.layer_norm_rms_epsilon", hp_.rms_eps, side.rms_eps);
+  differ("attention.sliding_window", hp_.swa_window, side.swa_window);
+  differ("expert_count", hp_.n_expert, side.n_expert);
+  differ("expert_gating_func (sigmoid)", hp_.gating_sigmoid, side.gating_sigmoid);
+  differ("expert_weights_norm", hp_.expert_weights_norm, side.expert_weights_norm);
+  differ("expert_weights_scale", hp_.expert_weights_scale, side.expert_weights_scale);
+  for (int32_t il = 0; il < hp_.n_layer; ++il) {
+    const LayerHParams &a = hp_.layers[size_t(il)], &b = side.layers[size_t(il)];
+    if (a.is_swa != b.is_swa || a.n_head != b.n_head || a.n_head_kv != b.n_head_kv || a.n_rot != b.n_rot)
+      throw gguf::Error(fits + "layer " + std::to_string(il) + " has another attention shape there");
+  }
+  hp_.n_mtp = side.n_mtp;
+  hp_.layers.insert(hp_.layers.end(), side.layers.begin() + hp_.n_layer, side.layers.end());
+  mtp_sidecar_path_ = mtp_file_->path();
 }
 
 void Model::load_tensors(const LoadOptions& opts) {
-  const gguf::File& f = *file_;
-  const std::string& path = f.path();
+  // The file tensors are read from: the model's, and the sidecar's for the MTP blocks.
+  const gguf::File* from = file_.get();
   const HParams& hp = hp_;
   size_t n_bound = 0;
-  const size_t n_total = f.tensors().size();
+  const size_t n_total = file_->tensors().size() + (mtp_file_ ? mtp_file_->tensors().size() : 0);
   const bool show_progress = opts.progress && isatty(2);
 
   // Looks up a tensor, checks its shape, and returns a view (absent + optional -> empty).
   auto get = [&](const std::string& name, std::vector<int64_t> shape, bool required) -> WeightMatrix {
-    const gguf::TensorInfo* t = f.find_tensor(name);
+    const gguf::TensorInfo* t = from->find_tensor(name);
     if (!t) {
-      if (required) throw gguf::Error(path + ": missing tensor '" + name + "'");
+      if (required) throw gguf::Error(from->path() + ": missing tensor '" + name + "'");
       return {};
     }
     bool ok = t->n_dims >= 1;
@@ -212,7 +362,7 @@ void Model::load_tensors(const LoadOptions& opts) {
       if (t->ne[d] != want) ok = false;
     }
     if (!ok)
-      throw gguf::Error(path + ": tensor '" + name + "' has shape " + shape_str(t->ne, t->n_dims) +
+      throw gguf::Error(from->path() + ": tensor '" + name + "' has shape " + shape_str(t->ne, t->n_dims) +
                         " (expected " + shape_str(shape.data(), uint32_t(shape.size())) + ")");
     WeightMatrix w;
     w.data = t->data;
@@ -239,6 +389,8 @@ void Model::load_tensors(const LoadOptions& opts) {
     return v;
   };
 
+  const gguf::File& f = *file_;
+  const std::string& path = f.path();
   const int64_t E = hp.n_embd;
   const gguf::TensorInfo* te = f.find_tensor("token_embd.weight");
   if (!te) throw gguf::Error(path + ": missing tensor 'token_embd.weight'");
@@ -249,16 +401,21 @@ void Model::load_tensors(const LoadOptions& opts) {
   token_embd_ = get("token_embd.weight", {E, V}, true);
   output_norm_ = vec("output_norm.weight", E, true);
   output_ = get("output.weight", {E, V}, true);
-  if (f.find_tensor("rope_freqs.weight")) {
-    const gguf::TensorInfo* rf = f.find_tensor("rope_freqs.weight");
+  // The converter writes rope_freqs into the sidecar too (its full-attention MTP block
+  // uses it): the model's copy, else the sidecar's.
+  for (const gguf::File* g : {file_.get(), mtp_file_.get()}) {
+    const gguf::TensorInfo* rf = g ? g->find_tensor("rope_freqs.weight") : nullptr;
+    if (!rf || !rope_freqs_.empty()) continue;
     const int64_t n_rf = rf->ne[0];
     int32_t max_half = 0;
     for (const auto& L : hp.layers)
       if (L.use_rope_freqs) max_half = std::max(max_half, L.n_rot / 2);
     if (n_rf < max_half)
-      throw gguf::Error(path + ": tensor 'rope_freqs.weight' has " + std::to_string(n_rf) +
+      throw gguf::Error(g->path() + ": tensor 'rope_freqs.weight' has " + std::to_string(n_rf) +
                         " entries (expected at least " + std::to_string(max_half) + ")");
+    from = g;
     rope_freqs_ = vec("rope_freqs.weight", n_rf, true);
+    from = file_.get();
   }
 
   layers_.resize(hp.layers.size());
@@ -266,10 +423,11 @@ void Model::load_tensors(const LoadOptions& opts) {
     const LayerHParams& L = hp.layers[size_t(il)];
     LayerWeights& W = layers_[size_t(il)];
     const bool is_mtp = il >= hp.n_layer;
-    if (is_mtp && !f.find_tensor(block_tensor_name(il, "nextn.eh_proj.weight"))) continue;  // MTP tensors absent
+    if (is_mtp && mtp_file_) from = mtp_file_.get();
+    if (is_mtp && !from->find_tensor(block_tensor_name(il, "nextn.eh_proj.weight"))) continue;  // MTP tensors absent
     const int64_t D = hp.head_dim_k, Dv = hp.head_dim_v, H = L.n_head, G = L.n_head_kv;
     W.attn_norm = vec(block_tensor_name(il, "attn_norm.weight"), E, true);
-    if (f.find_tensor(block_tensor_name(il, "attn_qkv.weight"))) {
+    if (from->find_tensor(block_tensor_name(il, "attn_qkv.weight"))) {
       // Fused Q‖K‖V: three consecutive row ranges of one matrix.
       WeightMatrix qkv = get(block_tensor_name(il, "attn_qkv.weight"), {E, H * D + G * D + G * Dv}, true);
       W.attn_q = qkv, W.attn_q.n_out = H * D;
@@ -292,8 +450,8 @@ void Model::load_tensors(const LoadOptions& opts) {
       W.ffn_gate_exps = get(block_tensor_name(il, "ffn_gate_exps.weight"), {E, F, X}, true);
       W.ffn_up_exps = get(block_tensor_name(il, "ffn_up_exps.weight"), {E, F, X}, true);
       W.ffn_down_exps = get(block_tensor_name(il, "ffn_down_exps.weight"), {F, E, X}, true);
-      if (f.find_tensor(block_tensor_name(il, "ffn_up_shexp.weight"))) {
-        const gguf::TensorInfo* sh = f.find_tensor(block_tensor_name(il, "ffn_up_shexp.weight"));
+      if (from->find_tensor(block_tensor_name(il, "ffn_up_shexp.weight"))) {
+        const gguf::TensorInfo* sh = from->find_tensor(block_tensor_name(il, "ffn_up_shexp.weight"));
         const int64_t FS = hp.n_ff_shexp > 0 ? hp.n_ff_shexp : sh->ne[1];
         W.ffn_gate_shexp = get(block_tensor_name(il, "ffn_gate_shexp.weight"), {E, FS}, true);
         W.ffn_up_shexp = get(block_tensor_name(il, "ffn_up_shexp.weight"), {E, FS}, true);
@@ -317,6 +475,19 @@ void Model::load_tensors(const LoadOptions& opts) {
       ++n_mtp_loaded_;
     }
   }
+  if (mtp_file_ && n_mtp_loaded_ == 0)
+    throw gguf::Error(mtp_file_->path() + ": MTP sidecar without MTP block tensors (blk." +
+                      std::to_string(hp.n_layer) + ".nextn.eh_proj.weight)");
+  if (mtp_file_) {
+    // Its copies of the embedding and output must be the model's (shape and type; the bytes
+    // are not read: on a released model they are gigabytes).
+    for (const char* name : {"token_embd.weight", "output.weight"}) {
+      const gguf::TensorInfo *a = f.find_tensor(name), *b = mtp_file_->find_tensor(name);
+      if (a && b && (a->type != b->type || a->ne[0] != b->ne[0] || a->ne[1] != b->ne[1]))
+        throw gguf::Error(mtp_file_->path() + " does not fit " + path + " as its MTP sidecar: tensor '" + name +
+                          "' has another type or shape there");
+    }
+  }
   if (show_progress) std::fprintf(stderr, "\n");
 }
 
@@ -328,6 +499,11 @@ std::vector<KvLayerShape> Model::kv_layers(bool with_mtp) const {
     shapes.push_back({L.is_swa, L.n_head_kv, hp_.head_dim_k, hp_.head_dim_v});
   }
   return shapes;
+}
+
+void Model::release_pages(const void* p, size_t n) const {
+  file_->release_pages(p, n);
+  if (mtp_file_) mtp_file_->release_pages(p, n);
 }
 
 uint64_t Model::repack_growth_bytes() const {
@@ -376,7 +552,7 @@ void Model::repack_weights(LoadOptions::ExpertRepack expert_mode) {
     for (WeightMatrix* w : todo) {
       kernels::repack_into(*w, dst);
       dst += kernels::repacked_bytes(*w);
-      file_->release_pages(w->data, w->total_bytes());
+      release_pages(w->data, w->total_bytes());
     }
   }
   if (expert_mode != LoadOptions::ExpertRepack::OnFirstUse) return;
@@ -427,7 +603,7 @@ void Model::prepare_experts(int il, const int32_t* experts, int64_t n, ThreadPoo
     if (lp.is_ready(t.e)) return;  // another pass made it before this one took the lock
     const WeightMatrix one = t.w->matrix(t.e);
     kernels::repack_x16(one, lp.base + size_t(t.e) * lp.mat_bytes);
-    file_->release_pages(one.data, one.mat_bytes());
+    release_pages(one.data, one.mat_bytes());
     lazy_done_bytes_.fetch_add(lp.mat_bytes, std::memory_order_relaxed);
     lp.ready[size_t(t.e)].store(1, std::memory_order_release);
   });

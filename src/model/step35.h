@@ -139,7 +139,14 @@ class Model {
     ExpertRepack repack_experts = ExpertRepack::Auto;
     // The environment variable STEP35_REPACK overrides both: 0 (nothing), shared (the
     // matrices every token uses; experts never), lazy (experts on first use), all (at load).
+
+    // The MTP sidecar: a GGUF that holds only the MTP blocks (plus copies of the embedding,
+    // output norm, output and rope_freqs), beside a main file without them, as
+    // Step-3.7-Flash is released. A path; empty: a file named mtp-*.gguf in the model's
+    // folder when the model has no MTP block of its own (kNoMtpSidecar: never look).
+    std::string mtp_model;
   };
+  static constexpr const char* kNoMtpSidecar = "none";
   // Throws gguf::Error with a one-line message for anything malformed or unsupported.
   static std::unique_ptr<Model> load(const std::string& path, const LoadOptions& opts);
   static std::unique_ptr<Model> load(const std::string& path) { return load(path, LoadOptions{}); }
@@ -162,6 +169,8 @@ class Model {
   std::shared_ptr<const WeightSet> weights() const;
   const Tokenizer& tokenizer() const { return *tokenizer_; }
   const gguf::File& file() const { return *file_; }
+  // The MTP sidecar the MTP blocks came from (empty: none, they are in file()).
+  const std::string& mtp_sidecar_path() const { return mtp_sidecar_path_; }
   const LayerWeights& layer(int il) const { return layers_[size_t(il)]; }
   const WeightMatrix& token_embd() const { return token_embd_; }
   const WeightMatrix& output() const { return output_; }
@@ -221,15 +230,22 @@ class Model {
 
  private:
   Model() = default;
-  static std::unique_ptr<Model> load_parsed(std::unique_ptr<gguf::File> file, const LoadOptions& opts);
+  static std::unique_ptr<Model> load_parsed(std::unique_ptr<gguf::File> file, std::unique_ptr<gguf::File> mtp_file,
+                                            const LoadOptions& opts);
   void load_hparams();
+  // Takes the MTP blocks' hyperparameters from the sidecar after checking it fits.
+  void adopt_mtp_sidecar_hparams();
   void load_tensors(const LoadOptions& opts);
+  // Gives the kernel back the file pages of a matrix that now lives in a copy.
+  void release_pages(const void* p, size_t n) const;
   void repack_weights(LoadOptions::ExpertRepack experts);
   // What repacking every matrix that can be repacked would add to the resident weights
   // (copies minus the file rows they replace; 0 where a copy is no larger).
   uint64_t repack_growth_bytes() const;
 
   std::unique_ptr<gguf::File> file_;
+  std::unique_ptr<gguf::File> mtp_file_;  // the MTP sidecar, if the blocks come from one
+  std::string mtp_sidecar_path_;
   std::unique_ptr<Tokenizer> tokenizer_;
   HParams hp_;
   std::vector<LayerWeights> layers_;

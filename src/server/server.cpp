@@ -281,11 +281,12 @@ void log_startup_summary(ServerContext& ctx) {
                                                              std::to_string(eo.mtp) + " drafts)"
                                                        : std::to_string(m.n_mtp_loaded()) + " blocks, " +
                                                              std::to_string(eo.mtp) + " drafts per step";
+  const std::string mtp_from = m.mtp_sidecar_path().empty() ? "" : " (from the sidecar " + m.mtp_sidecar_path() + ")";
   ctx.log.event("engine",
                 "KV pool " + mib(double(st.kv_pool_bytes)) + " (K " + dtype_name(eo.kv_types.k) + ", V " +
                     dtype_name(eo.kv_types.v) + ") in " + std::to_string(st.kv_blocks_total) + " blocks; context " + std::to_string(eo.n_ctx) + " tokens per sequence (model: " +
                     std::to_string(hp.n_ctx_train) + "), " + std::to_string(eo.n_parallel) + " in parallel, batch " +
-                    std::to_string(eo.n_batch) + ", " + std::to_string(eo.n_threads) + " threads; MTP: " + mtp +
+                    std::to_string(eo.n_batch) + ", " + std::to_string(eo.n_threads) + " threads; MTP: " + mtp + mtp_from +
                     "; chat format: " + (ctx.chat_template->format() == ChatFormat::STEP35 ? "step35" : "chatml"),
                 {{"kv_pool_bytes", st.kv_pool_bytes},
                  {"kv_blocks", st.kv_blocks_total},
@@ -296,7 +297,8 @@ void log_startup_summary(ServerContext& ctx) {
                  {"parallel", eo.n_parallel},
                  {"batch", eo.n_batch},
                  {"threads", eo.n_threads},
-                 {"mtp", mtp}});
+                 {"mtp", mtp},
+                 {"mtp_sidecar", m.mtp_sidecar_path()}});
 }
 
 // SIGTERM / SIGINT, taken by a watcher thread with sigtimedwait (they are blocked in every
@@ -465,6 +467,7 @@ EngineOptions engine_options(ServerContext& ctx, const EngineOptions& asked) {
 void load(ServerContext& ctx, const ServerOptions& options) {
   try {
     Model::LoadOptions lo;
+    lo.mtp_model = options.mtp_model;
     ctx.model = Model::load(options.model_path, lo);
     // Test seam (tests/test_server_lifecycle.cpp): a load that takes this long, so that a
     // test can signal a server that is still loading.
