@@ -3,6 +3,8 @@
 set -euo pipefail
 pkgs=(cmake g++ make git python3 libgtest-dev libgmock-dev libbenchmark-dev nlohmann-json3-dev
       libcpp-httplib-dev
+      # stb_image: the picture decoder of the vision tower (the one llama.cpp uses)
+      libstb-dev
       # lld: a faster linker for the test executables (CMake uses it where installed)
       lld
       # the reference renderer the Jinja conformance tests compare with, live
