@@ -26,6 +26,9 @@ struct SeqChunk {
   KvSeq* seq = nullptr;           // positions seq->n_pos ... are written
   const int32_t* tokens = nullptr;
   int32_t n_tokens = 0;
+  // Input rows in place of token embeddings (an image's positions): a token id of -1 takes
+  // row i of these n_tokens rows of n_embd floats. Null: every token is a vocabulary id.
+  const float* embeddings = nullptr;
   LogitRows logits = LogitRows::Last;
   bool want_hidden = false;       // the last trunk layer's output of every token (MTP input)
   RoutingPolicy routing;

@@ -165,7 +165,7 @@ void ForwardPass::validate_and_reserve() {
     for (size_t d = 0; d < c; ++d)
       if (chunks_[d].seq == ch.seq) throw std::invalid_argument("forward: one sequence appears twice in a batch");
     for (int32_t i = 0; i < ch.n_tokens; ++i)
-      if (ch.tokens[i] < 0 || ch.tokens[i] >= hp_.n_vocab)
+      if ((ch.tokens[i] < 0 && !(ch.tokens[i] == -1 && ch.embeddings)) || ch.tokens[i] >= hp_.n_vocab)
         throw std::out_of_range("token id " + std::to_string(ch.tokens[i]) + " is outside the vocabulary (0.." +
                                 std::to_string(hp_.n_vocab - 1) + ")");
     if (int64_t(ch.seq->n_pos) + ch.n_tokens > (int64_t(1) << 30))
@@ -267,7 +267,11 @@ void ForwardPass::run_mtp(int k, const float* h_in) {
   float* e = ws_.tmp.get(size_t(T_ * E));
   int64_t t = 0;
   for (const SeqChunk& ch : chunks_)
-    for (int32_t i = 0; i < ch.n_tokens; ++i, ++t) dequantize_row(emb, ch.tokens[i], e + t * E);
+    for (int32_t i = 0; i < ch.n_tokens; ++i, ++t) {
+      // An image position's input is its image embedding here too (the trunk's input row).
+      if (ch.tokens[i] < 0) std::copy_n(ch.embeddings + int64_t(i) * E, E, e + t * E);
+      else dequantize_row(emb, ch.tokens[i], e + t * E);
+    }
   for_each_row(T_, pool_, 16, [&](int64_t r) {
     rms_norm_row(e + r * E, W.nextn_enorm.data(), cat + r * 2 * E, E, hp_.rms_eps);
     rms_norm_row(h_in + r * E, W.nextn_hnorm.data(), cat + r * 2 * E + E, E, hp_.rms_eps);
@@ -289,7 +293,10 @@ void ForwardPass::embed() {
   float* x = ws_.x.get(size_t(T_ * E));
   int64_t t = 0;
   for (const SeqChunk& ch : chunks_)
-    for (int32_t i = 0; i < ch.n_tokens; ++i, ++t) dequantize_row(m_.token_embd_, ch.tokens[i], x + t * E);
+    for (int32_t i = 0; i < ch.n_tokens; ++i, ++t) {
+      if (ch.tokens[i] < 0) std::copy_n(ch.embeddings + int64_t(i) * E, E, x + t * E);  // checked: embeddings given
+      else dequantize_row(m_.token_embd_, ch.tokens[i], x + t * E);
+    }
 }
 
 // Attention (architecture.md "Attention"): projections, per-head Q/K RMSNorm, partial NeoX RoPE,
