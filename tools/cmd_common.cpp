@@ -1,7 +1,9 @@
 #include <sys/stat.h>
 #include <unistd.h>
 
+#include <cerrno>
 #include <chrono>
+#include <cstring>
 #include <cstdio>
 #include <cstdlib>
 #include <thread>
@@ -51,6 +53,25 @@ std::unique_ptr<Model> load_model(const std::string& path, bool quiet, const std
                  (now_seconds() - t0) * 1e3);
   }
   return model;
+}
+
+std::vector<uint8_t> read_file_bytes(const std::string& path) {
+  FILE* f = std::fopen(path.c_str(), "rb");
+  if (!f) throw UsageError("cannot read " + path + ": " + std::strerror(errno));
+  std::vector<uint8_t> bytes;
+  uint8_t buf[1 << 16];
+  for (size_t n; (n = std::fread(buf, 1, sizeof buf, f)) > 0;) bytes.insert(bytes.end(), buf, buf + n);
+  const bool failed = std::ferror(f);
+  std::fclose(f);
+  if (failed) throw UsageError("cannot read " + path);
+  return bytes;
+}
+
+void write_file_bytes(const std::string& path, const void* data, size_t n) {
+  FILE* f = std::fopen(path.c_str(), "wb");
+  if (!f) throw UsageError("cannot write " + path + ": " + std::strerror(errno));
+  const bool ok = std::fwrite(data, 1, n, f) == n;
+  if (std::fclose(f) != 0 || !ok) throw UsageError("cannot write " + path);
 }
 
 void add_mtp_model_flag(ArgParser& p, std::string& mtp_model) {

@@ -11,21 +11,112 @@
 #include "engine/sampler.h"
 #include "ep_options.h"
 #include "exec/thread_pool.h"
+#include "model/session.h"
+#include "vision/image_prompt.h"
 
 namespace step35::cli {
+
+// --prompt (with --mmproj and --image): the prompt's text and pictures as llama.cpp's
+// libmtmd lays them out, run as one sequence; prints the layout and the pictures' geometry
+// besides the logits, argmax and greedy tokens.
+static int eval_prompt(const Model& model, const std::string& mmproj, const std::vector<std::string>& image_files,
+                       const std::string& prompt, int32_t n_greedy, int32_t n_ctx, bool all_logits, bool exact,
+                       KvTypes kv_types, int32_t n_threads, const std::string& dump_embd) {
+  ThreadPool pool(n_threads);
+  vision::ImagePrompt ip;
+  if (image_files.empty()) {
+    ip.tokens = model.tokenizer().encode(prompt, true, true);
+  } else {
+    std::unique_ptr<vision::Step3vlEncoder> encoder;
+    try {
+      encoder = vision::Step3vlEncoder::load(mmproj);
+    } catch (const std::invalid_argument& e) {
+      throw UsageError(e.what());
+    }
+    std::vector<vision::RgbImage> pictures;
+    for (const std::string& f : image_files) {
+      const std::vector<uint8_t> bytes = read_file_bytes(f);
+      try {
+        pictures.push_back(vision::decode_image(bytes.data(), bytes.size()));
+      } catch (const vision::ImageError& e) {
+        throw UsageError(f + ": " + e.what());
+      }
+    }
+    try {
+      ip = vision::build_image_prompt(prompt, pictures, *encoder, model.tokenizer(), model.hparams().n_embd, pool);
+    } catch (const std::invalid_argument& e) {
+      throw UsageError(e.what());
+    }
+    std::fprintf(stderr, "vision: %zu image%s, %zu chunks, %zu image tokens, encoded in %.1f ms\n", pictures.size(),
+                 pictures.size() == 1 ? "" : "s", ip.chunks.size(),
+                 ip.image_embeddings.size() / size_t(model.hparams().n_embd), ip.encode_ms);
+  }
+  const size_t V = size_t(model.hparams().n_vocab), T = ip.tokens.size();
+  const int64_t need = int64_t(T) + n_greedy;
+  if (n_ctx == 0) n_ctx = int32_t(std::min<int64_t>(need, 1 << 30));
+  if (need > n_ctx)
+    throw UsageError(std::to_string(T) + " prompt positions + " + std::to_string(n_greedy) +
+                     " greedy tokens exceed the context size " + std::to_string(n_ctx));
+  Session session(model, n_ctx, 512, exact ? Precision::Exact : Precision::Native, false, 0, kv_types);
+  std::vector<float> logits, step;
+  session.forward(ip.tokens.data(), int32_t(T), true, logits, pool, nullptr, nullptr,
+                  ip.image_embeddings.empty() ? nullptr : ip.embeddings.data());
+  std::vector<int32_t> greedy;
+  for (int32_t i = 0; i < n_greedy; ++i) {
+    const float* last = i == 0 ? logits.data() + (T - 1) * V : step.data();
+    greedy.push_back(int32_t(Sampler::argmax(last, V)));
+    if (i + 1 < n_greedy) session.forward(&greedy.back(), 1, false, step, pool);
+  }
+  if (!dump_embd.empty()) write_file_bytes(dump_embd, ip.image_embeddings.data(), ip.image_embeddings.size() * 4);
+
+  nlohmann::json out, argmax = nlohmann::json::array(), rows = nlohmann::json::array(), pics = nlohmann::json::array();
+  out["n_vocab"] = V;
+  out["n_tokens"] = T;
+  out["prompt_tokens"] = ip.tokens;
+  for (size_t i = 0; i < ip.plans.size(); ++i) {
+    nlohmann::json slices = nlohmann::json::array(), overview;
+    for (const auto& c : ip.chunks)
+      if (c.image == int32_t(i)) {
+        const nlohmann::json one = {{"nx", c.nx}, {"ny", c.ny}, {"n_tokens", c.n_tokens}};
+        if (c.overview) overview = one;
+        else slices.push_back(one);
+      }
+    pics.push_back({{"grid_cols", ip.plans[i].grid_cols}, {"grid_rows", ip.plans[i].grid_rows}, {"slices", slices},
+                    {"overview", overview}});
+  }
+  out["images"] = pics;
+  for (size_t t = 0; t < T; ++t) {
+    const float* row = logits.data() + t * V;
+    argmax.push_back(Sampler::argmax(row, V));
+    if (all_logits || t + 1 == T) rows.push_back(std::vector<float>(row, row + V));
+  }
+  out["argmax"] = argmax;
+  out["logits"] = rows;
+  if (n_greedy > 0) out["greedy"] = greedy;
+  const std::string s = out.dump();
+  std::fwrite(s.data(), 1, s.size(), stdout);
+  std::fputc('\n', stdout);
+  return 0;
+}
 
 static int eval_main(const Args& args) {
   ArgParser p("eval", "Runs the given token ids through the model as one batch and prints JSON:\n"
                       "{\"n_vocab\":V,\"n_tokens\":N,\"argmax\":[one per position],\"logits\":[[last row]]"
-                      " or every row with --all-logits,\"greedy\":[N tokens with --greedy N]}");
-  std::string model_path, token_list, mtp_model;
-  std::vector<std::string> patches;
+                      " or every row with --all-logits,\"greedy\":[N tokens with --greedy N]}; with --mmproj, "
+                      "--image and --prompt also \"prompt_tokens\" (-1 at image positions) and \"images\"");
+  std::string model_path, token_list, mtp_model, mmproj, prompt, dump_embd;
+  std::vector<std::string> patches, images;
   int32_t n_greedy = 0, n_ctx = 0, n_threads = default_threads();
   bool all_logits = false, want_hidden = false, exact = false;
   GeneratorOptions go;
   p.option("-m,--model", "FILE", "GGUF model", model_path);
   add_mtp_model_flag(p, mtp_model);
   p.option("--tokens", "IDS", "comma-separated token ids", token_list);
+  p.option("--mmproj", "FILE", "vision tower (a step3vl mmproj GGUF) for --image", mmproj);
+  p.option("--image", "FILE", "picture (PNG, JPEG, BMP, GIF) for the next media marker of --prompt (repeatable)", images);
+  p.option("--prompt", "TEXT", "text with one <__media__> marker per --image, tokenized with BOS and special tokens "
+           "(instead of --tokens)", prompt);
+  p.option("--dump-image-embd", "FILE", "write every image chunk's embeddings, in order, as F32", dump_embd);
   p.option("--all-logits", "print the logits of every position, not only the last", all_logits);
   p.option("--greedy", "N", "then generate N tokens greedily through the KV cache (end of generation not special)",
            n_greedy, 0, 1 << 20);
@@ -40,17 +131,20 @@ static int eval_main(const Args& args) {
   add_ep_flags(p);
   if (!p.parse(args)) return 0;
   if (!p.has("model")) throw UsageError("-m MODEL is required");
-  if (!p.has("tokens")) throw UsageError("--tokens is required");
+  if (p.has("prompt") == p.has("tokens")) throw UsageError("give --tokens or --prompt (with --mmproj and --image)");
+  if (!images.empty() && mmproj.empty()) throw UsageError("--image needs --mmproj (the model's vision tower)");
+  if (p.has("dump-image-embd") && images.empty()) throw UsageError("--dump-image-embd needs --image");
+  EpSetup ep(p);
+  if (ep.is_follower()) return ep.follow(model_path, n_threads, mtp_model);
+  auto model = load_model(model_path, false, mtp_model);
+  if (p.has("prompt")) return eval_prompt(*model, mmproj, images, prompt, n_greedy, n_ctx, all_logits, exact,
+                                          go.kv_types, n_threads, dump_embd);
   const auto tokens = parse_token_list(token_list);
   const int64_t need = int64_t(tokens.size()) + n_greedy;
   if (!p.has("ctx-size")) n_ctx = int32_t(std::min<int64_t>(need, 1 << 30));
   if (need > n_ctx)
     throw UsageError(std::to_string(tokens.size()) + " tokens + " + std::to_string(n_greedy) +
                      " greedy tokens exceed the context size " + std::to_string(n_ctx));
-
-  EpSetup ep(p);
-  if (ep.is_follower()) return ep.follow(model_path, n_threads, mtp_model);
-  auto model = load_model(model_path, false, mtp_model);
   apply_patches(*model, patches);
   ep.attach(*model);
   const size_t V = size_t(model->hparams().n_vocab), E = size_t(model->hparams().n_embd), T = tokens.size();

@@ -17,6 +17,9 @@ int default_threads();
 // Loads a model with a summary on stderr (and a progress bar when stderr is a terminal);
 // `mtp_model` is --mtp-model's value (Model::LoadOptions::mtp_model).
 std::unique_ptr<Model> load_model(const std::string& path, bool quiet = false, const std::string& mtp_model = "");
+// A file's bytes / writes bytes to a file (UsageError naming the file and the reason).
+std::vector<uint8_t> read_file_bytes(const std::string& path);
+void write_file_bytes(const std::string& path, const void* data, size_t n);
 // --mtp-model FILE|none: the MTP sidecar file (run, eval, serve, bench, inspect).
 void add_mtp_model_flag(ArgParser& p, std::string& mtp_model);
 // Prints the KV cache size and layout to stderr.

@@ -15,7 +15,7 @@ Session::Session(const Model& model, int32_t n_ctx, int32_t max_batch, Precision
 }
 
 void Session::forward(const int32_t* tokens, int32_t n, bool all_logits, std::vector<float>& logits, ThreadPool& pool,
-                      std::vector<float>* hidden, const DumpFn& dump) {
+                      std::vector<float>* hidden, const DumpFn& dump, const float* embeddings) {
   if (n <= 0) throw std::invalid_argument("forward: no tokens");
   if (int64_t(cache_.n_pos()) + n > cache_.n_ctx())
     throw std::length_error("context is full: " + std::to_string(cache_.n_pos()) + " + " + std::to_string(n) +
@@ -34,6 +34,7 @@ void Session::forward(const int32_t* tokens, int32_t n, bool all_logits, std::ve
     ch.seq = &cache_.seq();
     ch.tokens = tokens + done;
     ch.n_tokens = m;
+    ch.embeddings = embeddings ? embeddings + size_t(done) * size_t(E) : nullptr;
     ch.logits = all_logits ? LogitRows::All : (last ? LogitRows::Last : LogitRows::None);
     ch.want_hidden = hidden != nullptr;
     ch.routing = routing_;

@@ -23,8 +23,9 @@ class Session {
   // every position (n × n_vocab) when all_logits, else of the last one. `hidden` gets the
   // last trunk layer's output before output_norm (n × n_embd). Throws std::length_error
   // when the context would overflow (nothing is written then).
+  // `embeddings` (optional): n rows of n_embd floats, taken at the tokens of id -1 (images).
   void forward(const int32_t* tokens, int32_t n, bool all_logits, std::vector<float>& logits, ThreadPool& pool,
-               std::vector<float>* hidden = nullptr, const DumpFn& dump = nullptr);
+               std::vector<float>* hidden = nullptr, const DumpFn& dump = nullptr, const float* embeddings = nullptr);
 
   const Model& model() const { return model_; }
   KvCache& cache() { return cache_; }

@@ -172,6 +172,32 @@ void rope_pairs(float* x, int32_t n_dims, float pos, float base) {
   }
 }
 
+// Softmax attention of every head over all patches (no mask): qkv holds [N][q | k | v] rows
+// of width W each, attn gets [N][W].
+void attend_heads(const std::vector<float>& qkv, int64_t N, int64_t W, int64_t n_head, std::vector<float>& attn,
+                  ThreadPool& pool) {
+  const int64_t D = W / n_head;
+  const float kq_scale = 1.0f / std::sqrt(float(D));
+  pool.parallel_for(n_head * N, [&](int64_t b, int64_t e, int) {
+    std::vector<float> s(static_cast<size_t>(N));
+    for (int64_t job = b; job < e; ++job) {
+      const int64_t hh = job / N, i = job % N;
+      const float* q = &qkv[size_t(i * 3 * W + hh * D)];
+      float mx = -INFINITY;
+      for (int64_t j = 0; j < N; ++j) {
+        s[size_t(j)] = kernels::dot_f32(q, &qkv[size_t(j * 3 * W + W + hh * D)], D) * kq_scale;
+        mx = std::max(mx, s[size_t(j)]);
+      }
+      double sum = 0;
+      for (int64_t j = 0; j < N; ++j) sum += (s[size_t(j)] = std::exp(s[size_t(j)] - mx));
+      const float inv = float(1.0 / sum);
+      float* out = &attn[size_t(i * W + hh * D)];
+      std::fill(out, out + D, 0.0f);
+      for (int64_t j = 0; j < N; ++j) kernels::axpy_f32(s[size_t(j)] * inv, &qkv[size_t(j * 3 * W + 2 * W + hh * D)], out, D);
+    }
+  });
+}
+
 // 3x3 / stride 2 / padding 1 patches of a [channels][side][side] map: one row of
 // channels*9 (channel, ky, kx; kx fastest) per output pixel, row-major.
 std::vector<float> im2col_3x3_s2(const std::vector<float>& map, int32_t channels, int32_t side, int32_t out_side) {
@@ -311,7 +337,6 @@ std::vector<float> Step3vlEncoder::encode(const PreparedChunk& chunk, ThreadPool
   layer_norm(h.data(), N, W, pre_ln_w_, pre_ln_b_, eps_, h.data());
 
   std::vector<float> qkv(size_t(N * 3 * W)), attn(size_t(N * W)), o(size_t(N * W)), up(size_t(N) * size_t(n_ff_));
-  const float kq_scale = 1.0f / std::sqrt(float(D));
   for (const Block& blk : blocks_) {
     layer_norm(h.data(), N, W, blk.ln1_w, blk.ln1_b, eps_, a.data());
     linear(blk.qkv, a.data(), N, qkv.data(), pool, &blk.qkv_b);
@@ -324,24 +349,7 @@ std::vector<float> Step3vlEncoder::encode(const PreparedChunk& chunk, ThreadPool
           rope_pairs(v, int32_t(D / 2), float(t % G), 10000.0f);
           rope_pairs(v + D / 2, int32_t(D / 2), float(t / G), 10000.0f);
         }
-    pool.parallel_for(n_head_ * N, [&](int64_t b, int64_t e, int) {
-      std::vector<float> s(static_cast<size_t>(N));
-      for (int64_t job = b; job < e; ++job) {
-        const int64_t hh = job / N, i = job % N;
-        const float* q = &qkv[size_t(i * 3 * W + hh * D)];
-        float mx = -INFINITY;
-        for (int64_t j = 0; j < N; ++j) {
-          s[size_t(j)] = kernels::dot_f32(q, &qkv[size_t(j * 3 * W + W + hh * D)], D) * kq_scale;
-          mx = std::max(mx, s[size_t(j)]);
-        }
-        double sum = 0;
-        for (int64_t j = 0; j < N; ++j) sum += (s[size_t(j)] = std::exp(s[size_t(j)] - mx));
-        const float inv = float(1.0 / sum);
-        float* out = &attn[size_t(i * W + hh * D)];
-        std::fill(out, out + D, 0.0f);
-        for (int64_t j = 0; j < N; ++j) kernels::axpy_f32(s[size_t(j)] * inv, &qkv[size_t(j * 3 * W + 2 * W + hh * D)], out, D);
-      }
-    });
+    attend_heads(qkv, N, W, n_head_, attn, pool);
     linear(blk.out, attn.data(), N, o.data(), pool, &blk.out_b);
     for (int64_t t = 0; t < N; ++t)
       for (int64_t c = 0; c < W; ++c) h[size_t(t * W + c)] += o[size_t(t * W + c)] * blk.ls1[size_t(c)];

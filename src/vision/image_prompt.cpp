@@ -1,0 +1,65 @@
+#include "vision/image_prompt.h"
+
+#include <chrono>
+#include <stdexcept>
+
+#include "tokenizer/tokenizer.h"
+
+namespace step35::vision {
+
+ImagePrompt build_image_prompt(std::string_view prompt, const std::vector<RgbImage>& images,
+                               const Step3vlEncoder& encoder, const Tokenizer& tok, int32_t n_embd, ThreadPool& pool,
+                               bool add_bos, std::string_view marker) {
+  if (encoder.projection_dim() != n_embd)
+    throw std::invalid_argument("the vision tower projects to " + std::to_string(encoder.projection_dim()) +
+                                " dimensions, the text model's embedding has " + std::to_string(n_embd));
+  for (const char* t : {"<im_start>", "<im_end>", "<patch_start>", "<patch_end>", "<patch_newline>"})
+    if (tok.find_token(t) < 0)
+      throw std::invalid_argument(std::string("the model's vocabulary has no ") + t +
+                                  " token: it is not a Step-3.7 text model, images cannot be placed");
+  size_t n_markers = 0;
+  for (size_t at = prompt.find(marker); at != std::string_view::npos; at = prompt.find(marker, at + marker.size()))
+    ++n_markers;
+  if (n_markers != images.size())
+    throw std::invalid_argument("the prompt holds " + std::to_string(n_markers) + " media marker" +
+                                (n_markers == 1 ? "" : "s") + " (" + std::string(marker) + ") for " +
+                                std::to_string(images.size()) + " image" + (images.size() == 1 ? "" : "s"));
+  ImagePrompt out;
+  const auto t0 = std::chrono::steady_clock::now();
+  std::string pending;
+  auto flush = [&] {
+    const auto ids = tok.encode(pending, add_bos && out.tokens.empty(), true);
+    out.tokens.insert(out.tokens.end(), ids.begin(), ids.end());
+    out.embeddings.resize(out.tokens.size() * size_t(n_embd), 0.0f);
+    pending.clear();
+  };
+  size_t at = 0;
+  for (size_t i = 0; i < images.size(); ++i) {
+    const size_t m = prompt.find(marker, at);
+    pending += prompt.substr(at, m - at);
+    at = m + marker.size();
+    const Step3vlPlan plan = plan_step3vl(images[i].nx, images[i].ny, encoder.config());
+    const std::vector<PreparedChunk> chunks = prepare_step3vl(images[i], plan, encoder.config());
+    for (const LayoutPiece& piece : step3vl_layout(plan)) {
+      if (piece.chunk < 0) {
+        pending += piece.text;
+        continue;
+      }
+      flush();
+      const PreparedChunk& ch = chunks[size_t(piece.chunk)];
+      const std::vector<float> emb = encoder.encode(ch, pool);
+      const size_t n = emb.size() / size_t(n_embd);
+      out.tokens.insert(out.tokens.end(), n, -1);
+      out.embeddings.insert(out.embeddings.end(), emb.begin(), emb.end());
+      out.image_embeddings.insert(out.image_embeddings.end(), emb.begin(), emb.end());
+      out.chunks.push_back({int32_t(i), ch.side, ch.side, int32_t(n), ch.overview});
+    }
+    out.plans.push_back(plan);
+  }
+  pending += prompt.substr(at);
+  if (!pending.empty() || out.tokens.empty()) flush();
+  out.encode_ms = std::chrono::duration<double, std::milli>(std::chrono::steady_clock::now() - t0).count();
+  return out;
+}
+
+}  // namespace step35::vision
