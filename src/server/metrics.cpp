@@ -4,6 +4,15 @@
 
 namespace step35::server {
 
+std::string model_memory_metrics(const Model& model) {
+  return "# HELP step35_expert_repacked_bytes routed experts' copies made on first use so far (of "
+         "step35_expert_repack_bytes)\n# TYPE step35_expert_repacked_bytes gauge\nstep35_expert_repacked_bytes " +
+         std::to_string(model.lazy_repacked_so_far()) +
+         "\n# HELP step35_expert_repack_bytes bytes all routed experts' copies take once each is used\n"
+         "# TYPE step35_expert_repack_bytes gauge\nstep35_expert_repack_bytes " +
+         std::to_string(model.lazy_repack_bytes()) + "\n";
+}
+
 void Histogram::observe(double v) {
   for (size_t i = 0; i < kBounds.size(); ++i)
     if (v <= kBounds[i]) ++buckets_[i];

@@ -12,6 +12,7 @@
 #include <utility>
 
 #include "engine/engine.h"
+#include "model/step35.h"
 
 namespace step35::server {
 
@@ -28,6 +29,9 @@ class Histogram {
   uint64_t count_ = 0;
   double sum_ = 0;
 };
+
+// The model's memory that changes while serving: routed experts repacked on first use.
+std::string model_memory_metrics(const Model& model);
 
 class ServerMetrics {
  public:

@@ -90,7 +90,7 @@ void add_info_routes(httplib::Server& svr, ServerContext& ctx) {
           }));
   svr.Get("/metrics", get_endpoint(ctx, {"/metrics", false, true}, [&ctx](HttpExchange& ex, const std::string&) {
             const EngineStats s = ctx.ready ? ctx.engine->stats() : EngineStats{};
-            ex.res.set_content(ctx.metrics.render(s, ctx.ready) + (ctx.ready ? hotswap_metrics(ctx) : ""),
+            ex.res.set_content(ctx.metrics.render(s, ctx.ready) + (ctx.ready ? hotswap_metrics(ctx) + model_memory_metrics(*ctx.model) : ""),
                                "text/plain; version=0.0.4");
           }));
   auto models = [&ctx](HttpExchange& ex, const std::string&) {
