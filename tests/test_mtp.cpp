@@ -10,6 +10,7 @@
 #include "model/workspace.h"
 #include "engine/sampler.h"
 #include "exec/thread_pool.h"
+#include "mtp_head.h"
 #include "support.h"
 
 using namespace step35;
@@ -22,32 +23,6 @@ struct Case {
   int head;
   bool exact;  // F32 model: exact tolerance; else the quantized-golden criteria
 };
-
-// MTP block `head` over `tokens` in one batch with a fresh F32 KV cache, fed `hnextn` (the
-// trunk's hidden states) shifted by one position, zeros at position 0.
-BatchOutput run_mtp_head(const Model& model, int head, const std::vector<int32_t>& tokens,
-                         const std::vector<float>& hnextn, bool exact) {
-  const size_t T = tokens.size(), E = size_t(model.hparams().n_embd);
-  std::vector<float> h_in(T * E, 0.0f);
-  std::copy(hnextn.begin(), hnextn.end() - long(E), h_in.begin() + long(E));
-  ThreadPool pool(2);
-  KvPool kv({model.mtp_kv_layer(head)}, model.hparams().swa_window, KvPool::kDefaultBlockSize, 4, 4, 0,
-            KvTypes::f32());  // the goldens' cache
-  KvSeq seq;
-  Workspace ws;
-  BatchOutput out;
-  SeqChunk ch;
-  ch.seq = &seq;
-  ch.tokens = tokens.data();
-  ch.n_tokens = int32_t(T);
-  ch.logits = LogitRows::All;
-  ch.want_hidden = true;
-  ForwardOptions opts;
-  opts.precision = exact ? Precision::Exact : Precision::Native;
-  model.forward_mtp(head, kv, {ch}, h_in.data(), out, ws, pool, opts);
-  EXPECT_EQ(seq.n_pos, int32_t(T));
-  return out;
-}
 
 class MtpGolden : public ::testing::TestWithParam<Case> {};
 
@@ -67,7 +42,7 @@ TEST_P(MtpGolden, HeadLogitsMatchLlamaCpp) {
   const size_t T = tokens.size(), E = size_t(model->hparams().n_embd), V = size_t(model->hparams().n_vocab);
   ASSERT_EQ(hnextn.size(), T * E);
   ASSERT_EQ(ref.size(), T * V);
-  const BatchOutput out = run_mtp_head(*model, c.head, tokens, hnextn, c.exact);
+  const BatchOutput out = run_mtp_head(*model, c.head, tokens, hnextn, c.exact ? Precision::Exact : Precision::Native);
   ASSERT_EQ(out.logits.size(), T * V);
   EXPECT_EQ(out.hidden.size(), T * E);
 

@@ -15,6 +15,7 @@
 #include "model/session.h"
 #include "model/step35.h"
 #include "model/workspace.h"
+#include "mtp_head.h"
 #include "serve_process.h"
 #include "support.h"
 
@@ -60,28 +61,6 @@ std::string load_error(const std::string& path, const std::string& mtp_model) {
   return "";
 }
 
-BatchOutput mtp_head0(const Model& model, const std::vector<int32_t>& tokens, const std::vector<float>& hnextn,
-                      Precision precision) {
-  const size_t T = tokens.size(), E = size_t(model.hparams().n_embd);
-  std::vector<float> h_in(T * E, 0.0f);
-  std::copy(hnextn.begin(), hnextn.end() - long(E), h_in.begin() + long(E));
-  ThreadPool pool(2);
-  KvPool kv({model.mtp_kv_layer(0)}, model.hparams().swa_window, KvPool::kDefaultBlockSize, 4, 4, 0, KvTypes::f32());
-  KvSeq seq;
-  Workspace ws;
-  BatchOutput out;
-  SeqChunk ch;
-  ch.seq = &seq;
-  ch.tokens = tokens.data();
-  ch.n_tokens = int32_t(T);
-  ch.logits = LogitRows::All;
-  ch.want_hidden = true;
-  ForwardOptions opts;
-  opts.precision = precision;
-  model.forward_mtp(0, kv, {ch}, h_in.data(), out, ws, pool, opts);
-  return out;
-}
-
 TEST(MtpSidecar, SplitPairComputesTheCombinedFilesBits) {
   SPLIT_PAIR_OR_SKIP(pair);
   auto split = load(pair.main, pair.sidecar);
@@ -107,8 +86,8 @@ TEST(MtpSidecar, SplitPairComputesTheCombinedFilesBits) {
   const auto hnextn = read_f32(golden_path("tiny-a-f32.ids64.hnextn.f32"));
   const auto ref = read_f32(golden_path("tiny-a-f32.ids64.mtp0.logits.f32"));
   for (Precision precision : {Precision::Exact, Precision::Native}) {
-    const BatchOutput a = mtp_head0(*split, tokens, hnextn, precision);
-    const BatchOutput b = mtp_head0(*combined, tokens, hnextn, precision);
+    const BatchOutput a = run_mtp_head(*split, 0, tokens, hnextn, precision);
+    const BatchOutput b = run_mtp_head(*combined, 0, tokens, hnextn, precision);
     ASSERT_EQ(a.logits.size(), ref.size());
     EXPECT_EQ(a.logits, b.logits);
     EXPECT_EQ(a.hidden, b.hidden);

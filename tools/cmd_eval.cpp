@@ -16,6 +16,25 @@
 
 namespace step35::cli {
 
+// The fields every eval prints: argmax of each position, the logit rows (the last, or all
+// with --all-logits); then the JSON on one line.
+static void add_logits(nlohmann::json& out, const std::vector<float>& logits, size_t T, size_t V, bool all_logits) {
+  nlohmann::json argmax = nlohmann::json::array(), rows = nlohmann::json::array();
+  for (size_t t = 0; t < T; ++t) {
+    const float* row = logits.data() + t * V;
+    argmax.push_back(Sampler::argmax(row, V));
+    if (all_logits || t + 1 == T) rows.push_back(std::vector<float>(row, row + V));
+  }
+  out["argmax"] = argmax;
+  out["logits"] = rows;
+}
+
+static void print_json(const nlohmann::json& out) {
+  const std::string s = out.dump();
+  std::fwrite(s.data(), 1, s.size(), stdout);
+  std::fputc('\n', stdout);
+}
+
 // --prompt (with --mmproj and --image): the prompt's text and pictures as llama.cpp's
 // libmtmd lays them out, run as one sequence; prints the layout and the pictures' geometry
 // besides the logits, argmax and greedy tokens.
@@ -69,7 +88,7 @@ static int eval_prompt(const Model& model, const std::string& mmproj, const std:
   }
   if (!dump_embd.empty()) write_file_bytes(dump_embd, ip.image_embeddings.data(), ip.image_embeddings.size() * 4);
 
-  nlohmann::json out, argmax = nlohmann::json::array(), rows = nlohmann::json::array(), pics = nlohmann::json::array();
+  nlohmann::json out, pics = nlohmann::json::array();
   out["n_vocab"] = V;
   out["n_tokens"] = T;
   out["prompt_tokens"] = ip.tokens;
@@ -85,17 +104,9 @@ static int eval_prompt(const Model& model, const std::string& mmproj, const std:
                     {"overview", overview}});
   }
   out["images"] = pics;
-  for (size_t t = 0; t < T; ++t) {
-    const float* row = logits.data() + t * V;
-    argmax.push_back(Sampler::argmax(row, V));
-    if (all_logits || t + 1 == T) rows.push_back(std::vector<float>(row, row + V));
-  }
-  out["argmax"] = argmax;
-  out["logits"] = rows;
+  add_logits(out, logits, T, V, all_logits);
   if (n_greedy > 0) out["greedy"] = greedy;
-  const std::string s = out.dump();
-  std::fwrite(s.data(), 1, s.size(), stdout);
-  std::fputc('\n', stdout);
+  print_json(out);
   return 0;
 }
 
@@ -177,23 +188,14 @@ static int eval_main(const Args& args) {
   nlohmann::json out;
   out["n_vocab"] = V;
   out["n_tokens"] = T;
-  nlohmann::json argmax = nlohmann::json::array(), rows = nlohmann::json::array();
-  for (size_t t = 0; t < T; ++t) {
-    const float* row = logits.data() + t * V;
-    argmax.push_back(Sampler::argmax(row, V));
-    if (all_logits || t + 1 == T) rows.push_back(std::vector<float>(row, row + V));
-  }
-  out["argmax"] = argmax;
-  out["logits"] = rows;
+  add_logits(out, logits, T, V, all_logits);
   if (want_hidden) {
     nlohmann::json h = nlohmann::json::array();
     for (size_t t = 0; t < T; ++t) h.push_back(std::vector<float>(hidden.begin() + ptrdiff_t(t * E), hidden.begin() + ptrdiff_t((t + 1) * E)));
     out["hidden"] = h;
   }
   if (n_greedy > 0) out["greedy"] = greedy;
-  std::string s = out.dump();
-  std::fwrite(s.data(), 1, s.size(), stdout);
-  std::fputc('\n', stdout);
+  print_json(out);
   return 0;
 }
 
