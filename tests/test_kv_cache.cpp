@@ -115,6 +115,29 @@ TEST(KvPool, ReserveWriteTrimAndFree) {
   EXPECT_EQ(pool.n_free(KvKind::Swa), 16);
 }
 
+// Pages are committed when a block is first written, and stay committed once it is freed:
+// the gauge the server reports (and the agent soak subtracts from the RSS it checks).
+TEST(KvPool, ResidentBytesGrowWithBlocksWrittenAndStayWhenFreed) {
+  const std::vector<KvLayerShape> wide = {{false, 4, 128, 128}, {true, 4, 128, 128}};
+  KvPool pool(wide, 64, 32, 64, 64, 0, KvTypes{DType::F32, DType::F32});
+  const size_t block = KvPool::block_bytes(wide, 32, pool.types()).first;  // 128 KiB: whole pages
+  EXPECT_EQ(pool.resident_bytes(), 0u);
+  KvSeq seq;
+  ASSERT_TRUE(pool.reserve(seq, 3 * 32));
+  for (int32_t p = 0; p < 3 * 32; ++p)
+    for (size_t l = 0; l < 2; ++l)
+      for (int32_t g = 0; g < 4; ++g) {
+        const int32_t b = pool.block_of(seq, l, p);
+        const std::vector<float> row(128, float(p));
+        kernels::kv_store_key(DType::F32, row.data(), 128, pool.k_head(l, b, g), 128, p % 32);
+        kernels::kv_store_value(DType::F32, row.data(), 128, pool.v_head(l, b, g), 128, p % 32);
+      }
+  EXPECT_EQ(pool.resident_bytes(), 2 * 3 * block);  // three blocks of each kind
+  pool.free_seq(seq);
+  EXPECT_EQ(pool.resident_bytes(), 2 * 3 * block);
+  EXPECT_LE(pool.resident_bytes(), pool.bytes());
+}
+
 TEST(KvPool, KeepBackHoldsRollbackMargin) {
   KvPool pool(shapes(), 8, 4, 16, 16, 3);
   KvSeq seq;

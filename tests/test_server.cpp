@@ -190,6 +190,11 @@ TEST(Server, CacheTypesAndContextLimit) {
     for (int i = 0; i < 200 && metric(s, "step35_kv_bytes_used") != 0; ++i)
       std::this_thread::sleep_for(std::chrono::milliseconds(10));
     EXPECT_EQ(metric(s, "step35_kv_bytes_used"), 0);
+    // The answer's positions were written, so some of the pool is in memory, and it stays
+    // there after the blocks were freed; never more than the pool.
+    const double resident = metric(s, "step35_kv_bytes_resident");
+    EXPECT_GT(resident, 0);
+    EXPECT_LE(resident, bytes + 2 * 4096.0);  // each kind's mapping rounded up to whole pages
     if (std::string(type) == "f16") f16_bytes = bytes;
     if (std::string(type) == "q8_0") {
       EXPECT_DOUBLE_EQ(bytes, f16_bytes * 34 / 64);

@@ -174,6 +174,7 @@ struct EngineStats {
   uint64_t mtp_accepted[kMaxDrafts + 1] = {};
   uint64_t mtp_tokens = 0;             // tokens those steps produced
   int64_t kv_pool_bytes = 0;           // address space reserved for the KV pool (bytes of its cache types)
+  int64_t kv_resident_bytes = 0;       // of it (and of the MTP caches) in memory: committed on first write
 };
 
 // Expert activations per MoE layer since the engine started, for the server's dashboard

@@ -145,7 +145,10 @@ class BatchEngine final : public Engine {
 
   EngineStats stats() const override {
     std::lock_guard<std::mutex> lock(mu_);
-    return stats_;
+    EngineStats s = stats_;
+    // The mappings are fixed from construction on, so their residency can be read here.
+    s.kv_resident_bytes = int64_t(kv_->resident_bytes() + (speculation_ ? speculation_->kv_resident_bytes() : 0));
+    return s;
   }
 
   ExpertLoad expert_load() const override {

@@ -110,6 +110,12 @@ class MtpDrafter {
   // Positions the last draft() recomputed to bring the blocks' caches up to the trunk
   // (0 when every job was in step): such a call's time is mostly catch-up, not drafting.
   int64_t catch_up_tokens() const { return catch_up_tokens_; }
+  // Bytes of the MTP caches' pages in memory (KvPool::resident_bytes over the blocks).
+  size_t kv_resident_bytes() const {
+    size_t n = 0;
+    for (const auto& p : pools_) n += p->resident_bytes();
+    return n;
+  }
 
   // After verification: the trunk went from n_pos_old to n_pos_new positions, having run
   // k_used drafts; rolls every block back to its canonical entries.
@@ -241,6 +247,7 @@ class Speculation {
               KvTypes kv_types = {});
   int32_t max_k() const { return drafter_.max_k(); }
   bool adaptive() const { return adaptive_; }
+  size_t kv_resident_bytes() const { return drafter_.kv_resident_bytes(); }
   // Forgets what the controller learned (a new sequence in the same memory); the MTP
   // caches stay allocated, so benchmark repetitions do not time pages being faulted in.
   void reset() { adaptive_k_ = AdaptiveK(drafter_.max_k()); }

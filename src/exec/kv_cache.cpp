@@ -1,6 +1,7 @@
 #include "exec/kv_cache.h"
 
 #include <sys/mman.h>
+#include <unistd.h>
 
 #include <algorithm>
 #include <cstdio>
@@ -104,6 +105,19 @@ std::pair<int64_t, int64_t> KvPool::blocks_for_sequence(const std::vector<KvLaye
 }
 
 size_t KvPool::bytes() const { return kinds_[0].mapped_bytes + kinds_[1].mapped_bytes; }
+
+size_t KvPool::resident_bytes() const {
+  const size_t page = size_t(::sysconf(_SC_PAGESIZE));
+  size_t resident = 0;
+  std::vector<unsigned char> in_core;
+  for (const Kind& K : kinds_) {
+    if (!K.data) continue;
+    in_core.resize((K.mapped_bytes + page - 1) / page);
+    if (::mincore(K.data, K.mapped_bytes, in_core.data()) != 0) continue;
+    for (unsigned char c : in_core) resident += (c & 1) ? page : 0;
+  }
+  return resident;
+}
 
 int32_t KvPool::oldest_needed(int32_t n_pos, int32_t window, int32_t keep_back) {
   return std::max(0, n_pos - keep_back - window + 1);

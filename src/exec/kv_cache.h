@@ -102,6 +102,9 @@ class KvPool {
   int64_t n_blocks(KvKind kind) const { return kinds_[int(kind)].n_blocks; }
   int64_t n_free(KvKind kind) const { return int64_t(kinds_[int(kind)].free_list.size()); }
   size_t bytes() const;  // reserved address space of both pools
+  // Bytes of the pool's pages in memory. Pages are committed on first write and stay when a
+  // block is freed, so this grows towards bytes() as more positions are ever held at once.
+  size_t resident_bytes() const;
 
   // Grows `seq` to hold n_pos positions. Returns false, leaving seq as it was, when the
   // pool lacks blocks.

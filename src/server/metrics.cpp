@@ -107,6 +107,9 @@ std::string ServerMetrics::render(const EngineStats& s, bool ready) const {
          double(s.kv_blocks_total - s.kv_blocks_used - s.kv_blocks_cached));
   metric(out, "step35_kv_bytes_total", "gauge", "bytes of the KV pool (in its cache types)", double(s.kv_pool_bytes));
   metric(out, "step35_kv_bytes_used", "gauge", "bytes of the KV blocks held by running sequences", double(s.kv_bytes_used));
+  metric(out, "step35_kv_bytes_resident", "gauge",
+         "bytes of the KV pool and MTP caches in memory (committed on first write, kept when freed)",
+         double(s.kv_resident_bytes));
   metric(out, "step35_prefix_cache_lookups_total", "counter", "requests that looked up the prefix cache", double(s.prefix_lookups));
   metric(out, "step35_prefix_cache_hits_total", "counter", "lookups that reused at least one block", double(s.prefix_hits));
   metric(out, "step35_prefix_cache_hit_rate", "gauge", "hits / lookups",
