@@ -78,8 +78,8 @@ static int eval_prompt(const Model& model, const std::string& mmproj, const std:
                      " greedy tokens exceed the context size " + std::to_string(n_ctx));
   Session session(model, n_ctx, 512, exact ? Precision::Exact : Precision::Native, false, 0, kv_types);
   std::vector<float> logits, step;
-  session.forward(ip.tokens.data(), int32_t(T), true, logits, pool, nullptr, nullptr,
-                  ip.image_embeddings.empty() ? nullptr : ip.embeddings.data());
+  const std::vector<float> rows = ip.image_embeddings.empty() ? std::vector<float>() : ip.dense_embeddings();
+  session.forward(ip.tokens.data(), int32_t(T), true, logits, pool, nullptr, nullptr, rows.empty() ? nullptr : rows.data());
   std::vector<int32_t> greedy;
   for (int32_t i = 0; i < n_greedy; ++i) {
     const float* last = i == 0 ? logits.data() + (T - 1) * V : step.data();

@@ -106,6 +106,9 @@ static int serve_main(const Args& args) {
   bool exact = false, log_steps = false;
   p.option("-m,--model", "FILE", "GGUF model (first part of a split model)", o.model_path, "the built-in tiny model");
   add_mtp_model_flag(p, o.mtp_model);
+  p.option("--mmproj", "FILE", "vision tower (Step-3.7's step3vl mmproj GGUF): chat requests may then hold pictures "
+           "(OpenAI image_url parts, Anthropic image blocks, Responses input_image) as base64 data: URLs", o.mmproj,
+           "text only");
   p.option("--alias", "NAME", "model id reported by /v1/models", o.model_id, "the model file name");
   p.option("--chat-template-file", "FILE", "Jinja chat template to render requests with, instead of the model "
            "file's tokenizer.chat_template", o.chat_template_file, "the model file's");

@@ -45,8 +45,19 @@ enum class FinishReason : uint8_t {
 };
 const char* finish_reason_name(FinishReason r);
 
+// Input rows that stand in for token embeddings at a prompt's picture positions (vision).
+// Those positions carry negative token ids: keys derived from the picture's content and the
+// position within it, so that the prefix cache reuses cached positions of a picture only
+// for the same picture. The k-th negative id of the prompt takes row k.
+struct PromptEmbeddings {
+  int32_t n_embd = 0;
+  std::vector<float> rows;  // n_embd floats per negative token id, in prompt order
+  size_t n_rows() const { return n_embd > 0 ? rows.size() / size_t(n_embd) : 0; }
+};
+
 struct GenerateRequest {
-  std::vector<int32_t> prompt;       // token ids (BOS included when wanted)
+  std::vector<int32_t> prompt;       // token ids (BOS included when wanted); < 0: picture keys
+  std::shared_ptr<const PromptEmbeddings> embeddings;  // the rows of the negative ids
   SamplingParams sampling;
   int32_t max_tokens = -1;           // < 0: until the context is full
   int32_t n_ctx = 0;                 // per-request context limit; 0 = the engine's

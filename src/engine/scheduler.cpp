@@ -47,6 +47,7 @@ struct Request {
 SequenceParams sequence_params(GenerateRequest&& request) {
   SequenceParams p;
   p.prompt = std::move(request.prompt);
+  p.embeddings = std::move(request.embeddings);
   p.sampling = request.sampling;
   p.constraint = std::move(request.constraint);
   p.max_tokens = request.max_tokens;
@@ -228,9 +229,19 @@ class BatchEngine final : public Engine {
                          std::to_string(request.max_tokens) + ") is " +
                          std::to_string(int64_t(request.prompt.size()) + request.max_tokens) +
                          " tokens, more than the context of " + std::to_string(n_ctx) + " tokens");
-    for (int32_t t : request.prompt)
-      if (t < 0 || t >= model_.hparams().n_vocab)
+    size_t n_picture = 0;
+    for (int32_t t : request.prompt) {
+      if (t >= model_.hparams().n_vocab || (t < 0 && !request.embeddings))
         throw RequestError("token id " + std::to_string(t) + " is outside the vocabulary");
+      n_picture += t < 0;
+    }
+    if (request.embeddings && (request.embeddings->n_embd != model_.hparams().n_embd ||
+                               request.embeddings->n_rows() != n_picture ||
+                               request.embeddings->rows.size() != n_picture * size_t(model_.hparams().n_embd)))
+      throw RequestError("the prompt's picture rows (" + std::to_string(request.embeddings->n_rows()) + " of width " +
+                         std::to_string(request.embeddings->n_embd) + ") do not match its " +
+                         std::to_string(n_picture) + " picture positions of width " +
+                         std::to_string(model_.hparams().n_embd));
     if (request.constraint && request.constraint->decides_end() && request.ignore_eos)
       throw RequestError("ignore_eos cannot be combined with structured output (the grammar ends the text)");
     if (request.constraint && request.constraint->decides_end() && request.min_tokens > 0)

@@ -43,10 +43,12 @@ bool Sequence::reserve() {
   reserved_ = true;
   tokens_ = params_.prompt;
   // Constrained sequences do not speculate (each draft would need the grammar's state).
-  speculates_ = speculation_ && speculation_->max_k() > 0 && !params_.constraint;
+  // Nor do sequences with pictures: the MTP blocks' catch-up reads token ids only.
+  speculates_ = speculation_ && speculation_->max_k() > 0 && !params_.constraint && !params_.embeddings;
   if (speculates_) speculation_->drafter().init(mtp_);
   sampler_ = std::make_unique<Sampler>(params_.sampling, size_t(model_.hparams().n_vocab));
-  for (int32_t t : params_.prompt) sampler_->accept(t);
+  for (int32_t t : params_.prompt)
+    if (t >= 0) sampler_->accept(t);  // (picture positions have no token to penalise)
   return true;
 }
 
@@ -73,6 +75,7 @@ SeqChunk Sequence::plan(int32_t max_tokens) {
                                                    : LogitRows::None;
     // The MTP blocks catch up on the prompt's last positions from its hidden rows.
     c.want_hidden = speculates_ || params_.on_prompt_rows;
+    if (params_.embeddings) picture_rows(c);
   } else {
     // The pending token, plus this step's drafts when they fit.
     step_tokens_.assign(1, tokens_.back());
@@ -112,6 +115,25 @@ std::optional<FinishReason> Sequence::consume(BatchOutput& out, size_t c) {
   mask(rows);
   verify(rows, hidden);
   return emit(rows);
+}
+
+// A prompt chunk that holds picture positions runs on a copy of its tokens with -1 there (what
+// the forward pass takes for "use the given row") and on the rows of those positions.
+void Sequence::picture_rows(SeqChunk& c) {
+  const int32_t first = kv_.n_pos;
+  if (std::none_of(tokens_.begin() + first, tokens_.begin() + first + c.n_tokens, [](int32_t t) { return t < 0; }))
+    return;
+  const size_t E = size_t(params_.embeddings->n_embd);
+  size_t row = size_t(std::count_if(tokens_.begin(), tokens_.begin() + first, [](int32_t t) { return t < 0; }));
+  step_tokens_.assign(tokens_.begin() + first, tokens_.begin() + first + c.n_tokens);
+  step_embeddings_.assign(size_t(c.n_tokens) * E, 0.0f);
+  for (int32_t i = 0; i < c.n_tokens; ++i) {
+    if (step_tokens_[size_t(i)] >= 0) continue;
+    step_tokens_[size_t(i)] = -1;
+    std::copy_n(params_.embeddings->rows.data() + row++ * E, E, step_embeddings_.data() + size_t(i) * E);
+  }
+  c.tokens = step_tokens_.data();
+  c.embeddings = step_embeddings_.data();
 }
 
 // A prompt chunk's rows: reported (on_prompt_rows), the hidden ones kept for the MTP blocks'

@@ -35,7 +35,8 @@ class PrefixCache;
 using PromptRowsFn = std::function<void(int32_t first, int32_t n, const float* logits, const float* hidden)>;
 
 struct SequenceParams {
-  std::vector<int32_t> prompt;      // token ids, not empty
+  std::vector<int32_t> prompt;      // token ids, not empty; negative: a row of `embeddings`
+  std::shared_ptr<const PromptEmbeddings> embeddings;  // pictures' rows (GenerateRequest)
   SamplingParams sampling;
   std::shared_ptr<TokenConstraint> constraint;  // optional; a constrained sequence never speculates
   int32_t max_tokens = -1;          // tokens to generate at most (< 0: until the context is full)
@@ -107,6 +108,7 @@ class Sequence {
  private:
   const float* prompt_chunk_rows(const BatchOutput& out, size_t c, const float* hidden);
   void mask(float* rows) const;
+  void picture_rows(SeqChunk& c);
   void verify(float* rows, const float* hidden);
   std::optional<FinishReason> emit(const float* rows);
   void fill_logprobs(const float* row, int32_t token, GenerateEvent& ev) const;
@@ -129,6 +131,7 @@ class Sequence {
   MtpState mtp_;
   // The chunk last planned.
   std::vector<int32_t> step_tokens_;
+  std::vector<float> step_embeddings_;  // a prompt chunk's rows when it holds picture positions
   int32_t planned_tokens_ = 0;
   int32_t step_drafts_ = 0;
   bool planned_prompt_ = false;

@@ -3,6 +3,7 @@
 // a message of content blocks (thinking, text, tool_use), streamed as Anthropic's named
 // SSE events.
 #include "server/api_error.h"
+#include "server/chat_images.h"
 #include "server/chat_plan.h"
 #include "server/endpoint.h"
 #include "server/generation.h"
@@ -34,6 +35,19 @@ std::string block_text(const json& content, const std::string& where) {
   return out;
 }
 
+// An image block's picture as a URL: its base64 source as a data: URL, a url source as
+// given (refused later: pictures are not fetched from the network).
+std::string image_source_url(const json& block, const std::string& where) {
+  const json src = block.contains("source") ? block["source"] : json();
+  const std::string type = src.is_object() && src.contains("type") && src["type"].is_string() ? src["type"].get<std::string>() : "";
+  if (type == "base64" && src.contains("data") && src["data"].is_string() && src.contains("media_type") &&
+      src["media_type"].is_string())
+    return "data:" + src["media_type"].get<std::string>() + ";base64," + src["data"].get<std::string>();
+  if (type == "url" && src.contains("url") && src["url"].is_string()) return src["url"].get<std::string>();
+  throw ApiError(400, "'" + where + "': an image block needs a source {\"type\": \"base64\", \"media_type\", \"data\"}",
+                 where);
+}
+
 const char* stop_reason(const GenerateEvent& ev, const ChoiceText& t) {
   if (t.stopped()) return "stop_sequence";
   if (!t.tool_calls().empty() && ev.reason == FinishReason::Stop) return "tool_use";
@@ -60,6 +74,16 @@ void add_message(const json& message, const std::string& where, json& messages) 
   if (!content.is_array()) throw ApiError(400, "'" + where + ".content' must be a string or an array", where + ".content");
   std::string text, thinking;
   json calls = json::array();
+  // A user turn with pictures: its text and image_url parts in order (the text so far is
+  // the next text part).
+  json parts = json::array();
+  const auto flush_user = [&] {
+    if (!text.empty() && !parts.empty()) parts.push_back({{"type", "text"}, {"text", text}});
+    if (!parts.empty()) messages.push_back({{"role", "user"}, {"content", parts}});
+    else if (!text.empty()) messages.push_back({{"role", "user"}, {"content", text}});
+    text.clear();
+    parts = json::array();
+  };
   // A block's string member ("" when absent); any other type is the client's error.
   const auto member = [&](const json& b, const char* key) -> std::string {
     if (!b.contains(key) || b[key].is_null()) return "";
@@ -77,11 +101,12 @@ void add_message(const json& message, const std::string& where, json& messages) 
         throw ApiError(400, "'" + where + "': tool_use blocks need a name and an input object", where);
       calls.push_back({{"id", member(b, "id")}, {"type", "function"},
                        {"function", {{"name", b["name"]}, {"arguments", b["input"].dump()}}}});
+    } else if (type == "image" && role == "user") {
+      if (!text.empty()) parts.push_back({{"type", "text"}, {"text", text}});
+      text.clear();
+      parts.push_back(image_url_part(image_source_url(b, where)));
     } else if (type == "tool_result" && role == "user") {
-      if (!text.empty()) {
-        messages.push_back({{"role", "user"}, {"content", text}});
-        text.clear();
-      }
+      flush_user();
       const json rc = b.contains("content") ? b["content"] : json("");
       messages.push_back({{"role", "tool"}, {"tool_call_id", member(b, "tool_use_id")},
                           {"content", block_text(rc, where + ".tool_result.content")}});
@@ -94,8 +119,8 @@ void add_message(const json& message, const std::string& where, json& messages) 
     if (!thinking.empty()) a["reasoning_content"] = thinking;
     if (!calls.empty()) a["tool_calls"] = calls;
     messages.push_back(a);
-  } else if (!text.empty()) {
-    messages.push_back({{"role", "user"}, {"content", text}});
+  } else {
+    flush_user();
   }
 }
 

@@ -59,8 +59,11 @@ RenderedChat render_chat(const ChatTemplate& chat_template, const nlohmann::orde
 // Validates an OpenAI chat body (ApiError 400 naming the field) and plans it.
 // `ordered_body`, when given, is the same body in the client's key order: its messages
 // and tools are what the chat template renders (tool definitions and arguments keep that
-// order); without it they are rendered from `body`, keys sorted.
-ChatPlan plan_chat(ServerContext& ctx, const nlohmann::json& body, const nlohmann::ordered_json* ordered_body = nullptr);
+// order); without it they are rendered from `body`, keys sorted. `text_only`: only
+// prompt_text is wanted (/apply-template): pictures are checked and decoded but not
+// encoded, and request.prompt is left empty when there are any.
+ChatPlan plan_chat(ServerContext& ctx, const nlohmann::json& body, const nlohmann::ordered_json* ordered_body = nullptr,
+                   bool text_only = false);
 
 // The validation and planning step of the other endpoints, split from their handlers so
 // each can be tested and fuzzed on its own (fuzz/fuzz_server_requests.cpp): every one

@@ -52,6 +52,12 @@ void ServerMetrics::count_routing(bool compliant) {
   routed_compliant_ += compliant;
 }
 
+void ServerMetrics::count_images(size_t n, double encode_ms) {
+  std::lock_guard<std::mutex> lk(mu_);
+  images_ += n;
+  image_encode_s_ += encode_ms / 1000.0;
+}
+
 ServerMetrics::RoutingHints ServerMetrics::routing_hints() const {
   std::lock_guard<std::mutex> lk(mu_);
   return {routed_, routed_compliant_};
@@ -87,6 +93,10 @@ std::string ServerMetrics::render(const EngineStats& s, bool ready) const {
     metric(out, "step35_routing_hint_compliance", "gauge",
            "share of execute requests served under the routing hint they asked for (1 when none yet)",
            routed_ ? double(routed_compliant_) / double(routed_) : 1.0);
+    metric(out, "step35_images_total", "counter", "pictures in requests encoded by the vision tower (--mmproj)",
+           double(images_));
+    metric(out, "step35_image_encode_seconds_total", "counter", "time spent encoding them, layout and tokens included",
+           image_encode_s_);
   }
   out += "# HELP step35_requests_finished_total engine requests by finish reason\n"
          "# TYPE step35_requests_finished_total counter\n";

@@ -40,6 +40,8 @@ class ServerMetrics {
   void observe_generation(const GenerateEvent& final_event);
   // A /v1/step35/execute request: did it run under the routing hint it asked for?
   void count_routing(bool compliant);
+  // Pictures encoded by the vision tower for one request, and how long that took.
+  void count_images(size_t n, double encode_ms);
   struct RoutingHints {
     uint64_t requests = 0, compliant = 0;
   };
@@ -51,6 +53,8 @@ class ServerMetrics {
   std::map<std::pair<std::string, int>, uint64_t> requests_;
   Histogram ttft_, tpot_;
   uint64_t routed_ = 0, routed_compliant_ = 0;
+  uint64_t images_ = 0;
+  double image_encode_s_ = 0;
   // The previous scrape, for the tokens/s gauge.
   mutable double last_scrape_s_ = 0;
   mutable uint64_t last_generated_ = 0;

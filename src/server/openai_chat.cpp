@@ -6,6 +6,7 @@
 #include "chat/step35_format.h"
 #include "chat/tool_calls.h"
 #include "server/api_error.h"
+#include "server/chat_images.h"
 #include "server/chat_plan.h"
 #include "server/endpoint.h"
 #include "server/generation.h"
@@ -193,16 +194,27 @@ ChatRenderOptions render_options(ServerContext& ctx, const Fields& f, ChatPlan& 
 // it leaves a think block open (only for a model that has the token that closes it).
 // `messages` and `tools` are in the client's key order when the endpoint has it.
 void tokenize_prompt(ServerContext& ctx, const nlohmann::ordered_json& messages, const nlohmann::ordered_json& tools,
-                     const ChatRenderOptions& ro, ChatPlan& plan) {
+                     const ChatRenderOptions& ro, ChatPlan& plan, bool text_only) {
+  // Pictures leave the messages first, the media marker in their place (server/chat_images.h).
+  std::vector<vision::RgbImage> images;
+  nlohmann::ordered_json with_markers;
+  const bool pictures = has_image_parts(messages);
+  if (pictures) {
+    with_markers = messages;
+    images = take_chat_images(ctx, with_markers);
+  }
   RenderedChat rendered;
   try {
-    rendered = render_chat(*ctx.chat_template, messages, tools, ro);
+    rendered = render_chat(*ctx.chat_template, pictures ? with_markers : messages, tools, ro);
   } catch (const std::invalid_argument& e) {
     throw ApiError(400, std::string("'messages': ") + e.what(), "messages");
   } catch (const nlohmann::ordered_json::exception& e) {
     throw ApiError(400, std::string("'messages': ") + e.what(), "messages");
   }
-  plan.request.prompt = ctx.tokenizer().encode(rendered.text, !ctx.chat_template->starts_with_bos(rendered.text), true);
+  const bool add_bos = !ctx.chat_template->starts_with_bos(rendered.text);
+  if (pictures && text_only) plan.request.prompt.clear();  // (no picture is encoded for the text alone)
+  else if (pictures) tokenize_with_images(ctx, rendered.text, add_bos, images, plan.request);
+  else plan.request.prompt = ctx.tokenizer().encode(rendered.text, add_bos, true);
   plan.in_reasoning = ctx.think_end >= 0 && rendered.opens_reasoning;
   plan.prompt_text = std::move(rendered.text);
 }
@@ -228,7 +240,7 @@ ChoiceTextOptions ChatPlan::text_options(const std::string& id_prefix, int index
   return o;
 }
 
-ChatPlan plan_chat(ServerContext& ctx, const json& body, const nlohmann::ordered_json* ordered_body) {
+ChatPlan plan_chat(ServerContext& ctx, const json& body, const nlohmann::ordered_json* ordered_body, bool text_only) {
   Fields f(body);
   // Every field of OpenAI's chat completions reference, and llama.cpp's / vLLM's common
   // extensions; docs/server.md says which are implemented and which are accepted and
@@ -258,9 +270,9 @@ ChatPlan plan_chat(ServerContext& ctx, const json& body, const nlohmann::ordered
   const ChatRenderOptions ro = render_options(ctx, f, plan);
   if (ordered_body && ordered_body->contains("messages")) {
     tokenize_prompt(ctx, (*ordered_body)["messages"],
-                    have_tools ? ordered_tools(*ordered_body) : nlohmann::ordered_json::array(), ro, plan);
+                    have_tools ? ordered_tools(*ordered_body) : nlohmann::ordered_json::array(), ro, plan, text_only);
   } else {
-    tokenize_prompt(ctx, *messages, have_tools ? tools : json::array(), ro, plan);
+    tokenize_prompt(ctx, *messages, have_tools ? tools : json::array(), ro, plan, text_only);
   }
   const Tokenizer& tok = ctx.tokenizer();
   GenerateRequest& r = plan.request;
@@ -505,7 +517,7 @@ void handle_chat(ServerContext& ctx, json body, const ExecuteOptions* exec, Http
 }
 
 void handle_apply_template(ServerContext& ctx, const json& body, HttpExchange& ex) {
-  const ChatPlan plan = plan_chat(ctx, body, ex.ordered_body);
+  const ChatPlan plan = plan_chat(ctx, body, ex.ordered_body, /*text_only=*/true);
   set_json(ex.res, {{"prompt", plan.prompt_text}});
 }
 

@@ -3,9 +3,11 @@
 // list of output items (reasoning, message, function calls), streamed as Responses events
 // (`event: response.output_text.delta` ...). Responses are kept in memory for
 // `previous_response_id` (response_store.h) unless `store` is false.
+#include <algorithm>
 #include <optional>
 
 #include "server/api_error.h"
+#include "server/chat_images.h"
 #include "server/chat_plan.h"
 #include "server/endpoint.h"
 #include "server/generation.h"
@@ -20,26 +22,47 @@ using nlohmann::json;
 
 namespace {
 
+// The text of one content part (input_text, output_text, refusal); `pw` names it.
+std::string part_text(const json& p, const std::string& pw, const std::string& where) {
+  const std::string type = p.is_object() ? p.value("type", "") : "";
+  if (type == "input_text" || type == "output_text" || type == "text") {
+    if (!p.contains("text") || !p["text"].is_string()) throw ApiError(400, "'" + pw + ".text' must be a string", where);
+    return p["text"].get<std::string>();
+  }
+  if (type == "refusal") return p.value("refusal", "");
+  throw ApiError(400, "'" + pw + "': content part type '" + type + "' is not supported here", where);
+}
+
 // The text of a message's content: a string, or input_text / output_text parts.
 std::string content_text(const json& content, const std::string& where) {
   if (content.is_string()) return content.get<std::string>();
   if (!content.is_array()) throw ApiError(400, "'" + where + "' must be a string or an array of content parts", where);
   std::string out;
+  for (size_t i = 0; i < content.size(); ++i) out += part_text(content[i], where + "[" + std::to_string(i) + "]", where);
+  return out;
+}
+
+bool is_input_image(const json& p) { return p.is_object() && p.value("type", "") == "input_image"; }
+
+// A user or system message's content: its text, or with input_image parts, the chat parts
+// in order (text parts, image_url parts; server/chat_images.h reads the pictures).
+json message_content(const json& content, const std::string& where) {
+  if (!content.is_array() || std::none_of(content.begin(), content.end(), is_input_image))
+    return content_text(content, where);
+  json parts = json::array();
   for (size_t i = 0; i < content.size(); ++i) {
     const json& p = content[i];
-    const std::string type = p.is_object() ? p.value("type", "") : "";
-    if (type == "input_text" || type == "output_text" || type == "text") {
-      if (!p.contains("text") || !p["text"].is_string())
-        throw ApiError(400, "'" + where + "[" + std::to_string(i) + "].text' must be a string", where);
-      out += p["text"].get<std::string>();
-    } else if (type == "refusal") {
-      out += p.value("refusal", "");
-    } else {
-      throw ApiError(400, "'" + where + "[" + std::to_string(i) + "]': content part type '" + type +
-                              "' is not supported (the model reads text only)", where);
+    const std::string pw = where + "[" + std::to_string(i) + "]";
+    if (!is_input_image(p)) {
+      parts.push_back({{"type", "text"}, {"text", part_text(p, pw, where)}});
+      continue;
     }
+    const json url = p.contains("image_url") ? p["image_url"] : json();
+    if (!url.is_string())
+      throw ApiError(400, "'" + pw + ".image_url' must be a data: URL (file_id is not supported)", pw + ".image_url");
+    parts.push_back(image_url_part(url.get<std::string>()));
   }
-  return out;
+  return parts;
 }
 
 // The input items as chat messages. Reasoning items attach to the assistant turn that
@@ -71,14 +94,14 @@ json input_messages(const json& input) {
       if (role != "user" && role != "system" && role != "developer" && role != "assistant")
         throw ApiError(400, "'" + where + ".role' must be user, system, developer or assistant", where + ".role");
       if (!item.contains("content")) throw ApiError(400, "'" + where + ".content' is required", where + ".content");
-      const std::string text = content_text(item["content"], where + ".content");
       if (role == "assistant") {
-        json m = {{"role", "assistant"}, {"content", text}};
+        json m = {{"role", "assistant"}, {"content", content_text(item["content"], where + ".content")}};
         if (!pending_reasoning.empty()) m["reasoning_content"] = pending_reasoning;
         pending_reasoning.clear();
         messages.push_back(m);
       } else {
-        messages.push_back({{"role", role == "developer" ? "system" : role}, {"content", text}});
+        messages.push_back({{"role", role == "developer" ? "system" : role},
+                            {"content", message_content(item["content"], where + ".content")}});
       }
     } else if (type == "function_call") {
       if (!item.contains("name") || !item["name"].is_string())

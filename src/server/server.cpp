@@ -67,7 +67,7 @@ json props(const ServerContext& ctx) {
           {"chat_template", ctx.chat_template->source_text()},
           {"chat_format", ctx.chat_template->format() == ChatFormat::STEP35 ? "step35" : "chatml"},
           {"mtp", eo.mtp_adaptive && eo.mtp > 0 ? json("auto") : json(eo.mtp)},
-          {"modalities", {{"vision", false}, {"audio", false}}},
+          {"modalities", {{"vision", ctx.mmproj != nullptr}, {"audio", false}}},
           // The kernel level this CPU runs (tensor/kernels.h: Isa) and its vector features.
           {"kernels", {{"level", kernels::isa_name(kernels::active_isa())}, {"cpu", kernels::cpu_summary()}}},
           {"build_info", STEP35_BUILD_INFO}};
@@ -463,6 +463,29 @@ EngineOptions engine_options(ServerContext& ctx, const EngineOptions& asked) {
   return eo;
 }
 
+// The vision tower of --mmproj, checked against the text model: its projection width and
+// the layout tokens its pictures are placed with.
+void load_vision(ServerContext& ctx, const ServerOptions& options) {
+  ctx.mmproj = vision::Step3vlEncoder::load(options.mmproj);
+  const int32_t n_embd = ctx.model->hparams().n_embd;
+  if (ctx.mmproj->projection_dim() != n_embd)
+    throw std::runtime_error("--mmproj " + options.mmproj + ": the vision tower projects to " +
+                             std::to_string(ctx.mmproj->projection_dim()) + " dimensions, the model's embedding has " +
+                             std::to_string(n_embd) + " (an mmproj for another model?)");
+  for (const char* t : {"<im_start>", "<im_end>", "<patch_start>", "<patch_end>", "<patch_newline>"})
+    if (ctx.tokenizer().find_token(t) < 0)
+      throw std::runtime_error("--mmproj " + options.mmproj + ": the model's vocabulary has no " + t +
+                               " token, so pictures cannot be placed (not a Step-3.7 text model?)");
+  ctx.vision_pool = std::make_unique<ThreadPool>(std::max(1, options.engine.n_threads));
+  ctx.log.event("vision",
+                "pictures through " + options.mmproj + " (step3vl: " + std::to_string(ctx.mmproj->n_layers()) +
+                    " layers of width " + std::to_string(ctx.mmproj->width()) + ", " +
+                    std::to_string(ctx.mmproj->n_params()) + " parameters)",
+                {{"mmproj", options.mmproj},
+                 {"vision_layers", ctx.mmproj->n_layers()},
+                 {"vision_parameters", ctx.mmproj->n_params()}});
+}
+
 // The model, its chat template and the engine; a failure is kept for /health and thrown.
 void load(ServerContext& ctx, const ServerOptions& options) {
   try {
@@ -475,6 +498,7 @@ void load(ServerContext& ctx, const ServerOptions& options) {
       std::this_thread::sleep_for(std::chrono::milliseconds(std::atoll(delay)));
     if (!options.patches.empty()) apply_startup_patches(ctx);
     if (options.on_model_loaded) options.on_model_loaded(*ctx.model);
+    if (!options.mmproj.empty()) load_vision(ctx, options);
     const Tokenizer& tok = ctx.model->tokenizer();
     ctx.chat_template = std::make_unique<ChatTemplate>(
         ChatTemplateSource::from_model(ctx.model->file(), tok, options.chat_template_file));

@@ -14,18 +14,25 @@
 
 #include "chat/chat_template.h"
 #include "engine/engine.h"
+#include "exec/thread_pool.h"
 #include "model/step35.h"
 #include "server/hotswap.h"
 #include "server/metrics.h"
 #include "server/response_store.h"
 #include "server/server.h"
 #include "server/server_log.h"
+#include "vision/step3vl_encoder.h"
 
 namespace step35::server {
 
 struct ServerContext {
   ServerOptions options;
   std::unique_ptr<Model> model;
+  // The vision tower (--mmproj; null without) and the threads that encode pictures, one
+  // request's pictures at a time (server/chat_images.h).
+  std::unique_ptr<vision::Step3vlEncoder> mmproj;
+  std::unique_ptr<ThreadPool> vision_pool;
+  std::mutex vision_mu;
   std::unique_ptr<Engine> engine;
   std::unique_ptr<ChatTemplate> chat_template;
   int32_t think_end = -1;  // the `</think>` token, -1 when the vocabulary has none

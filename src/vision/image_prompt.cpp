@@ -1,5 +1,6 @@
 #include "vision/image_prompt.h"
 
+#include <algorithm>
 #include <chrono>
 #include <stdexcept>
 
@@ -25,12 +26,12 @@ ImagePrompt build_image_prompt(std::string_view prompt, const std::vector<RgbIma
                                 (n_markers == 1 ? "" : "s") + " (" + std::string(marker) + ") for " +
                                 std::to_string(images.size()) + " image" + (images.size() == 1 ? "" : "s"));
   ImagePrompt out;
+  out.n_embd = n_embd;
   const auto t0 = std::chrono::steady_clock::now();
   std::string pending;
   auto flush = [&] {
     const auto ids = tok.encode(pending, add_bos && out.tokens.empty(), true);
     out.tokens.insert(out.tokens.end(), ids.begin(), ids.end());
-    out.embeddings.resize(out.tokens.size() * size_t(n_embd), 0.0f);
     pending.clear();
   };
   size_t at = 0;
@@ -50,7 +51,6 @@ ImagePrompt build_image_prompt(std::string_view prompt, const std::vector<RgbIma
       const std::vector<float> emb = encoder.encode(ch, pool);
       const size_t n = emb.size() / size_t(n_embd);
       out.tokens.insert(out.tokens.end(), n, -1);
-      out.embeddings.insert(out.embeddings.end(), emb.begin(), emb.end());
       out.image_embeddings.insert(out.image_embeddings.end(), emb.begin(), emb.end());
       out.chunks.push_back({int32_t(i), ch.side, ch.side, int32_t(n), ch.overview});
     }
@@ -60,6 +60,15 @@ ImagePrompt build_image_prompt(std::string_view prompt, const std::vector<RgbIma
   if (!pending.empty() || out.tokens.empty()) flush();
   out.encode_ms = std::chrono::duration<double, std::milli>(std::chrono::steady_clock::now() - t0).count();
   return out;
+}
+
+std::vector<float> ImagePrompt::dense_embeddings() const {
+  const size_t E = size_t(n_embd);
+  std::vector<float> dense(tokens.size() * E, 0.0f);
+  size_t row = 0;
+  for (size_t i = 0; i < tokens.size(); ++i)
+    if (tokens[i] == -1) std::copy_n(image_embeddings.data() + row++ * E, E, dense.data() + i * E);
+  return dense;
 }
 
 }  // namespace step35::vision

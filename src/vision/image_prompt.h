@@ -23,15 +23,17 @@ inline constexpr std::string_view kMediaMarker = "<__media__>";
 
 struct ImagePrompt {
   std::vector<int32_t> tokens;      // -1 at every image position
-  std::vector<float> embeddings;    // one row of projection_dim per token (zeros at text)
+  int32_t n_embd = 0;
   struct Chunk {
     int32_t image = 0, nx = 0, ny = 0, n_tokens = 0;
     bool overview = false;
   };
   std::vector<Step3vlPlan> plans;   // per picture
   std::vector<Chunk> chunks;        // every image chunk, prompt order
-  std::vector<float> image_embeddings;  // the chunks' rows, prompt order
+  std::vector<float> image_embeddings;  // the chunks' rows, prompt order (one per -1 token)
   double encode_ms = 0;
+  // One row of n_embd per token, zeros at text: what Session::forward takes.
+  std::vector<float> dense_embeddings() const;
 };
 
 // Throws std::invalid_argument when the markers and the pictures do not pair up, when the
