@@ -7,6 +7,7 @@
 #include <httplib.h>
 
 #include <nlohmann/json.hpp>
+#include <set>
 
 #include "gguf/gguf.h"
 #include "serve_process.h"
@@ -137,6 +138,7 @@ TEST(ServeVision, EveryApiAnswersAsLlamaCpp) {
     const json props = json::parse(c.Get("/props")->body);
     EXPECT_EQ(props["modalities"]["vision"], true);
     int n_cases = 0, n_images = 0;
+    std::set<std::string> files;
     for (const auto& [name, entry] : m["goldens"].items()) {
       if (entry["mmproj"] != mmproj) continue;
       SCOPED_TRACE(name);
@@ -144,6 +146,7 @@ TEST(ServeVision, EveryApiAnswersAsLlamaCpp) {
       const json g = read_json(vision_dir() + "/golden/" + entry["json"].get<std::string>());
       const UserTurn turn = user_turn(g);
       n_images += int(turn.files.size());
+      files.insert(turn.files.begin(), turn.files.end());
       const json want = post(c, "/detokenize", {{"tokens", answer_tokens(g["greedy"])}}, &status);
       ASSERT_EQ(status, 200);
       json r = post(c, "/v1/chat/completions", chat(openai_content(turn)), &status);
@@ -166,18 +169,25 @@ TEST(ServeVision, EveryApiAnswersAsLlamaCpp) {
       EXPECT_EQ(o["output"].back()["content"][0]["text"], want["content"]);
     }
     EXPECT_GT(n_cases, 0);
-    // Each picture encoded once per request, three APIs.
+    // Three requests per picture; each distinct picture through the tower once (then the cache).
     const std::string metrics = c.Get("/metrics")->body;
     EXPECT_NE(metrics.find("step35_images_total " + std::to_string(3 * n_images) + "\n"), std::string::npos)
         << n_images;
+    EXPECT_NE(metrics.find("step35_images_encoded_total " + std::to_string(files.size()) + "\n"), std::string::npos)
+        << files.size();
     EXPECT_EQ(s.terminate(), 0);
   }
 }
 
 // The prefix cache keys a picture's positions by its pixels: the same picture again reuses
 // them (and answers the same), another picture of the same size at the same place does not.
+// The tower's cache: a picture sent again is not encoded again (unless --image-cache 0).
 TEST(ServeVision, PrefixCacheReusesOnlyTheSamePicture) {
-  ServeProcess s(serve_args("mmproj-tiny-v-f32.gguf"), "serve_vision_cache");
+  for (const bool image_cache : {true, false}) {
+  SCOPED_TRACE(image_cache);
+  std::vector<std::string> args = serve_args("mmproj-tiny-v-f32.gguf");
+  if (!image_cache) args.insert(args.end(), {"--image-cache", "0"});
+  ServeProcess s(args, "serve_vision_cache");
   httplib::Client c("127.0.0.1", s.port());
   c.set_read_timeout(120, 0);
   int status = 0;
@@ -197,12 +207,31 @@ TEST(ServeVision, PrefixCacheReusesOnlyTheSamePicture) {
   EXPECT_EQ(other["usage"]["prompt_tokens_details"]["cached_tokens"], 0);
   EXPECT_EQ(other["usage"]["prompt_tokens"], 132);
   // /apply-template renders the marker and encodes nothing.
-  const std::string before = c.Get("/metrics")->body;
   const json applied = post(c, "/apply-template", png, &status);
   ASSERT_EQ(status, 200);
   EXPECT_EQ(applied["prompt"], "<|im_start|>user\n<__media__>\nDescribe this.<|im_end|>\n<|im_start|>assistant\n");
-  EXPECT_NE(c.Get("/metrics")->body.find("step35_images_total 3\n"), std::string::npos) << before;
+  const std::string after = c.Get("/metrics")->body;
+  EXPECT_NE(after.find("step35_images_total 3\n"), std::string::npos) << after;
+  EXPECT_NE(after.find(std::string("step35_images_encoded_total ") + (image_cache ? "2" : "3") + "\n"),
+            std::string::npos) << after;
+  // The same picture with a longer question: the picture's positions come from the prefix
+  // cache, its rows from the tower's cache; the answer is the one a fresh server gives.
+  json longer = png;
+  longer["messages"][0]["content"][1]["text"] = "\nDescribe this, and then say what colour it is.";
+  const json more = post(c, "/v1/chat/completions", longer, &status);
+  ASSERT_EQ(status, 200);
+  EXPECT_GE(more["usage"]["prompt_tokens_details"]["cached_tokens"].get<int>(), 96);
   EXPECT_EQ(s.terminate(), 0);
+  if (image_cache) {
+    ServeProcess fresh(serve_args("mmproj-tiny-v-f32.gguf"), "serve_vision_fresh");
+    httplib::Client f("127.0.0.1", fresh.port());
+    f.set_read_timeout(120, 0);
+    const json want = post(f, "/v1/chat/completions", longer, &status);
+    ASSERT_EQ(status, 200);
+    EXPECT_EQ(more["choices"][0]["message"]["content"], want["choices"][0]["message"]["content"]);
+    EXPECT_EQ(fresh.terminate(), 0);
+  }
+  }
 }
 
 // Bad pictures and pictures a server cannot take: 400 naming the part, the server alive.

@@ -9,7 +9,9 @@
 #include "gguf/gguf.h"
 #include "support.h"
 #include "tokenizer/tokenizer.h"
+#include "vision/embedding_cache.h"
 #include "vision/image.h"
+#include "vision/picture_digest.h"
 #include "vision/step3vl_preprocess.h"
 
 using namespace step35;
@@ -51,7 +53,44 @@ TEST(VisionDecode, EveryPictureIsStbsRgb) {
     EXPECT_EQ(img.nx, want["nx"].get<int>()) << name;
     EXPECT_EQ(img.ny, want["ny"].get<int>()) << name;
     EXPECT_EQ(sha256_of(img.rgb), want["rgb_sha256"].get<std::string>()) << name;
+    // Our SHA-256 (the caches' picture digest) gives the manifest's digest of the pixels.
+    EXPECT_EQ(to_hex(sha256(img.rgb.data(), img.rgb.size())), want["rgb_sha256"].get<std::string>()) << name;
   }
+}
+
+// SHA-256 at the lengths where padding changes shape, against sha256sum; the picture digest
+// covers the size as well as the pixels.
+TEST(VisionDigest, Sha256MatchesSha256sumAndTheDigestSeesTheSize) {
+  for (size_t n : {0, 1, 55, 56, 63, 64, 65, 119, 120, 1000, 100003}) {
+    std::vector<uint8_t> bytes(n);
+    for (size_t i = 0; i < n; ++i) bytes[i] = uint8_t(i * 131 + (i >> 7));
+    EXPECT_EQ(to_hex(sha256(bytes.data(), n)), sha256_of(bytes)) << n;
+  }
+  RgbImage a{2, 3, std::vector<uint8_t>(18, 7)}, b{3, 2, std::vector<uint8_t>(18, 7)};
+  EXPECT_NE(picture_digest(a), picture_digest(b));
+  EXPECT_EQ(picture_digest(a), picture_digest(RgbImage{2, 3, std::vector<uint8_t>(18, 7)}));
+}
+
+// The tower's cache: least recently used out first, within its byte budget.
+TEST(VisionEmbeddingCache, KeepsTheMostRecentPicturesWithinItsBytes) {
+  auto picture = [](size_t floats) {
+    return std::make_shared<const PictureEmbeddings>(PictureEmbeddings{{504, false, std::vector<float>(floats, 1.0f)}});
+  };
+  auto key = [](uint8_t k) { return sha256(&k, 1); };
+  EmbeddingCache cache(3000);  // bytes: three pictures of 250 floats
+  for (uint8_t k = 0; k < 3; ++k) cache.put(key(k), picture(250));
+  EXPECT_EQ(cache.bytes(), 3000u);
+  EXPECT_NE(cache.find(key(0)), nullptr);  // 0 is now the most recent
+  cache.put(key(3), picture(250));         // 1 goes
+  EXPECT_EQ(cache.find(key(1)), nullptr);
+  EXPECT_NE(cache.find(key(0)), nullptr);
+  EXPECT_NE(cache.find(key(2)), nullptr);
+  EXPECT_NE(cache.find(key(3)), nullptr);
+  cache.put(key(4), picture(1000));        // larger than the whole budget: not kept
+  EXPECT_EQ(cache.find(key(4)), nullptr);
+  EXPECT_EQ(cache.bytes(), 3000u);
+  EXPECT_EQ(cache.hits(), 4u);
+  EXPECT_EQ(cache.misses(), 2u);
 }
 
 TEST(VisionDecode, BadBytesAreClearErrors) {

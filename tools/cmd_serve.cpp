@@ -99,7 +99,7 @@ static int serve_main(const Args& args) {
   server::ServerOptions o;
   EngineOptions& e = o.engine;
   e.n_threads = default_threads();
-  int64_t kv_mib = e.kv_bytes >> 20, max_body = int64_t(o.max_body_bytes);
+  int64_t kv_mib = e.kv_bytes >> 20, max_body = int64_t(o.max_body_bytes), image_cache_mib = int64_t(o.image_cache_bytes >> 20);
   std::string expert_policy = "strict", mtp = "0", api_key, api_key_file, cors, log_format = "text";
   std::string effort_budgets = std::to_string(o.reasoning.low) + "," + std::to_string(o.reasoning.medium) + "," +
                                std::to_string(o.reasoning.high);
@@ -109,6 +109,8 @@ static int serve_main(const Args& args) {
   p.option("--mmproj", "FILE", "vision tower (Step-3.7's step3vl mmproj GGUF): chat requests may then hold pictures "
            "(OpenAI image_url parts, Anthropic image blocks, Responses input_image) as base64 data: URLs", o.mmproj,
            "text only");
+  p.option("--image-cache", "MIB", "embeddings of recent pictures kept, so that a picture sent again (the same "
+           "screenshot in the next turn) is not encoded again; 0: none", image_cache_mib, 0, int64_t(1) << 24);
   p.option("--alias", "NAME", "model id reported by /v1/models", o.model_id, "the model file name");
   p.option("--chat-template-file", "FILE", "Jinja chat template to render requests with, instead of the model "
            "file's tokenizer.chat_template", o.chat_template_file, "the model file's");
@@ -188,6 +190,7 @@ static int serve_main(const Args& args) {
   o.log_format = log_format == "json" ? server::LogFormat::Json : server::LogFormat::Text;
   parse_effort_budgets(effort_budgets, o.reasoning);
   o.max_body_bytes = size_t(max_body);
+  o.image_cache_bytes = size_t(image_cache_mib) << 20;
   o.default_expert_policy = adaptive_expert_policy(expert_policy) ? ExpertPolicy::Adaptive : ExpertPolicy::Strict;
   e.kv_bytes = kv_mib << 20;
   const MtpSetting mtp_setting = parse_mtp_value(mtp);  // the model is loaded later, in serve()

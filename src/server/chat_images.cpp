@@ -76,30 +76,12 @@ vision::RgbImage decode_url(const std::string& url, const std::string& where) {
   }
 }
 
-// A key per picture from its size and pixels (64-bit multiply-xorshift over 8-byte words).
-uint64_t picture_hash(const vision::RgbImage& img) {
-  uint64_t h = 0x9E3779B97F4A7C15ull ^ (uint64_t(uint32_t(img.nx)) << 32 | uint32_t(img.ny));
-  auto mix = [&h](uint64_t w) {
-    h ^= w;
-    h *= 0xBF58476D1CE4E5B9ull;
-    h ^= h >> 31;
-  };
-  const size_t n = img.rgb.size();
-  size_t i = 0;
-  for (; i + 8 <= n; i += 8) {
-    uint64_t w;
-    std::memcpy(&w, img.rgb.data() + i, 8);
-    mix(w);
-  }
-  uint64_t tail = 0;
-  std::memcpy(&tail, img.rgb.data() + i, n - i);
-  mix(tail ^ (uint64_t(n - i) << 56));
-  return h;
-}
-
 // The id standing at position k of a picture: negative (never a vocabulary id), below -1
-// (-1 is the forward pass's "take the given row"), 30 bits from the picture's key.
-int32_t picture_token(uint64_t key, uint64_t k) {
+// (-1 is the forward pass's "take the given row"), 30 bits mixed from the picture's digest
+// (SHA-256: one client cannot make a picture whose positions pass for another's).
+int32_t picture_token(const vision::Digest& digest, uint64_t k) {
+  uint64_t key = 0;
+  std::memcpy(&key, digest.data(), sizeof key);
   uint64_t x = key ^ (k * 0xD6E8FEB86659FD93ull);
   x ^= x >> 32;
   x *= 0xD6E8FEB86659FD93ull;
@@ -145,13 +127,12 @@ void tokenize_with_images(ServerContext& ctx, const std::string& text, bool add_
   try {
     // One picture encoded at a time: the tower's pool is shared.
     std::lock_guard<std::mutex> lock(ctx.vision_mu);
-    ip = vision::build_image_prompt(text, images, *ctx.mmproj, ctx.tokenizer(), n_embd, *ctx.vision_pool, add_bos);
+    ip = vision::build_image_prompt(text, images, *ctx.mmproj, ctx.tokenizer(), n_embd, *ctx.vision_pool, add_bos,
+                                    vision::kMediaMarker, ctx.image_cache.get());
   } catch (const std::invalid_argument& e) {
     throw ApiError(400, std::string("'messages': ") + e.what(), "messages");
   }
-  ctx.metrics.count_images(images.size(), ip.encode_ms);
-  std::vector<uint64_t> keys;
-  for (const vision::RgbImage& img : images) keys.push_back(picture_hash(img));
+  ctx.metrics.count_images(images.size(), size_t(ip.n_encoded), ip.encode_ms);
   // The -1 positions come chunk by chunk in prompt order; number them within each picture.
   std::vector<uint64_t> seen(images.size(), 0);
   size_t chunk = 0, left = 0;
@@ -159,7 +140,7 @@ void tokenize_with_images(ServerContext& ctx, const std::string& text, bool add_
     if (t != -1) continue;
     while (left == 0) left = size_t(ip.chunks[chunk++].n_tokens);
     const size_t img = size_t(ip.chunks[chunk - 1].image);
-    t = picture_token(keys[img], seen[img]++);
+    t = picture_token(ip.digests[img], seen[img]++);
     --left;
   }
   auto rows = std::make_shared<PromptEmbeddings>();

@@ -52,9 +52,10 @@ void ServerMetrics::count_routing(bool compliant) {
   routed_compliant_ += compliant;
 }
 
-void ServerMetrics::count_images(size_t n, double encode_ms) {
+void ServerMetrics::count_images(size_t n, size_t encoded, double encode_ms) {
   std::lock_guard<std::mutex> lk(mu_);
   images_ += n;
+  images_encoded_ += encoded;
   image_encode_s_ += encode_ms / 1000.0;
 }
 
@@ -93,10 +94,12 @@ std::string ServerMetrics::render(const EngineStats& s, bool ready) const {
     metric(out, "step35_routing_hint_compliance", "gauge",
            "share of execute requests served under the routing hint they asked for (1 when none yet)",
            routed_ ? double(routed_compliant_) / double(routed_) : 1.0);
-    metric(out, "step35_images_total", "counter", "pictures in requests encoded by the vision tower (--mmproj)",
-           double(images_));
-    metric(out, "step35_image_encode_seconds_total", "counter", "time spent encoding them, layout and tokens included",
-           image_encode_s_);
+    metric(out, "step35_images_total", "counter", "pictures in requests (--mmproj)", double(images_));
+    metric(out, "step35_images_encoded_total", "counter",
+           "of them, pictures that went through the vision tower (the others came from its cache)",
+           double(images_encoded_));
+    metric(out, "step35_image_encode_seconds_total", "counter",
+           "time spent placing them: decoding excluded, encoding, layout and tokens included", image_encode_s_);
   }
   out += "# HELP step35_requests_finished_total engine requests by finish reason\n"
          "# TYPE step35_requests_finished_total counter\n";

@@ -40,8 +40,9 @@ class ServerMetrics {
   void observe_generation(const GenerateEvent& final_event);
   // A /v1/step35/execute request: did it run under the routing hint it asked for?
   void count_routing(bool compliant);
-  // Pictures encoded by the vision tower for one request, and how long that took.
-  void count_images(size_t n, double encode_ms);
+  // One request's pictures: how many, how many went through the vision tower (the others
+  // came from its cache), and how long placing them took.
+  void count_images(size_t n, size_t encoded, double encode_ms);
   struct RoutingHints {
     uint64_t requests = 0, compliant = 0;
   };
@@ -53,7 +54,7 @@ class ServerMetrics {
   std::map<std::pair<std::string, int>, uint64_t> requests_;
   Histogram ttft_, tpot_;
   uint64_t routed_ = 0, routed_compliant_ = 0;
-  uint64_t images_ = 0;
+  uint64_t images_ = 0, images_encoded_ = 0;
   double image_encode_s_ = 0;
   // The previous scrape, for the tokens/s gauge.
   mutable double last_scrape_s_ = 0;

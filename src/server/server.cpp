@@ -477,6 +477,7 @@ void load_vision(ServerContext& ctx, const ServerOptions& options) {
       throw std::runtime_error("--mmproj " + options.mmproj + ": the model's vocabulary has no " + t +
                                " token, so pictures cannot be placed (not a Step-3.7 text model?)");
   ctx.vision_pool = std::make_unique<ThreadPool>(std::max(1, options.engine.n_threads));
+  if (options.image_cache_bytes > 0) ctx.image_cache = std::make_unique<vision::EmbeddingCache>(options.image_cache_bytes);
   ctx.log.event("vision",
                 "pictures through " + options.mmproj + " (step3vl: " + std::to_string(ctx.mmproj->n_layers()) +
                     " layers of width " + std::to_string(ctx.mmproj->width()) + ", " +

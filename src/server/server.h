@@ -38,6 +38,7 @@ struct ServerOptions {
   std::string model_path;
   std::string mtp_model;  // Model::LoadOptions::mtp_model
   std::string mmproj;     // the vision tower, a step3vl mmproj GGUF ("": text only)
+  size_t image_cache_bytes = size_t(256) << 20;  // embeddings of recent pictures kept (0: none)
   std::string model_id;            // the name /v1/models reports; default: the file name
   std::string chat_template_file;  // a Jinja chat template replacing the file's ("": the file's)
   std::string host = "127.0.0.1";

@@ -21,6 +21,7 @@
 #include "server/response_store.h"
 #include "server/server.h"
 #include "server/server_log.h"
+#include "vision/embedding_cache.h"
 #include "vision/step3vl_encoder.h"
 
 namespace step35::server {
@@ -33,6 +34,7 @@ struct ServerContext {
   std::unique_ptr<vision::Step3vlEncoder> mmproj;
   std::unique_ptr<ThreadPool> vision_pool;
   std::mutex vision_mu;
+  std::unique_ptr<vision::EmbeddingCache> image_cache;  // --image-cache (null: off)
   std::unique_ptr<Engine> engine;
   std::unique_ptr<ChatTemplate> chat_template;
   int32_t think_end = -1;  // the `</think>` token, -1 when the vocabulary has none

@@ -8,9 +8,17 @@
 
 namespace step35::vision {
 
+PictureEmbeddings encode_picture(const RgbImage& image, const Step3vlPlan& plan, const Step3vlEncoder& encoder,
+                                 ThreadPool& pool) {
+  PictureEmbeddings out;
+  for (const PreparedChunk& ch : prepare_step3vl(image, plan, encoder.config()))
+    out.push_back({ch.side, ch.overview, encoder.encode(ch, pool)});
+  return out;
+}
+
 ImagePrompt build_image_prompt(std::string_view prompt, const std::vector<RgbImage>& images,
                                const Step3vlEncoder& encoder, const Tokenizer& tok, int32_t n_embd, ThreadPool& pool,
-                               bool add_bos, std::string_view marker) {
+                               bool add_bos, std::string_view marker, EmbeddingCache* cache) {
   if (encoder.projection_dim() != n_embd)
     throw std::invalid_argument("the vision tower projects to " + std::to_string(encoder.projection_dim()) +
                                 " dimensions, the text model's embedding has " + std::to_string(n_embd));
@@ -40,18 +48,23 @@ ImagePrompt build_image_prompt(std::string_view prompt, const std::vector<RgbIma
     pending += prompt.substr(at, m - at);
     at = m + marker.size();
     const Step3vlPlan plan = plan_step3vl(images[i].nx, images[i].ny, encoder.config());
-    const std::vector<PreparedChunk> chunks = prepare_step3vl(images[i], plan, encoder.config());
+    out.digests.push_back(picture_digest(images[i]));
+    std::shared_ptr<const PictureEmbeddings> chunks = cache ? cache->find(out.digests.back()) : nullptr;
+    if (!chunks) {
+      chunks = std::make_shared<const PictureEmbeddings>(encode_picture(images[i], plan, encoder, pool));
+      ++out.n_encoded;
+      if (cache) cache->put(out.digests.back(), chunks);
+    }
     for (const LayoutPiece& piece : step3vl_layout(plan)) {
       if (piece.chunk < 0) {
         pending += piece.text;
         continue;
       }
       flush();
-      const PreparedChunk& ch = chunks[size_t(piece.chunk)];
-      const std::vector<float> emb = encoder.encode(ch, pool);
-      const size_t n = emb.size() / size_t(n_embd);
+      const ChunkEmbeddings& ch = (*chunks)[size_t(piece.chunk)];
+      const size_t n = ch.rows.size() / size_t(n_embd);
       out.tokens.insert(out.tokens.end(), n, -1);
-      out.image_embeddings.insert(out.image_embeddings.end(), emb.begin(), emb.end());
+      out.image_embeddings.insert(out.image_embeddings.end(), ch.rows.begin(), ch.rows.end());
       out.chunks.push_back({int32_t(i), ch.side, ch.side, int32_t(n), ch.overview});
     }
     out.plans.push_back(plan);

@@ -7,7 +7,9 @@
 #include <string_view>
 #include <vector>
 
+#include "vision/embedding_cache.h"
 #include "vision/image.h"
+#include "vision/picture_digest.h"
 #include "vision/step3vl_encoder.h"
 #include "vision/step3vl_preprocess.h"
 
@@ -29,6 +31,8 @@ struct ImagePrompt {
     bool overview = false;
   };
   std::vector<Step3vlPlan> plans;   // per picture
+  std::vector<Digest> digests;      // per picture (picture_digest)
+  int32_t n_encoded = 0;            // pictures that went through the tower (not in the cache)
   std::vector<Chunk> chunks;        // every image chunk, prompt order
   std::vector<float> image_embeddings;  // the chunks' rows, prompt order (one per -1 token)
   double encode_ms = 0;
@@ -38,9 +42,15 @@ struct ImagePrompt {
 
 // Throws std::invalid_argument when the markers and the pictures do not pair up, when the
 // vocabulary lacks the step3vl layout tokens, or when the tower's projection width is not
-// `n_embd`.
+// `n_embd`. `cache` (optional): pictures found there are not encoded again, and those
+// encoded are kept there.
 ImagePrompt build_image_prompt(std::string_view prompt, const std::vector<RgbImage>& images,
                                const Step3vlEncoder& encoder, const Tokenizer& tok, int32_t n_embd, ThreadPool& pool,
-                               bool add_bos = true, std::string_view marker = kMediaMarker);
+                               bool add_bos = true, std::string_view marker = kMediaMarker,
+                               EmbeddingCache* cache = nullptr);
+
+// One picture through the tower: prepared (step3vl_preprocess.h) and every chunk encoded.
+PictureEmbeddings encode_picture(const RgbImage& image, const Step3vlPlan& plan, const Step3vlEncoder& encoder,
+                                 ThreadPool& pool);
 
 }  // namespace step35::vision
