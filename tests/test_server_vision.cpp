@@ -137,6 +137,8 @@ TEST(ServeVision, EveryApiAnswersAsLlamaCpp) {
     int status = 0;
     const json props = json::parse(c.Get("/props")->body);
     EXPECT_EQ(props["modalities"]["vision"], true);
+    const json models = json::parse(c.Get("/v1/models")->body);
+    EXPECT_EQ(models["data"][0]["capabilities"], json::array({"completion", "multimodal"}));
     int n_cases = 0, n_images = 0;
     std::set<std::string> files;
     for (const auto& [name, entry] : m["goldens"].items()) {
@@ -282,6 +284,7 @@ TEST(ServeVision, BadPicturesAreClientErrors) {
   EXPECT_EQ(status, 400);
   EXPECT_NE(no.dump().find("--mmproj"), std::string::npos) << no.dump();
   EXPECT_EQ(json::parse(t.Get("/props")->body)["modalities"]["vision"], false);
+  EXPECT_EQ(json::parse(t.Get("/v1/models")->body)["data"][0]["capabilities"], json::array({"completion"}));
   EXPECT_EQ(text_only.terminate(), 0);
 }
 

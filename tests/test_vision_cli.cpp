@@ -75,6 +75,37 @@ TEST(VisionCli, EvalGivesLlamaCppsLayoutArgmaxAndGreedy) {
   }
 }
 
+std::string from_hex(const std::string& hex) {
+  std::string out;
+  for (size_t i = 0; i + 1 < hex.size(); i += 2) out += char(std::stoi(hex.substr(i, 2), nullptr, 16));
+  return out;
+}
+
+// `step35 run --chat --image` (the user turn of each golden's prompt, control tokens printed
+// with --special): the 16 greedy tokens' text is llama.cpp's, byte for byte.
+TEST(VisionCli, RunChatWithPicturesGivesLlamaCppsGreedyText) {
+  const json m = read_json(vision_dir() + "/manifest.json");
+  int n = 0;
+  for (const auto& [name, entry] : m["goldens"].items()) {
+    if (entry["mmproj"] != "mmproj-tiny-v-f32.gguf") continue;
+    SCOPED_TRACE(name);
+    const json g = read_json(vision_dir() + "/golden/" + entry["json"].get<std::string>());
+    const std::string prompt = g["prompt"], head = "<|im_start|>user\n", tail = "<|im_end|>\n<|im_start|>assistant\n";
+    ASSERT_EQ(prompt.rfind(head, 0), 0u);
+    const std::string user = prompt.substr(head.size(), prompt.size() - head.size() - tail.size());
+    std::string cmd = step35_binary() + " run -m " + vision_dir() + "/models/tiny-v-f32.gguf --mmproj " +
+                      vision_dir() + "/models/mmproj-tiny-v-f32.gguf --chat -p " + quoted(user) +
+                      " -n 16 --temp 0 --ignore-eos --special -t 1 --exact -ctk f32 -ctv f32";
+    for (const auto& image : g["images"]) cmd += " --image " + vision_dir() + "/images/" + image["file"].get<std::string>();
+    std::string out, err;
+    ASSERT_EQ(run_command(cmd, &out, &err), 0) << err;
+    EXPECT_NE(err.find("prompt " + std::to_string(g["n_positions"].get<int>()) + " tokens"), std::string::npos) << err;
+    EXPECT_EQ(out, from_hex(g["greedy_text_hex"]) + "\n");
+    ++n;
+  }
+  EXPECT_GE(n, 5);
+}
+
 TEST(VisionCli, BadInputIsAClearError) {
   const std::string base = step35_binary() + " eval -m " + vision_dir() + "/models/tiny-v-f32.gguf";
   const std::string mm = " --mmproj " + vision_dir() + "/models/mmproj-tiny-v-f32.gguf";

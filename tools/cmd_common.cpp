@@ -80,6 +80,42 @@ void add_mtp_model_flag(ArgParser& p, std::string& mtp_model) {
            "an mtp-*.gguf beside the model, if the model has no MTP blocks");
 }
 
+void add_picture_flags(ArgParser& p, std::string& mmproj, std::vector<std::string>& images) {
+  p.option("--mmproj", "FILE", "vision tower (a step3vl mmproj GGUF) for --image", mmproj);
+  p.option("--image", "FILE", "picture (PNG, JPEG, BMP, GIF) for the next media marker <__media__> of the prompt "
+           "(repeatable)", images);
+}
+
+vision::ImagePrompt picture_prompt(const Model& model, const std::string& mmproj, const std::vector<std::string>& files,
+                                   const std::string& prompt, ThreadPool& pool, bool add_bos) {
+  if (mmproj.empty()) throw UsageError("--image needs --mmproj (the model's vision tower)");
+  std::unique_ptr<vision::Step3vlEncoder> encoder;
+  try {
+    encoder = vision::Step3vlEncoder::load(mmproj);
+  } catch (const std::invalid_argument& e) {
+    throw UsageError(e.what());
+  }
+  std::vector<vision::RgbImage> pictures;
+  for (const std::string& f : files) {
+    const std::vector<uint8_t> bytes = read_file_bytes(f);
+    try {
+      pictures.push_back(vision::decode_image(bytes.data(), bytes.size()));
+    } catch (const vision::ImageError& e) {
+      throw UsageError(f + ": " + e.what());
+    }
+  }
+  vision::ImagePrompt ip;
+  try {
+    ip = vision::build_image_prompt(prompt, pictures, *encoder, model.tokenizer(), model.hparams().n_embd, pool, add_bos);
+  } catch (const std::invalid_argument& e) {
+    throw UsageError(e.what());
+  }
+  std::fprintf(stderr, "vision: %zu image%s, %zu chunks, %zu image tokens, encoded in %.1f ms\n", pictures.size(),
+               pictures.size() == 1 ? "" : "s", ip.chunks.size(),
+               ip.image_embeddings.size() / size_t(model.hparams().n_embd), ip.encode_ms);
+  return ip;
+}
+
 void print_kv_cache(const KvCache& cache) { std::fprintf(stderr, "kv cache: %s\n", cache.describe().c_str()); }
 
 void add_kv_cache_flags(ArgParser& p, KvTypes& types) {

@@ -46,29 +46,7 @@ static int eval_prompt(const Model& model, const std::string& mmproj, const std:
   if (image_files.empty()) {
     ip.tokens = model.tokenizer().encode(prompt, true, true);
   } else {
-    std::unique_ptr<vision::Step3vlEncoder> encoder;
-    try {
-      encoder = vision::Step3vlEncoder::load(mmproj);
-    } catch (const std::invalid_argument& e) {
-      throw UsageError(e.what());
-    }
-    std::vector<vision::RgbImage> pictures;
-    for (const std::string& f : image_files) {
-      const std::vector<uint8_t> bytes = read_file_bytes(f);
-      try {
-        pictures.push_back(vision::decode_image(bytes.data(), bytes.size()));
-      } catch (const vision::ImageError& e) {
-        throw UsageError(f + ": " + e.what());
-      }
-    }
-    try {
-      ip = vision::build_image_prompt(prompt, pictures, *encoder, model.tokenizer(), model.hparams().n_embd, pool);
-    } catch (const std::invalid_argument& e) {
-      throw UsageError(e.what());
-    }
-    std::fprintf(stderr, "vision: %zu image%s, %zu chunks, %zu image tokens, encoded in %.1f ms\n", pictures.size(),
-                 pictures.size() == 1 ? "" : "s", ip.chunks.size(),
-                 ip.image_embeddings.size() / size_t(model.hparams().n_embd), ip.encode_ms);
+    ip = picture_prompt(model, mmproj, image_files, prompt, pool, true);
   }
   const size_t V = size_t(model.hparams().n_vocab), T = ip.tokens.size();
   const int64_t need = int64_t(T) + n_greedy;
@@ -123,8 +101,7 @@ static int eval_main(const Args& args) {
   p.option("-m,--model", "FILE", "GGUF model", model_path);
   add_mtp_model_flag(p, mtp_model);
   p.option("--tokens", "IDS", "comma-separated token ids", token_list);
-  p.option("--mmproj", "FILE", "vision tower (a step3vl mmproj GGUF) for --image", mmproj);
-  p.option("--image", "FILE", "picture (PNG, JPEG, BMP, GIF) for the next media marker of --prompt (repeatable)", images);
+  add_picture_flags(p, mmproj, images);
   p.option("--prompt", "TEXT", "text with one <__media__> marker per --image, tokenized with BOS and special tokens "
            "(instead of --tokens)", prompt);
   p.option("--dump-image-embd", "FILE", "write every image chunk's embeddings, in order, as F32", dump_embd);

@@ -10,6 +10,7 @@
 #include "engine/generator.h"
 #include "ep_options.h"
 #include "exec/thread_pool.h"
+#include "vision/image_prompt.h"
 
 namespace step35::cli {
 
@@ -17,8 +18,9 @@ namespace {
 
 // run's own settings; the others are SamplingParams and GeneratorOptions.
 struct RunSettings {
-  std::string model, prompt, file, system, mtp, chat_template_file, mtp_model;
+  std::string model, prompt, file, system, mtp, chat_template_file, mtp_model, mmproj;
   std::vector<std::string> patches;  // --patch, in order
+  std::vector<std::string> images;   // --image, in order
   int32_t n_predict = 128;
   int32_t threads = default_threads();
   bool chat = false, verbose_prompt = false, ignore_eos = false, special = false, exact = false;
@@ -35,6 +37,41 @@ std::string read_prompt_file(const std::string& path) {
   return text;
 }
 
+// The prompt's tokens (with --chat, as the template renders the user turn) and, with
+// --image, the pictures' rows: llama.cpp's media marker stands for each picture, and a
+// prompt without one gets them at its end, as llama-mtmd-cli does.
+SequenceParams prompt_params(const RunSettings& rs, bool has_system, const Model& model, std::string prompt,
+                             ThreadPool& pool) {
+  const Tokenizer& tok = model.tokenizer();
+  if (!rs.images.empty() && prompt.find(vision::kMediaMarker) == std::string::npos)
+    for (size_t i = 0; i < rs.images.size(); ++i) prompt += vision::kMediaMarker;
+  std::string text = prompt;
+  bool add_bos = true;
+  if (rs.chat) {
+    // A template that cannot be read or parsed, or that refuses the conversation, ends the
+    // run with its one-line error.
+    const ChatTemplate tmpl(ChatTemplateSource::from_model(model.file(), tok, rs.chat_template_file));
+    std::vector<ChatMessage> msgs;
+    if (has_system) msgs.push_back({"system", rs.system, "", {}, ""});
+    msgs.push_back({"user", prompt, "", {}, ""});
+    text = tmpl.render(msgs);
+    add_bos = !tmpl.starts_with_bos(text);
+  }
+  if (rs.verbose_prompt) std::fprintf(stderr, "prompt:\n%s\n", text.c_str());
+  SequenceParams params;
+  if (rs.images.empty()) {
+    params.prompt = tok.encode(text, add_bos, rs.chat);
+    return params;
+  }
+  vision::ImagePrompt ip = picture_prompt(model, rs.mmproj, rs.images, text, pool, add_bos);
+  auto rows = std::make_shared<PromptEmbeddings>();
+  rows->n_embd = model.hparams().n_embd;
+  rows->rows = std::move(ip.image_embeddings);
+  params.prompt = std::move(ip.tokens);
+  params.embeddings = std::move(rows);
+  return params;
+}
+
 }  // namespace
 
 static int run_main(const Args& args) {
@@ -46,6 +83,7 @@ static int run_main(const Args& args) {
   GeneratorOptions go;
   p.option("-m,--model", "FILE", "GGUF model (first part of a split model)", rs.model, "the built-in tiny model");
   add_mtp_model_flag(p, rs.mtp_model);
+  add_picture_flags(p, rs.mmproj, rs.images);
   p.option("-p,--prompt", "TEXT", "prompt text", rs.prompt);
   p.option("-f,--file", "FILE", "read the prompt from a file", rs.file);
   p.option("-n,--n-predict", "N", "tokens to generate; stops earlier at end of generation", rs.n_predict, 0, 1 << 30);
@@ -98,23 +136,11 @@ static int run_main(const Args& args) {
   ep.attach(*model);
   const double t_load = now_seconds() - t_load0;
   const Tokenizer& tok = model->tokenizer();
+  ThreadPool pool(n_threads);
 
-  std::vector<int32_t> tokens;
   if (!rs.chat && p.has("chat-template-file")) throw UsageError("--chat-template-file needs --chat");
-  if (rs.chat) {
-    // A template that cannot be read or parsed, or that refuses the conversation, ends the
-    // run with its one-line error.
-    const ChatTemplate tmpl(ChatTemplateSource::from_model(model->file(), tok, rs.chat_template_file));
-    std::vector<ChatMessage> msgs;
-    if (p.has("system")) msgs.push_back({"system", rs.system, "", {}, ""});
-    msgs.push_back({"user", prompt, "", {}, ""});
-    const std::string rendered = tmpl.render(msgs);
-    if (rs.verbose_prompt) std::fprintf(stderr, "prompt:\n%s\n", rendered.c_str());
-    tokens = tok.encode(rendered, !tmpl.starts_with_bos(rendered), true);
-  } else {
-    if (rs.verbose_prompt) std::fprintf(stderr, "prompt:\n%s\n", prompt.c_str());
-    tokens = tok.encode(prompt, true, false);
-  }
+  SequenceParams params = prompt_params(rs, p.has("system"), *model, prompt, pool);
+  const std::vector<int32_t>& tokens = params.prompt;
   if (rs.verbose_prompt) std::fprintf(stderr, "prompt tokens: %zu\n", tokens.size());
   if (!p.has("ctx-size")) go.n_ctx = std::min(go.n_ctx, model->hparams().n_ctx_train);
   const int n_ctx = go.n_ctx;
@@ -132,12 +158,10 @@ static int run_main(const Args& args) {
   go.mtp_adaptive = mtp.adaptive;
   Generator gen(*model, go);
   std::fprintf(stderr, "kv cache: %s\n", gen.describe_kv().c_str());
-  ThreadPool pool(n_threads);
 
   // -n is counted here rather than given as the sequence's max_tokens: a step near the end
   // still drafts as far as the context allows, as it always has, so seeded runs repeat.
-  SequenceParams params;
-  params.prompt = tokens;
+  const size_t n_prompt = tokens.size();
   params.sampling = sp;
   params.stop_at_eog = !rs.ignore_eos;
   Utf8Stream utf8;
@@ -168,7 +192,7 @@ static int run_main(const Args& args) {
   std::fprintf(stderr,
                "\ntimings: load %.0f ms | prompt %zu tokens in %.1f ms (%.1f tok/s) | generation %d tokens in "
                "%.1f ms (%.1f tok/s) | %d threads, seed %llu\n",
-               t_load * 1e3, tokens.size(), t_prompt * 1e3, double(tokens.size()) / std::max(t_prompt, 1e-9),
+               t_load * 1e3, n_prompt, t_prompt * 1e3, double(n_prompt) / std::max(t_prompt, 1e-9),
                n_gen, t_gen * 1e3, n_gen / std::max(t_gen, 1e-9), n_threads, (unsigned long long)sp.seed);
   if (gen.max_k() > 0) {
     const SpeculationStats& st = seq.speculation_stats();

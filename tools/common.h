@@ -9,6 +9,7 @@
 #include "engine/engine.h"
 #include "engine/sampler.h"
 #include "model/step35.h"
+#include "vision/image_prompt.h"
 
 namespace step35::cli {
 
@@ -22,6 +23,14 @@ std::vector<uint8_t> read_file_bytes(const std::string& path);
 void write_file_bytes(const std::string& path, const void* data, size_t n);
 // --mtp-model FILE|none: the MTP sidecar file (run, eval, serve, bench, inspect).
 void add_mtp_model_flag(ArgParser& p, std::string& mtp_model);
+// --mmproj and --image (run, eval): the vision tower and the pictures for the prompt's media
+// markers.
+void add_picture_flags(ArgParser& p, std::string& mmproj, std::vector<std::string>& images);
+// The prompt with the pictures of `files` in place of its media markers (one per picture), as
+// llama.cpp's libmtmd lays it out, encoded through the tower of `mmproj`; one line on stderr
+// says what it took. UsageError for a tower, file or prompt that cannot be used.
+vision::ImagePrompt picture_prompt(const Model& model, const std::string& mmproj, const std::vector<std::string>& files,
+                                   const std::string& prompt, ThreadPool& pool, bool add_bos);
 // Prints the KV cache size and layout to stderr.
 void print_kv_cache(const KvCache& cache);
 // The built-in tiny random model: created on first use in the cache folder

@@ -36,7 +36,9 @@ json model_card(const ServerContext& ctx) {
           {"object", "model"},
           {"created", 0},
           {"owned_by", "step35"},
-          {"context_length", ctx.engine ? ctx.engine->options().n_ctx : 0}};
+          {"context_length", ctx.engine ? ctx.engine->options().n_ctx : 0},
+          // As llama-server lists them: "multimodal" with a vision tower (--mmproj).
+          {"capabilities", ctx.mmproj ? json::array({"completion", "multimodal"}) : json::array({"completion"})}};
 }
 
 // GET /props (llama-server's): the model, the context, the defaults a request gets.
