@@ -43,9 +43,15 @@ bool Sequence::reserve() {
   reserved_ = true;
   tokens_ = params_.prompt;
   // Constrained sequences do not speculate (each draft would need the grammar's state).
-  // Nor do sequences with pictures: the MTP blocks' catch-up reads token ids only.
-  speculates_ = speculation_ && speculation_->max_k() > 0 && !params_.constraint && !params_.embeddings;
+  speculates_ = speculation_ && speculation_->max_k() > 0 && !params_.constraint;
   if (speculates_) speculation_->drafter().init(mtp_);
+  if (speculates_ && params_.embeddings) {
+    // The MTP blocks take a picture position's row as the trunk does.
+    picture_row_.assign(params_.prompt.size(), -1);
+    int32_t row = 0;
+    for (size_t p = 0; p < params_.prompt.size(); ++p)
+      if (params_.prompt[p] < 0) picture_row_[p] = row++;
+  }
   sampler_ = std::make_unique<Sampler>(params_.sampling, size_t(model_.hparams().n_vocab));
   for (int32_t t : params_.prompt)
     if (t >= 0) sampler_->accept(t);  // (picture positions have no token to penalise)
@@ -258,6 +264,10 @@ std::optional<MtpDrafter::Job> Sequence::draft_job(int32_t k, bool probe) {
   job.sampler = sampler_.get();
   if (probe) job.catch_up_window = AdaptiveK::kProbeCatchUp;
   job.routing = params_.routing;
+  if (!picture_row_.empty()) {
+    job.picture_row = picture_row_.data();
+    job.picture_rows = params_.embeddings->rows.data();
+  }
   return job;
 }
 

@@ -132,6 +132,7 @@ class Sequence {
   // The chunk last planned.
   std::vector<int32_t> step_tokens_;
   std::vector<float> step_embeddings_;  // a prompt chunk's rows when it holds picture positions
+  std::vector<int32_t> picture_row_;    // per prompt position: its row of params_.embeddings, -1 at a token
   int32_t planned_tokens_ = 0;
   int32_t step_drafts_ = 0;
   bool planned_prompt_ = false;

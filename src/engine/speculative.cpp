@@ -168,6 +168,7 @@ void MtpDrafter::gather_chain_step(std::vector<Job>& jobs, int32_t k) {
   members_.clear();
   h_in_.clear();
   if (chunk_tokens_.size() < jobs.size()) chunk_tokens_.resize(jobs.size());
+  if (chunk_rows_.size() < jobs.size()) chunk_rows_.resize(jobs.size());
   for (size_t j = 0; j < jobs.size(); ++j) {
     Job& job = jobs[j];
     MtpState& st = *job.st;
@@ -189,6 +190,17 @@ void MtpDrafter::gather_chain_step(std::vector<Job>& jobs, int32_t k) {
     c.seq = &st.kv[size_t(b)];
     c.tokens = toks.data();
     c.n_tokens = int32_t(toks.size());
+    if (job.picture_row && std::any_of(toks.begin(), toks.end(), [](int32_t t) { return t < 0; })) {
+      auto& rows = chunk_rows_[j];
+      rows.assign(toks.size() * E, 0.0f);
+      for (size_t i = 0; i < toks.size(); ++i) {
+        if (toks[i] >= 0) continue;
+        const int32_t row = job.picture_row[size_t(f) + i];
+        std::copy_n(job.picture_rows + size_t(row) * E, E, rows.data() + i * E);
+        toks[i] = -1;  // the forward pass's "take the given row"
+      }
+      c.embeddings = rows.data();
+    }
     c.logits = LogitRows::Last;
     c.want_hidden = true;
     c.routing = job.routing;

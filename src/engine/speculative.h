@@ -104,6 +104,11 @@ class MtpDrafter {
     // recompute at most (0: the default window). A short window makes an occasional probe
     // cheap; the blocks then attend to fewer earlier positions.
     int32_t catch_up_window = 0;
+    // Pictures in the prompt (negative ids in `tokens`): picture_row[p] is the row of
+    // position p in picture_rows (n_embd floats each), -1 at a token; null without pictures.
+    // A picture position's input to the blocks is its row, as for the trunk.
+    const int32_t* picture_row = nullptr;
+    const float* picture_rows = nullptr;
   };
   // Fills st->drafts / st->q for every job (fewer drafts than asked if a block cannot run).
   void draft(std::vector<Job>& jobs, ThreadPool& pool, Workspace& ws, Precision precision);
@@ -142,6 +147,7 @@ class MtpDrafter {
   std::vector<size_t> members_;  // the job of each chunk
   std::vector<float> h_in_;
   std::vector<std::vector<int32_t>> chunk_tokens_;
+  std::vector<std::vector<float>> chunk_rows_;  // a chunk's picture rows (SeqChunk::embeddings)
   int64_t catch_up_tokens_ = 0;
 };
 
