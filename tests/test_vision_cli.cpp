@@ -106,6 +106,19 @@ TEST(VisionCli, RunChatWithPicturesGivesLlamaCppsGreedyText) {
   EXPECT_GE(n, 5);
 }
 
+// `step35 inspect` on an mmproj describes the tower instead of refusing a non-step35 file.
+TEST(VisionCli, InspectDescribesTheTower) {
+  for (const char* file : {"mmproj-tiny-v-f32.gguf", "mmproj-tiny-v-f16.gguf"}) {
+    std::string out, err;
+    ASSERT_EQ(run_command(step35_binary() + " inspect " + vision_dir() + "/models/" + file, &out, &err), 0) << err;
+    for (const char* want : {"clip (vision tower, projector step3vl)", "3 layers, width 32, 2 heads",
+                             "projects to 128", "overview 560 px (100 tokens), slices 504 px (81 tokens)",
+                             "longest side kept 1024 px"})
+      EXPECT_NE(out.find(want), std::string::npos) << file << ": " << want << "\n" << out;
+    EXPECT_NE(out.find(std::string(file).find("f16") != std::string::npos ? "  f16 " : "  f32 "), std::string::npos);
+  }
+}
+
 TEST(VisionCli, BadInputIsAClearError) {
   const std::string base = step35_binary() + " eval -m " + vision_dir() + "/models/tiny-v-f32.gguf";
   const std::string mm = " --mmproj " + vision_dir() + "/models/mmproj-tiny-v-f32.gguf";
