@@ -5,7 +5,9 @@
 // the API key prompt) and the dashboard (its heat map changes while requests run, CSV
 // export). No console errors, no request to another host. Writes screenshots (desktop
 // 1280x800, phone 390x844) and figures.json (first paint, first-token latency) to OUT_DIR.
-// usage: node webui.test.mjs STEP35_BINARY MODEL.gguf OUT_DIR
+// With VISION_DIR (../shared/fixtures/vision), a picture attached on the chat page of a
+// server with --mmproj travels to the model and its answer streams.
+// usage: node webui.test.mjs STEP35_BINARY MODEL.gguf OUT_DIR [VISION_DIR]
 // Exit 77 (skipped) without chromium ($STEP35_CHROMIUM or /usr/bin/chromium) or without
 // node_modules (npm ci in tests/node).
 import assert from 'node:assert/strict';
@@ -14,7 +16,7 @@ import path from 'node:path';
 
 import { startServer } from './serve.mjs';
 
-const [binary, model, outDir = '.'] = process.argv.slice(2);
+const [binary, model, outDir = '.', visionDir = ''] = process.argv.slice(2);
 const chromiumPath = process.env.STEP35_CHROMIUM || '/usr/bin/chromium';
 if (!fs.existsSync(chromiumPath)) {
   console.log(`SKIP: no chromium at ${chromiumPath} (apt-get install chromium, or set STEP35_CHROMIUM)`);
@@ -429,6 +431,40 @@ delete process.env.STEP35_TEST_STEP_DELAY_MS;
   await context.close();
 }
 await busy.terminate();
+
+// ------------------------------------------------------------------ a picture (--mmproj)
+
+if (visionDir) {
+  const vision = await startServer(binary, `${visionDir}/models/tiny-v-f32.gguf`,
+    ['-t', '1', '-c', '2048', '--mmproj', `${visionDir}/models/mmproj-tiny-v-f32.gguf`]);
+  const { page, context, check } = await openPage(vision.base);
+  await page.goto(`${vision.base}/`);
+  // The image button shows because /props says the server reads pictures.
+  await page.waitForSelector('#attach:not(.hidden)');
+  await setExtra(page, { temperature: 0, max_tokens: 12 });
+  const file = `${visionDir}/images/square-300.png`;
+  await page.setInputFiles('#image-input', file);
+  await page.waitForSelector('#attachments:not(.hidden) img');
+  const sent = page.waitForRequest((r) => r.url().endsWith('/v1/chat/completions') && r.method() === 'POST');
+  await send(page, 'What is in this picture?');
+  const body = JSON.parse((await sent).postData());
+  const parts = body.messages.findLast((m) => m.role === 'user').content;
+  const picture = parts.find((p) => p.type === 'image_url');
+  assert.equal(picture.image_url.url, `data:image/png;base64,${fs.readFileSync(file).toString('base64')}`);
+  const answer = await answerDone(page);
+  assert.ok((await answer.locator('.body').innerText()).trim().length > 0, 'empty answer about the picture');
+  // The picture's 100 positions are in the context the statistics line reports.
+  const used = Number((await answer.locator('.stats').innerText()).match(/context (\d+) \//)[1]);
+  assert.ok(used > 100, `context ${used}: the picture did not reach the model`);
+  assert.equal(await page.locator('#messages .msg.user img.attached').count(), 1);
+  await page.screenshot({ path: path.join(outDir, 'chat-picture.png') });
+  // The server took the picture through its tower.
+  const metrics = await (await fetch(`${vision.base}/metrics`)).text();
+  assert.match(metrics, /^step35_images_total 1$/m);
+  check('a picture');
+  await context.close();
+  await vision.terminate();
+}
 
 await browser.close();
 fs.writeFileSync(path.join(outDir, 'figures.json'), `${JSON.stringify(figures, null, 2)}\n`);
