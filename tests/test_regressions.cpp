@@ -8,7 +8,8 @@
 //   server_requests  request bodies are planned within limits or refused with a 4xx
 //                    (fuzz/server_request_contract.h);
 //   jinja          template sources parse and render or fail with jinja::Error, within
-//                  the render limits (fuzz/jinja_contract.h).
+//                  the render limits (fuzz/jinja_contract.h);
+//   data_url       image_url URLs give a picture or a 400 naming the part.
 #include <algorithm>
 #include <filesystem>
 #include <memory>
@@ -22,6 +23,8 @@
 #include "gguf/gguf.h"
 #include "jinja_contract.h"
 #include "model/step35.h"
+#include "server/api_error.h"
+#include "server/chat_images.h"
 #include "server_request_contract.h"
 #include "support.h"
 #include "chat/chat_template.h"
@@ -142,4 +145,22 @@ TEST(Regressions, JinjaInputs) {
       ADD_FAILURE() << p << ": an exception other than jinja::Error: " << e.what();
     }
   }
+}
+
+TEST(Regressions, DataUrlInputs) {
+  const auto files = inputs("data_url");
+  ASSERT_GE(files.size(), 6u) << "the seed corpus is missing";
+  size_t pictures = 0;
+  for (const fs::path& p : files) {
+    const std::vector<uint8_t> b = st::read_bytes(p.string());
+    try {
+      const vision::RgbImage img = server::picture_from_url(std::string(b.begin(), b.end()), "part");
+      EXPECT_EQ(img.rgb.size(), size_t(img.nx) * size_t(img.ny) * 3) << p;
+      ++pictures;
+    } catch (const server::ApiError& e) {
+      EXPECT_EQ(e.status(), 400) << p;
+      EXPECT_NE(std::string(e.what()).find("part"), std::string::npos) << p << ": " << e.what();
+    }
+  }
+  EXPECT_GE(pictures, 2u);  // the PNG and the wrapped GIF seeds
 }

@@ -58,7 +58,9 @@ std::string part_url(const ordered_json& part, const std::string& where) {
   throw ApiError(400, "'" + where + ".image_url' must be {\"url\": \"data:...\"}", where + ".image_url");
 }
 
-vision::RgbImage decode_url(const std::string& url, const std::string& where) {
+}  // namespace
+
+vision::RgbImage picture_from_url(const std::string& url, const std::string& where, const vision::DecodeLimits& limits) {
   const std::string param = where + ".image_url.url";
   const size_t comma = url.find(',');
   const std::string_view head = std::string_view(url).substr(0, comma == std::string::npos ? 0 : comma);
@@ -70,11 +72,13 @@ vision::RgbImage decode_url(const std::string& url, const std::string& where) {
   const auto bytes = base64_decode(std::string_view(url).substr(comma + 1));
   if (!bytes) throw ApiError(400, "'" + param + "': the data: URL's payload is not valid base64", param);
   try {
-    return vision::decode_image(bytes->data(), bytes->size());
+    return vision::decode_image(bytes->data(), bytes->size(), limits);
   } catch (const vision::ImageError& e) {
     throw ApiError(400, "'" + param + "': " + e.what(), param);
   }
 }
+
+namespace {
 
 // The id standing at position k of a picture: negative (never a vocabulary id), below -1
 // (-1 is the forward pass's "take the given row"), 30 bits mixed from the picture's digest
@@ -113,7 +117,7 @@ std::vector<vision::RgbImage> take_chat_images(const ServerContext& ctx, ordered
       if (!ctx.mmproj)
         throw ApiError(400, "'" + where + "': this server reads text only; start it with --mmproj (the model's "
                        "vision tower, a step3vl mmproj GGUF) to send pictures", where);
-      images.push_back(decode_url(part_url(part, where), where));
+      images.push_back(picture_from_url(part_url(part, where), where));
       part = ordered_json{{"type", "text"}, {"text", std::string(vision::kMediaMarker)}};
     }
   }

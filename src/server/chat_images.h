@@ -34,6 +34,11 @@ std::vector<vision::RgbImage> take_chat_images(const ServerContext& ctx, nlohman
 void tokenize_with_images(ServerContext& ctx, const std::string& text, bool add_bos,
                           const std::vector<vision::RgbImage>& images, GenerateRequest& request);
 
+// The picture of an image_url part's URL (`where` names the part in errors): a base64 data:
+// URL decoded within `limits`; ApiError 400 for any other URL, bad base64 or bad bytes.
+vision::RgbImage picture_from_url(const std::string& url, const std::string& where,
+                                  const vision::DecodeLimits& limits = {});
+
 // An `image_url` part for a picture given as base64 bytes and a media type (Anthropic's
 // `source` of type base64).
 nlohmann::json image_url_part(const std::string& url);
