@@ -380,13 +380,14 @@ function pct(values, p) {
 // routed to; step35_expert_repack_bytes) and the KV pool's pages, committed when a block is
 // first written (until as many positions as ever are held at once; step35_kv_bytes_total).
 // The reference is taken with both gauges, and only growth beyond theirs counts.
-let repackedRef = null, kvResidentRef = null;
+let repackedRef = null, kvResidentRef = null, heapRef = null;
 const repackProbe = (async () => {
   while (Date.now() < t0 + runMs / 12) await new Promise((r) => setTimeout(r, 250));
   try {
     const m0 = await metrics();
     repackedRef = m0.step35_expert_repacked_bytes ?? 0;
     kvResidentRef = m0.step35_kv_bytes_resident ?? 0;
+    heapRef = m0['step35_heap_bytes{kind="in_use"}'] ?? null;
   } catch { repackedRef = null; kvResidentRef = null; }
 })();
 const swapDone = hotswapper();
@@ -453,6 +454,10 @@ check('kv idle', m.step35_kv_blocks_used === 0 && m.step35_running_sequences ===
 const repackedKb = repackedRef !== null ? ((m.step35_expert_repacked_bytes ?? 0) - repackedRef) / 1024 : 0;
 const kvKb = kvResidentRef !== null ? ((m.step35_kv_bytes_resident ?? 0) - kvResidentRef) / 1024 : 0;
 const rssRatio = rssRef && rssEnd ? (rssEnd - repackedKb - kvKb) / rssRef : null;
+// The heap in use (what the server's own allocations hold) at the reference and the end:
+// where the RSS check fails, this says whether memory is held or only not yet returned.
+const heapEnd = m['step35_heap_bytes{kind="in_use"}'] ?? null;
+console.log(`heap in use kB: after 1/12 ${fmt(heapRef !== null ? heapRef / 1024 : null)}, end ${fmt(heapEnd !== null ? heapEnd / 1024 : null)}; free at the end ${fmt((m['step35_heap_bytes{kind="free"}'] ?? 0) / 1024)}`);
 check('rss', rssRatio !== null && rssRatio <= 1.02,
   `(end ${fmt(rssEnd)} kB - experts repacked since ${fmt(repackedKb)} kB - KV pages committed since ${fmt(kvKb)} kB) / after 1/12 ${fmt(rssRef)} kB = ${fmt(rssRatio, 4)}; unadjusted ${fmt(rssRef && rssEnd ? rssEnd / rssRef : null, 4)} (max ${fmt(rssMax)} kB; KV resident at the end ${fmt((m.step35_kv_bytes_resident ?? 0) / 1024)} of ${fmt((m.step35_kv_bytes_total ?? 0) / 1024)} kB)`);
 const latRatio = p99First && p99Last ? p99Last / p99First : null;

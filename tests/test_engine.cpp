@@ -3,6 +3,8 @@
 #include <gtest/gtest.h>
 
 #include <atomic>
+#include <chrono>
+#include <thread>
 #include <condition_variable>
 #include <future>
 #include <mutex>
@@ -448,3 +450,28 @@ TEST(Engine, WarmUpRunsBeforeTheFirstRequestAndLeavesNoTrace) {
 }
 
 }  // namespace
+
+// on_idle runs once each time the scheduler runs out of work: not before the first request,
+// once after it, not again while nothing happens, once more after the next request.
+TEST(Engine, OnIdleRunsOncePerIdlePeriod) {
+  std::atomic<int> calls{0};
+  EngineOptions o = options(2);
+  o.on_idle = [&calls] { ++calls; };
+  auto engine = make_engine(model(), o);
+  auto settle = [&] {
+    for (int i = 0; i < 200 && calls == 0; ++i) std::this_thread::sleep_for(std::chrono::milliseconds(5));
+    std::this_thread::sleep_for(std::chrono::milliseconds(100));
+  };
+  settle();
+  const int at_start = calls;
+  EXPECT_LE(at_start, 1);  // (an engine that starts with nothing to do may report it once)
+  for (int round = 1; round <= 2; ++round) {
+    Collector c;
+    engine->submit(greedy_request(prompt(20, round), 4), c.sink());
+    ASSERT_TRUE(c.wait());
+    wait_idle(*engine);
+    for (int i = 0; i < 200 && calls < at_start + round; ++i) std::this_thread::sleep_for(std::chrono::milliseconds(5));
+    std::this_thread::sleep_for(std::chrono::milliseconds(100));
+    EXPECT_EQ(calls, at_start + round);
+  }
+}

@@ -195,6 +195,7 @@ TEST(Server, CacheTypesAndContextLimit) {
     const double resident = metric(s, "step35_kv_bytes_resident");
     EXPECT_GT(resident, 0);
     EXPECT_LE(resident, bytes + 2 * 4096.0);  // each kind's mapping rounded up to whole pages
+    EXPECT_GT(metric(s, "step35_heap_bytes{kind=\"in_use\"}"), 0);
     if (std::string(type) == "f16") f16_bytes = bytes;
     if (std::string(type) == "q8_0") {
       EXPECT_DOUBLE_EQ(bytes, f16_bytes * 34 / 64);

@@ -156,6 +156,9 @@ struct EngineOptions {
   bool warm_up = false;
   // Called on the scheduler thread after every forward pass that completed (keep it short).
   std::function<void(const StepTrace&)> on_step;
+  // Called on the scheduler thread once each time it runs out of work, before it sleeps (the
+  // server hands memory freed by the finished requests back to the system here).
+  std::function<void()> on_idle;
 };
 
 struct EngineStats {

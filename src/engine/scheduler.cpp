@@ -605,6 +605,13 @@ class BatchEngine final : public Engine {
         std::unique_lock<std::mutex> lock(mu_);
         const bool idle = running_.empty() && incoming_.empty() && cancels_.empty() && exclusive_.empty();
         if (idle && !stopping_) {
+          if (queue_.empty() && !idle_reported_ && opts_.on_idle) {
+            // Once per idle period, before sleeping (outside the lock: requests may arrive).
+            idle_reported_ = true;
+            lock.unlock();
+            opts_.on_idle();
+            continue;
+          }
           if (queue_.empty()) {
             cv_.wait(lock,
                      [&] { return stopping_ || !incoming_.empty() || !cancels_.empty() || !exclusive_.empty(); });
@@ -614,6 +621,7 @@ class BatchEngine final : public Engine {
           }
         }
         if (stopping_) break;
+        if (!idle) idle_reported_ = false;
       }
       intake();
       run_exclusive_tasks();
@@ -672,6 +680,7 @@ class BatchEngine final : public Engine {
   int32_t queued_ = 0;
   int32_t free_slots_hint_ = 0;
   EngineStats stats_;
+  bool idle_reported_ = false;  // on_idle ran since the engine last had work (scheduler thread)
   uint64_t next_id_ = 0;
   bool stopping_ = false;
   std::thread thread_;

@@ -1,8 +1,25 @@
 #include "server/metrics.h"
 
+#ifdef __GLIBC__
+#include <malloc.h>
+#endif
+
 #include <cstdio>
 
 namespace step35::server {
+
+std::string heap_metrics() {
+  std::string out;
+#ifdef __GLIBC__
+  const struct mallinfo2 mi = mallinfo2();
+  out = "# HELP step35_heap_bytes the C library's heap: in_use (allocated), free (freed, kept for reuse), mapped "
+        "(large blocks mapped one by one)\n# TYPE step35_heap_bytes gauge\n";
+  out += "step35_heap_bytes{kind=\"in_use\"} " + std::to_string(mi.uordblks) + "\n";
+  out += "step35_heap_bytes{kind=\"free\"} " + std::to_string(mi.fordblks) + "\n";
+  out += "step35_heap_bytes{kind=\"mapped\"} " + std::to_string(mi.hblkhd) + "\n";
+#endif
+  return out;
+}
 
 std::string model_memory_metrics(const Model& model) {
   return "# HELP step35_expert_repacked_bytes routed experts' copies made on first use so far (of "

@@ -32,6 +32,8 @@ class Histogram {
 
 // The model's memory that changes while serving: routed experts repacked on first use.
 std::string model_memory_metrics(const Model& model);
+// The C library's heap (glibc's mallinfo2: in use, freed and kept, mapped); "" elsewhere.
+std::string heap_metrics();
 
 class ServerMetrics {
  public:

@@ -1,3 +1,6 @@
+#ifdef __GLIBC__
+#include <malloc.h>
+#endif
 #include "server/server.h"
 
 #include <pthread.h>
@@ -92,7 +95,7 @@ void add_info_routes(httplib::Server& svr, ServerContext& ctx) {
           }));
   svr.Get("/metrics", get_endpoint(ctx, {"/metrics", false, true}, [&ctx](HttpExchange& ex, const std::string&) {
             const EngineStats s = ctx.ready ? ctx.engine->stats() : EngineStats{};
-            ex.res.set_content(ctx.metrics.render(s, ctx.ready) + (ctx.ready ? hotswap_metrics(ctx) + model_memory_metrics(*ctx.model) : ""),
+            ex.res.set_content(ctx.metrics.render(s, ctx.ready) + (ctx.ready ? hotswap_metrics(ctx) + model_memory_metrics(*ctx.model) + heap_metrics() : ""),
                                "text/plain; version=0.0.4");
           }));
   auto models = [&ctx](HttpExchange& ex, const std::string&) {
@@ -465,6 +468,12 @@ EngineOptions engine_options(ServerContext& ctx, const EngineOptions& asked) {
   return eo;
 }
 
+void release_free_heap() {
+#ifdef __GLIBC__
+  malloc_trim(0);
+#endif
+}
+
 // The vision tower of --mmproj, checked against the text model: its projection width and
 // the layout tokens its pictures are placed with.
 void load_vision(ServerContext& ctx, const ServerOptions& options) {
@@ -507,6 +516,10 @@ void load(ServerContext& ctx, const ServerOptions& options) {
         ChatTemplateSource::from_model(ctx.model->file(), tok, options.chat_template_file));
     ctx.think_end = step35_format::think_end_token(tok);
     EngineOptions eo = engine_options(ctx, options.engine);
+    // Requests free what they allocated, but the C library keeps freed heap pages for reuse;
+    // whenever the engine runs out of work they go back to the system, so an idle server's
+    // memory is what it holds, not the high-water mark of the busiest minute (docs/reliability.md).
+    eo.on_idle = release_free_heap;
     // Test seam (tests/node/webui.test.mjs): every forward pass takes at least this long, so
     // that a browser test can stop, or lose the connection to, an answer still streaming.
     if (const char* delay = std::getenv("STEP35_TEST_STEP_DELAY_MS")) {
