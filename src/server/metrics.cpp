@@ -12,6 +12,8 @@ std::string heap_metrics() {
   std::string out;
 #ifdef __GLIBC__
   const struct mallinfo2 mi = mallinfo2();
+  // Another allocator in glibc's place (a sanitizer's, or one preloaded) reports nothing.
+  if (mi.uordblks == 0 && mi.fordblks == 0 && mi.hblkhd == 0) return out;
   out = "# HELP step35_heap_bytes the C library's heap: in_use (allocated), free (freed, kept for reuse), mapped "
         "(large blocks mapped one by one)\n# TYPE step35_heap_bytes gauge\n";
   out += "step35_heap_bytes{kind=\"in_use\"} " + std::to_string(mi.uordblks) + "\n";

@@ -24,6 +24,7 @@ uint32_t rotr(uint32_t x, int n) { return (x >> n) | (x << (32 - n)); }
 class Sha256 {
  public:
   void update(const uint8_t* p, size_t n) {
+    if (n == 0) return;  // (an empty vector's data() may be null: no memcpy from it)
     total_ += n;
     if (fill_) {
       const size_t take = std::min(n, sizeof block_ - fill_);
