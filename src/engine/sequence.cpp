@@ -45,8 +45,8 @@ bool Sequence::reserve() {
   // Constrained sequences do not speculate (each draft would need the grammar's state).
   speculates_ = speculation_ && speculation_->max_k() > 0 && !params_.constraint;
   if (speculates_) speculation_->drafter().init(mtp_);
-  if (speculates_ && params_.embeddings) {
-    // The MTP blocks take a picture position's row as the trunk does.
+  if (params_.embeddings) {
+    // Each picture position's row, for prompt chunks and the MTP blocks' catch-up alike.
     picture_row_.assign(params_.prompt.size(), -1);
     int32_t row = 0;
     for (size_t p = 0; p < params_.prompt.size(); ++p)
@@ -130,13 +130,13 @@ void Sequence::picture_rows(SeqChunk& c) {
   if (std::none_of(tokens_.begin() + first, tokens_.begin() + first + c.n_tokens, [](int32_t t) { return t < 0; }))
     return;
   const size_t E = size_t(params_.embeddings->n_embd);
-  size_t row = size_t(std::count_if(tokens_.begin(), tokens_.begin() + first, [](int32_t t) { return t < 0; }));
   step_tokens_.assign(tokens_.begin() + first, tokens_.begin() + first + c.n_tokens);
   step_embeddings_.assign(size_t(c.n_tokens) * E, 0.0f);
   for (int32_t i = 0; i < c.n_tokens; ++i) {
     if (step_tokens_[size_t(i)] >= 0) continue;
     step_tokens_[size_t(i)] = -1;
-    std::copy_n(params_.embeddings->rows.data() + row++ * E, E, step_embeddings_.data() + size_t(i) * E);
+    const size_t row = size_t(picture_row_[size_t(first + i)]);
+    std::copy_n(params_.embeddings->rows.data() + row * E, E, step_embeddings_.data() + size_t(i) * E);
   }
   c.tokens = step_tokens_.data();
   c.embeddings = step_embeddings_.data();
@@ -264,7 +264,7 @@ std::optional<MtpDrafter::Job> Sequence::draft_job(int32_t k, bool probe) {
   job.sampler = sampler_.get();
   if (probe) job.catch_up_window = AdaptiveK::kProbeCatchUp;
   job.routing = params_.routing;
-  if (!picture_row_.empty()) {
+  if (params_.embeddings) {
     job.picture_row = picture_row_.data();
     job.picture_rows = params_.embeddings->rows.data();
   }
