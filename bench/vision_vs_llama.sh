@@ -4,8 +4,8 @@
 # "image encoding at least 1.5x faster than llama.cpp's mtmd encode"). Nothing of llama.cpp
 # is in the repository: point LLAMA_BIN at a build of the peer (../shared/docs/peer.md).
 # step35's figure is the tower's time as `step35 eval` reports it ("encoded in X ms":
-# preprocessing and every chunk through the tower); llama.cpp's is the sum of its "image
-# slice encoded in X ms" lines (the tower alone; its preprocessing is not in it).
+# preprocessing and every chunk through the tower); llama.cpp's is its "mtmd
+# batch encoding done in X ms" line (the tower alone; its preprocessing is not in it).
 #
 # usage: bench/vision_vs_llama.sh TEXT.gguf MMPROJ.gguf PICTURE
 # env:   LLAMA_BIN (default /tmp/llama.cpp/build/bin), STEP35 (default build/bin/step35),
@@ -30,7 +30,8 @@ run_step35() {
 run_llama() {
   /usr/bin/time -f '%M' -o "$tmp/rss" "$LLAMA_BIN/llama-mtmd-cli" -m "$text" --mmproj "$mmproj" --image "$picture" \
     -p 'x' -n 1 -t "$THREADS" --temp 0 >/dev/null 2>"$tmp/err" || { tail -5 "$tmp/err" >&2; exit 1; }
-  echo "$(grep -o 'image slice encoded in [0-9.]* ms' "$tmp/err" | grep -o '[0-9.]*' | awk '{s += $1} END {print s}') $(cat "$tmp/rss")"
+  # "mtmd batch encoding done in X ms" (this tree), or per slice "image slice encoded in X ms".
+  echo "$(grep -oE '(encoding done|slice encoded) in [0-9.]+ ms' "$tmp/err" | grep -oE '[0-9.]+' | awk '{s += $1} END {print s}') $(cat "$tmp/rss")"
 }
 
 echo "CPU: $(grep -m1 'model name' /proc/cpuinfo | cut -d: -f2 | sed 's/^ //'), threads $THREADS"

@@ -173,27 +173,27 @@ void rope_pairs(float* x, int32_t n_dims, float pos, float base) {
 }
 
 // Softmax attention of every head over all patches (no mask): qkv holds [N][q | k | v] rows
-// of width W each, attn gets [N][W].
+// of width W each, attn gets [N][W]. Blocks of queries per head, each through the engine's
+// F32 attention kernels (tensor/kernels.h: scores, exp and sum, P·V), read in place.
 void attend_heads(const std::vector<float>& qkv, int64_t N, int64_t W, int64_t n_head, std::vector<float>& attn,
                   ThreadPool& pool) {
-  const int64_t D = W / n_head;
+  constexpr int64_t kQueryBlock = 32;
+  const int64_t D = W / n_head, n_blocks = (N + kQueryBlock - 1) / kQueryBlock;
   const float kq_scale = 1.0f / std::sqrt(float(D));
-  pool.parallel_for(n_head * N, [&](int64_t b, int64_t e, int) {
-    std::vector<float> s(static_cast<size_t>(N));
+  pool.parallel_for(n_head * n_blocks, [&](int64_t b, int64_t e, int) {
+    std::vector<float> p(static_cast<size_t>(kQueryBlock * N));
     for (int64_t job = b; job < e; ++job) {
-      const int64_t hh = job / N, i = job % N;
-      const float* q = &qkv[size_t(i * 3 * W + hh * D)];
-      float mx = -INFINITY;
-      for (int64_t j = 0; j < N; ++j) {
-        s[size_t(j)] = kernels::dot_f32(q, &qkv[size_t(j * 3 * W + W + hh * D)], D) * kq_scale;
-        mx = std::max(mx, s[size_t(j)]);
+      const int64_t hh = job / n_blocks, i0 = (job % n_blocks) * kQueryBlock, n_q = std::min(kQueryBlock, N - i0);
+      const float* q = &qkv[size_t(i0 * 3 * W + hh * D)];
+      kernels::attn_scores(q, 3 * W, n_q, &qkv[size_t(W + hh * D)], 3 * W, N, D, kq_scale, p.data(), N);
+      for (int64_t r = 0; r < n_q; ++r) {
+        float* row = &p[size_t(r * N)];
+        const float mx = *std::max_element(row, row + N);
+        kernels::scale_f32(1.0f / kernels::exp_shift_sum(row, N, mx), row, N);
       }
-      double sum = 0;
-      for (int64_t j = 0; j < N; ++j) sum += (s[size_t(j)] = std::exp(s[size_t(j)] - mx));
-      const float inv = float(1.0 / sum);
-      float* out = &attn[size_t(i * W + hh * D)];
-      std::fill(out, out + D, 0.0f);
-      for (int64_t j = 0; j < N; ++j) kernels::axpy_f32(s[size_t(j)] * inv, &qkv[size_t(j * 3 * W + 2 * W + hh * D)], out, D);
+      float* out = &attn[size_t(i0 * W + hh * D)];
+      for (int64_t r = 0; r < n_q; ++r) std::fill(out + r * W, out + r * W + D, 0.0f);
+      kernels::gemm_acc_f32(n_q, D, N, p.data(), N, 1, &qkv[size_t(2 * W + hh * D)], 3 * W, out, W);
     }
   });
 }
