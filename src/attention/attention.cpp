@@ -154,165 +154,218 @@ void store_kv(KvPool& kv, const AttentionLayer& L, const AttentionBatch& batch, 
   });
 }
 
-void attend(const KvPool& kv, const AttentionLayer& L, const AttentionBatch& batch, const float* q, float* o,
-            ThreadPool& pool, AttentionScratch& scr) {
-  check_layer(kv, L);
-  const KvTypes types = kv.types();
-  const KvRotation rot = kv_rotation(types, L.head_dim_k, L.head_dim_v);
-  const int64_t T = batch.n_tokens, H = L.n_head, G = L.n_head_kv, R = H / G, D = L.head_dim_k, Dv = L.head_dim_v;
-  const int32_t bs = kv.block_size();
-  const int64_t span_pos = int64_t(kSpanBlocks) * bs;
-  const size_t qb = kernels::attn_query_bytes(types.k, D);
-  const float scale = 1.0f / std::sqrt(float(D));
-  if (T <= 0) return;
+namespace {
+
+// One call of attend(): the layer's shapes and the batch, and the call's steps. The plan
+// cuts the batch into tiles (runs of one sequence's tokens) and jobs (a tile and KV head,
+// or one span of them when there are too few to keep every thread busy); each job runs its
+// spans through the cache blocks and folds them; split jobs leave partials that the last
+// of a (tile, head)'s jobs folds.
+class AttendCall {
+ public:
+  using Tile = AttentionScratch::Tile;
+  using Job = AttentionScratch::Job;
+
+  AttendCall(const KvPool& kv, const AttentionLayer& L, const AttentionBatch& batch, const float* q, float* o,
+             ThreadPool& pool, AttentionScratch& scr)
+      : kv_(kv), L_(L), batch_(batch), q_(q), o_(o), pool_(pool), scr_(scr), types_(kv.types()),
+        rot_(kv_rotation(types_, L.head_dim_k, L.head_dim_v)), T_(batch.n_tokens), H_(L.n_head), G_(L.n_head_kv),
+        R_(H_ / G_), D_(L.head_dim_k), Dv_(L.head_dim_v), bs_(kv.block_size()),
+        qb_(kernels::attn_query_bytes(types_.k, D_)), scale_(1.0f / std::sqrt(float(D_))) {}
+
+  void run() {
+    if (T_ <= 0) return;
+    convert_queries();
+    plan_tiles();
+    plan_jobs();
+    for_each_item(int64_t(scr_.jobs.size()), pool_, [&](int64_t j) { run_job(scr_.jobs[size_t(j)]); });
+    if (rot_.v)  // back from the rotated value space (the rotation is its own inverse)
+      for_each_item(T_, pool_, [&](int64_t t) { kernels::hadamard_rows(o_ + t * H_ * Dv_, H_ * Dv_, rot_.v); });
+  }
+
+ private:
+  // A partial: the row's max and sum, then its Dv accumulated values.
+  size_t partial_floats() const { return size_t(Dv_ + 2); }
 
   // Queries: rotated where the keys are, then rounded as the key type's dot product wants.
-  scr.queries.resize(size_t(T * H) * qb);
-  for_each_item(T, pool, [&](int64_t t) {
-    thread_local std::vector<float> row;
-    row.resize(size_t(D));
-    for (int64_t h = 0; h < H; ++h) {
-      std::memcpy(row.data(), q + (t * H + h) * D, size_t(D) * sizeof(float));
-      if (rot.k) kernels::hadamard_rows(row.data(), D, rot.k);
-      kernels::attn_convert_query(types.k, row.data(), D, scr.queries.data() + size_t(t * H + h) * qb);
-    }
-  });
+  void convert_queries() {
+    scr_.queries.resize(size_t(T_ * H_) * qb_);
+    for_each_item(T_, pool_, [&](int64_t t) {
+      thread_local std::vector<float> row;
+      row.resize(size_t(D_));
+      for (int64_t h = 0; h < H_; ++h) {
+        std::memcpy(row.data(), q_ + (t * H_ + h) * D_, size_t(D_) * sizeof(float));
+        if (rot_.k) kernels::hadamard_rows(row.data(), D_, rot_.k);
+        kernels::attn_convert_query(types_.k, row.data(), D_, scr_.queries.data() + size_t(t * H_ + h) * qb_);
+      }
+    });
+  }
 
   // Tiles: runs of up to kTileTokens tokens of one chunk.
-  scr.tiles.clear();
-  for (int64_t t = 0; t < T;) {
-    int64_t n = 1;
-    while (t + n < T && n < kTileTokens && batch.chunk_of[t + n] == batch.chunk_of[t]) ++n;
-    AttentionScratch::Tile tile{};
-    tile.t0 = t;
-    tile.n = n;
-    tile.first = L.is_swa ? std::max(0, batch.slot[t] - L.window + 1) : 0;
-    tile.last = batch.slot[t + n - 1];
-    tile.span0 = tile.first / span_pos;
-    tile.spans = tile.last / span_pos - tile.span0 + 1;
-    scr.tiles.push_back(tile);
-    t += n;
-  }
-  const int64_t n_tiles = int64_t(scr.tiles.size());
-  // Enough (tile, head) jobs keep every thread busy; otherwise every span is a job.
-  int64_t most_spans = 0;
-  for (const AttentionScratch::Tile& tile : scr.tiles) most_spans = std::max(most_spans, tile.spans);
-  const bool split = pool.n_threads() > 1 && most_spans > 1 && n_tiles * G < 4 * int64_t(pool.n_threads());
-  scr.jobs.clear();
-  int64_t n_partials = 0;
-  for (int64_t i = 0; i < n_tiles; ++i) {
-    AttentionScratch::Tile& tile = scr.tiles[size_t(i)];
-    tile.partial0 = n_partials;
-    for (int64_t g = 0; g < G; ++g) {
-      if (!split) {
-        scr.jobs.push_back({i, g, -1});
-        continue;
-      }
-      for (int64_t s = 0; s < tile.spans; ++s) scr.jobs.push_back({i, g, s});
+  void plan_tiles() {
+    const int64_t span_pos = int64_t(kSpanBlocks) * bs_;
+    scr_.tiles.clear();
+    for (int64_t t = 0; t < T_;) {
+      int64_t n = 1;
+      while (t + n < T_ && n < kTileTokens && batch_.chunk_of[t + n] == batch_.chunk_of[t]) ++n;
+      Tile tile{};
+      tile.t0 = t;
+      tile.n = n;
+      tile.first = first_visible(t);
+      tile.last = batch_.slot[t + n - 1];
+      tile.span0 = tile.first / span_pos;
+      tile.spans = tile.last / span_pos - tile.span0 + 1;
+      scr_.tiles.push_back(tile);
+      t += n;
     }
-    if (split) n_partials += G * tile.spans * tile.n * R;
-  }
-  const size_t partial_floats = size_t(Dv + 2);
-  if (split) {
-    scr.partials.resize(size_t(n_partials) * partial_floats);
-    if (scr.spans_left_size < size_t(n_tiles * G)) {
-      scr.spans_left_size = size_t(n_tiles * G);
-      scr.spans_left = std::make_unique<std::atomic<int64_t>[]>(scr.spans_left_size);
-    }
-    for (int64_t i = 0; i < n_tiles * G; ++i)
-      scr.spans_left[size_t(i)].store(scr.tiles[size_t(i / G)].spans, std::memory_order_relaxed);
   }
 
-  auto tile_rows = [&](const AttentionScratch::Tile& tile, int64_t g, std::vector<uint8_t>& qbuf,
-                       std::vector<int32_t>& bounds) {
+  // Jobs: enough (tile, head) jobs keep every thread busy; otherwise every span is a job.
+  void plan_jobs() {
+    const int64_t n_tiles = int64_t(scr_.tiles.size());
+    int64_t most_spans = 0;
+    for (const Tile& tile : scr_.tiles) most_spans = std::max(most_spans, tile.spans);
+    const bool split = pool_.n_threads() > 1 && most_spans > 1 && n_tiles * G_ < 4 * int64_t(pool_.n_threads());
+    scr_.jobs.clear();
+    int64_t n_partials = 0;
+    for (int64_t i = 0; i < n_tiles; ++i) {
+      Tile& tile = scr_.tiles[size_t(i)];
+      tile.partial0 = n_partials;
+      for (int64_t g = 0; g < G_; ++g) {
+        if (!split) {
+          scr_.jobs.push_back({i, g, -1});
+          continue;
+        }
+        for (int64_t s = 0; s < tile.spans; ++s) scr_.jobs.push_back({i, g, s});
+      }
+      if (split) n_partials += G_ * tile.spans * tile.n * R_;
+    }
+    if (!split) return;
+    scr_.partials.resize(size_t(n_partials) * partial_floats());
+    if (scr_.spans_left_size < size_t(n_tiles * G_)) {
+      scr_.spans_left_size = size_t(n_tiles * G_);
+      scr_.spans_left = std::make_unique<std::atomic<int64_t>[]>(scr_.spans_left_size);
+    }
+    for (int64_t i = 0; i < n_tiles * G_; ++i)
+      scr_.spans_left[size_t(i)].store(scr_.tiles[size_t(i / G_)].spans, std::memory_order_relaxed);
+  }
+
+  int32_t first_visible(int64_t t) const { return L_.is_swa ? std::max(0, batch_.slot[t] - L_.window + 1) : 0; }
+
+  // The rows of one tile and KV head: their queries copied together, and each token's bounds.
+  TileRows tile_rows(const Tile& tile, int64_t g, std::vector<uint8_t>& qbuf, std::vector<int32_t>& bounds) const {
     TileRows tr;
-    tr.kv = &kv;
-    tr.L = &L;
-    tr.seq = (*batch.chunks)[size_t(batch.chunk_of[tile.t0])].seq;
-    tr.kt = types.k;
-    tr.vt = types.v;
-    tr.R = R;
-    tr.n_rows = tile.n * R;
-    tr.bs = bs;
-    tr.scale = scale;
-    tr.qb = qb;
-    qbuf.resize(size_t(tr.n_rows) * qb);
+    tr.kv = &kv_;
+    tr.L = &L_;
+    tr.seq = (*batch_.chunks)[size_t(batch_.chunk_of[tile.t0])].seq;
+    tr.kt = types_.k;
+    tr.vt = types_.v;
+    tr.R = R_;
+    tr.n_rows = tile.n * R_;
+    tr.bs = bs_;
+    tr.scale = scale_;
+    tr.qb = qb_;
+    qbuf.resize(size_t(tr.n_rows) * qb_);
     bounds.resize(size_t(2 * tile.n));
     for (int64_t i = 0; i < tile.n; ++i) {
       const int64_t t = tile.t0 + i;
-      std::memcpy(qbuf.data() + size_t(i * R) * qb, scr.queries.data() + size_t(t * H + g * R) * qb, size_t(R) * qb);
-      bounds[size_t(i)] = L.is_swa ? std::max(0, batch.slot[t] - L.window + 1) : 0;
-      bounds[size_t(tile.n + i)] = batch.slot[t];
+      std::memcpy(qbuf.data() + size_t(i * R_) * qb_, scr_.queries.data() + size_t(t * H_ + g * R_) * qb_,
+                  size_t(R_) * qb_);
+      bounds[size_t(i)] = first_visible(t);
+      bounds[size_t(tile.n + i)] = batch_.slot[t];
     }
     tr.q = qbuf.data();
     tr.first = bounds.data();
     tr.last = bounds.data() + tile.n;
     return tr;
-  };
-  auto write_out = [&](const AttentionScratch::Tile& tile, int64_t g, const RowState* F, const float* f_acc) {
+  }
+
+  void write_out(const Tile& tile, int64_t g, const RowState* F, const float* f_acc) const {
     for (int64_t i = 0; i < tile.n; ++i)
-      for (int64_t r = 0; r < R; ++r) {
-        const int64_t row = i * R + r;
-        float* out = o + ((tile.t0 + i) * H + g * R + r) * Dv;
-        std::memcpy(out, f_acc + row * Dv, size_t(Dv) * sizeof(float));
-        kernels::scale_f32(1.0f / F[row].l, out, Dv);
+      for (int64_t r = 0; r < R_; ++r) {
+        const int64_t row = i * R_ + r;
+        float* out = o_ + ((tile.t0 + i) * H_ + g * R_ + r) * Dv_;
+        std::memcpy(out, f_acc + row * Dv_, size_t(Dv_) * sizeof(float));
+        kernels::scale_f32(1.0f / F[row].l, out, Dv_);
       }
-  };
+  }
+
+  float* partial(const Tile& tile, int64_t g, int64_t span) const {
+    const int64_t n_rows = tile.n * R_;
+    return scr_.partials.data() + size_t(tile.partial0 + (g * tile.spans + span) * n_rows) * partial_floats();
+  }
 
   // The left fold of a (tile, head)'s span partials, in position order, and the output.
-  auto fold_partials = [&](const AttentionScratch::Tile& tile, int64_t g) {
-    const int64_t n_rows = tile.n * R;
+  void fold_partials(const Tile& tile, int64_t g) const {
+    const int64_t n_rows = tile.n * R_;
     thread_local std::vector<float> f_acc;
     thread_local std::vector<RowState> F;
     F.assign(size_t(n_rows), RowState{});
-    f_acc.assign(size_t(n_rows * Dv), 0.0f);
+    f_acc.assign(size_t(n_rows * Dv_), 0.0f);
     for (int64_t sp = 0; sp < tile.spans; ++sp) {
-      const float* part = scr.partials.data() + size_t(tile.partial0 + (g * tile.spans + sp) * n_rows) * partial_floats;
-      for (int64_t r = 0; r < n_rows; ++r, part += partial_floats)
-        fold(F[size_t(r)], f_acc.data() + r * Dv, RowState{part[0], part[1]}, part + 2, Dv);
+      const float* part = partial(tile, g, sp);
+      for (int64_t r = 0; r < n_rows; ++r, part += partial_floats())
+        fold(F[size_t(r)], f_acc.data() + r * Dv_, RowState{part[0], part[1]}, part + 2, Dv_);
     }
     write_out(tile, g, F.data(), f_acc.data());
-  };
+  }
 
-  for_each_item(int64_t(scr.jobs.size()), pool, [&](int64_t j) {
-    const AttentionScratch::Job job = scr.jobs[size_t(j)];
-    const AttentionScratch::Tile& tile = scr.tiles[size_t(job.tile)];
+  void run_job(const Job& job) const {
+    const Tile& tile = scr_.tiles[size_t(job.tile)];
     thread_local std::vector<uint8_t> qbuf;
     thread_local std::vector<int32_t> bounds;
     thread_local std::vector<float> s, acc, f_acc;
     thread_local std::vector<RowState> st, F;
     const TileRows tr = tile_rows(tile, job.g, qbuf, bounds);
-    s.resize(size_t(tr.n_rows * bs));
-    acc.resize(size_t(tr.n_rows * Dv));
+    s.resize(size_t(tr.n_rows * bs_));
+    acc.resize(size_t(tr.n_rows * Dv_));
     st.resize(size_t(tr.n_rows));
     if (job.span >= 0) {  // one span; the fold comes after all jobs
       const int64_t sp = tile.span0 + job.span;
       run_span(tr, job.g, sp * kSpanBlocks, (sp + 1) * kSpanBlocks, st.data(), acc.data(), s.data());
-      float* part = scr.partials.data() +
-                    size_t(tile.partial0 + (job.g * tile.spans + job.span) * tr.n_rows) * partial_floats;
-      for (int64_t r = 0; r < tr.n_rows; ++r, part += partial_floats) {
+      float* part = partial(tile, job.g, job.span);
+      for (int64_t r = 0; r < tr.n_rows; ++r, part += partial_floats()) {
         part[0] = st[size_t(r)].m;
         part[1] = st[size_t(r)].l;
-        std::memcpy(part + 2, acc.data() + r * Dv, size_t(Dv) * sizeof(float));
+        std::memcpy(part + 2, acc.data() + r * Dv_, size_t(Dv_) * sizeof(float));
       }
       // The last span of this (tile, head) to finish folds them all (acquire: the other
       // jobs' partials are visible).
-      if (scr.spans_left[size_t(job.tile * G + job.g)].fetch_sub(1, std::memory_order_acq_rel) == 1)
+      if (scr_.spans_left[size_t(job.tile * G_ + job.g)].fetch_sub(1, std::memory_order_acq_rel) == 1)
         fold_partials(tile, job.g);
       return;
     }
     F.assign(size_t(tr.n_rows), RowState{});
-    f_acc.assign(size_t(tr.n_rows * Dv), 0.0f);
+    f_acc.assign(size_t(tr.n_rows * Dv_), 0.0f);
     for (int64_t sp = tile.span0; sp < tile.span0 + tile.spans; ++sp) {
       run_span(tr, job.g, sp * kSpanBlocks, (sp + 1) * kSpanBlocks, st.data(), acc.data(), s.data());
       for (int64_t r = 0; r < tr.n_rows; ++r)
-        fold(F[size_t(r)], f_acc.data() + r * Dv, st[size_t(r)], acc.data() + r * Dv, Dv);
+        fold(F[size_t(r)], f_acc.data() + r * Dv_, st[size_t(r)], acc.data() + r * Dv_, Dv_);
     }
     write_out(tile, job.g, F.data(), f_acc.data());
-  });
+  }
 
-  if (rot.v)  // back from the rotated value space (the rotation is its own inverse)
-    for_each_item(T, pool, [&](int64_t t) { kernels::hadamard_rows(o + t * H * Dv, H * Dv, rot.v); });
+  const KvPool& kv_;
+  const AttentionLayer& L_;
+  const AttentionBatch& batch_;
+  const float* q_;
+  float* o_;
+  ThreadPool& pool_;
+  AttentionScratch& scr_;
+  const KvTypes types_;
+  const KvRotation rot_;
+  const int64_t T_, H_, G_, R_, D_, Dv_;
+  const int32_t bs_;
+  const size_t qb_;
+  const float scale_;
+};
+
+}  // namespace
+
+void attend(const KvPool& kv, const AttentionLayer& L, const AttentionBatch& batch, const float* q, float* o,
+            ThreadPool& pool, AttentionScratch& scr) {
+  check_layer(kv, L);
+  AttendCall(kv, L, batch, q, o, pool, scr).run();
 }
 
 void attend_reference(const KvPool& kv, const AttentionLayer& L, const AttentionBatch& batch, const float* q,
