@@ -8,6 +8,8 @@
 
 #include <nlohmann/json.hpp>
 #include <set>
+#include <thread>
+#include <chrono>
 
 #include "gguf/gguf.h"
 #include "serve_process.h"
@@ -250,7 +252,7 @@ TEST(ServeVision, BadPicturesAreClientErrors) {
     std::string says;
   };
   const std::vector<Case> cases = {
-      {part({{"url", "https://example.com/cat.png"}}), "only base64 data: URLs"},
+      {part({{"url", "https://example.com/cat.png"}}), "--allow-image-urls"},
       {part({{"url", "data:image/png,rawbytes"}}), "base64-encoded"},
       {part({{"url", "data:image/png;base64,@@@@"}}), "not valid base64"},
       {part({{"url", "data:image/png;base64," + base64(std::vector<uint8_t>(500, 'x'))}}), "messages[0].content[1]"},
@@ -286,6 +288,86 @@ TEST(ServeVision, BadPicturesAreClientErrors) {
   EXPECT_EQ(json::parse(t.Get("/props")->body)["modalities"]["vision"], false);
   EXPECT_EQ(json::parse(t.Get("/v1/models")->body)["data"][0]["capabilities"], json::array({"completion"}));
   EXPECT_EQ(text_only.terminate(), 0);
+}
+
+// Pictures by http URL on a server started with --allow-image-urls: the same answer as the
+// same bytes in a data: URL through all three APIs; redirects followed up to the limit; a
+// failed, refused, oversize, slow or non-picture fetch is a 400 naming the part.
+TEST(ServeVision, PicturesByUrlWhenAllowed) {
+  const std::vector<uint8_t> png = read_bytes(vision_dir() + "/images/square-300.png");
+  const std::string png_body(png.begin(), png.end());
+  httplib::Server pictures;
+  pictures.Get("/square.png", [&](const httplib::Request&, httplib::Response& r) { r.set_content(png_body, "image/png"); });
+  pictures.Get("/moved", [](const httplib::Request&, httplib::Response& r) { r.set_redirect("/square.png"); });
+  pictures.Get("/loop", [](const httplib::Request&, httplib::Response& r) { r.set_redirect("/loop"); });
+  pictures.Get("/big", [](const httplib::Request&, httplib::Response& r) {
+    r.set_content(std::string((size_t(1) << 20) + 1, 'x'), "image/png");
+  });
+  pictures.Get("/slow", [&](const httplib::Request&, httplib::Response& r) {
+    std::this_thread::sleep_for(std::chrono::milliseconds(2500));
+    r.set_content(png_body, "image/png");
+  });
+  pictures.Get("/text", [](const httplib::Request&, httplib::Response& r) { r.set_content("not a picture", "text/plain"); });
+  const int pic_port = pictures.bind_to_any_port("127.0.0.1");
+  ASSERT_GT(pic_port, 0);
+  std::thread pic_thread([&] { pictures.listen_after_bind(); });
+  const std::string origin = "http://127.0.0.1:" + std::to_string(pic_port);
+
+  std::vector<std::string> args = serve_args("mmproj-tiny-v-f32.gguf");
+  for (const char* a : {"--allow-image-urls", "--image-url-timeout", "1", "--image-url-max", "1"}) args.push_back(a);
+  ServeProcess s(args, "serve_vision_urls");
+  httplib::Client c("127.0.0.1", s.port());
+  c.set_read_timeout(120, 0);
+  auto with_url = [](const std::string& url) {
+    return chat(json::array({{{"type", "image_url"}, {"image_url", {{"url", url}}}}, {{"type", "text"}, {"text", "\nWhat is it?"}}}));
+  };
+  int status = 0;
+  const json by_data = post(c, "/v1/chat/completions", with_url("data:image/png;base64," + base64(png)), &status);
+  ASSERT_EQ(status, 200) << by_data.dump();
+  const std::string want = by_data["choices"][0]["message"]["content"];
+  const int64_t want_prompt = by_data["usage"]["prompt_tokens"];
+  for (const std::string path : {"/square.png", "/moved"}) {
+    const json r = post(c, "/v1/chat/completions", with_url(origin + path), &status);
+    ASSERT_EQ(status, 200) << path << " " << r.dump();
+    EXPECT_EQ(r["choices"][0]["message"]["content"], want) << path;
+    EXPECT_EQ(r["usage"]["prompt_tokens"], want_prompt) << path;
+  }
+  const json anthropic = post(c, "/v1/messages",
+                              {{"model", "m"}, {"max_tokens", 16}, {"temperature", 0},
+                               {"messages", {{{"role", "user"}, {"content", {
+                                   {{"type", "image"}, {"source", {{"type", "url"}, {"url", origin + "/square.png"}}}},
+                                   {{"type", "text"}, {"text", "\nWhat is it?"}}}}}}}},
+                              &status);
+  ASSERT_EQ(status, 200) << anthropic.dump();
+  EXPECT_EQ(anthropic["content"][0]["text"], want);
+  const json responses = post(c, "/v1/responses",
+                              {{"model", "m"}, {"max_output_tokens", 16}, {"temperature", 0},
+                               {"input", {{{"role", "user"}, {"content", {
+                                   {{"type", "input_image"}, {"image_url", origin + "/square.png"}},
+                                   {{"type", "input_text"}, {"text", "\nWhat is it?"}}}}}}}},
+                              &status);
+  ASSERT_EQ(status, 200) << responses.dump();
+  EXPECT_EQ(responses["output"].back()["content"][0]["text"], want);
+
+  const std::vector<std::pair<std::string, std::string>> bad = {
+      {origin + "/missing", "HTTP 404"},
+      {origin + "/loop", "more than 3 redirects"},
+      {origin + "/big", "larger than 1048576 bytes"},
+      {origin + "/slow", "longer than 1 s"},
+      {origin + "/text", "messages[0].content[0]"},
+      {"http://127.0.0.1:1/none.png", "could not fetch"},
+      {"ftp://127.0.0.1/x.png", "data: URL"},
+  };
+  for (const auto& [url, says] : bad) {
+    const json r = post(c, "/v1/chat/completions", with_url(url), &status);
+    EXPECT_EQ(status, 400) << url << " " << r.dump();
+    EXPECT_NE(r.dump().find(says), std::string::npos) << url << " " << r.dump();
+    EXPECT_NE(r.dump().find("messages[0].content[0]"), std::string::npos) << r.dump();
+  }
+  EXPECT_TRUE(c.Get("/health"));
+  EXPECT_EQ(s.terminate(), 0);
+  pictures.stop();
+  pic_thread.join();
 }
 
 // An mmproj the text model cannot take is refused at start, naming the reason.

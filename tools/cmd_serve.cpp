@@ -100,6 +100,7 @@ static int serve_main(const Args& args) {
   EngineOptions& e = o.engine;
   e.n_threads = default_threads();
   int64_t kv_mib = e.kv_bytes >> 20, max_body = int64_t(o.max_body_bytes), image_cache_mib = int64_t(o.image_cache_bytes >> 20);
+  int64_t image_url_mib = int64_t(o.image_fetch.max_bytes >> 20);
   std::string expert_policy = "strict", mtp = "0", api_key, api_key_file, cors, log_format = "text";
   std::string effort_budgets = std::to_string(o.reasoning.low) + "," + std::to_string(o.reasoning.medium) + "," +
                                std::to_string(o.reasoning.high);
@@ -111,6 +112,12 @@ static int serve_main(const Args& args) {
            "text only");
   p.option("--image-cache", "MIB", "embeddings of recent pictures kept, so that a picture sent again (the same "
            "screenshot in the next turn) is not encoded again; 0: none", image_cache_mib, 0, int64_t(1) << 24);
+  p.option("--allow-image-urls", "also fetch pictures given by http(s) URL (OpenAI image_url, Anthropic url "
+           "sources, Responses input_image); any client can then make the server connect wherever it can reach",
+           o.image_fetch.allow);
+  p.option("--image-url-timeout", "S", "seconds one picture fetch may take, redirects included",
+           o.image_fetch.timeout_s, 0.1, 3600);
+  p.option("--image-url-max", "MIB", "largest picture file fetched", image_url_mib, 1, 4096);
   p.option("--alias", "NAME", "model id reported by /v1/models", o.model_id, "the model file name");
   p.option("--chat-template-file", "FILE", "Jinja chat template to render requests with, instead of the model "
            "file's tokenizer.chat_template", o.chat_template_file, "the model file's");
@@ -191,6 +198,7 @@ static int serve_main(const Args& args) {
   parse_effort_budgets(effort_budgets, o.reasoning);
   o.max_body_bytes = size_t(max_body);
   o.image_cache_bytes = size_t(image_cache_mib) << 20;
+  o.image_fetch.max_bytes = size_t(image_url_mib) << 20;
   o.default_expert_policy = adaptive_expert_policy(expert_policy) ? ExpertPolicy::Adaptive : ExpertPolicy::Strict;
   e.kv_bytes = kv_mib << 20;
   const MtpSetting mtp_setting = parse_mtp_value(mtp);  // the model is loaded later, in serve()

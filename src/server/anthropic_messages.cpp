@@ -36,7 +36,7 @@ std::string block_text(const json& content, const std::string& where) {
 }
 
 // An image block's picture as a URL: its base64 source as a data: URL, a url source as
-// given (refused later: pictures are not fetched from the network).
+// given (fetched only by a server started with --allow-image-urls).
 std::string image_source_url(const json& block, const std::string& where) {
   const json src = block.contains("source") ? block["source"] : json();
   const std::string type = src.is_object() && src.contains("type") && src["type"].is_string() ? src["type"].get<std::string>() : "";

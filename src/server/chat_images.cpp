@@ -5,6 +5,7 @@
 #include <mutex>
 
 #include "server/api_error.h"
+#include "server/image_fetch.h"
 #include "server/server_context.h"
 #include "vision/image_prompt.h"
 
@@ -60,19 +61,26 @@ std::string part_url(const ordered_json& part, const std::string& where) {
 
 }  // namespace
 
-vision::RgbImage picture_from_url(const std::string& url, const std::string& where, const vision::DecodeLimits& limits) {
+vision::RgbImage picture_from_url(const std::string& url, const std::string& where, const vision::DecodeLimits& limits,
+                                  const ImageFetchOptions& fetch) {
   const std::string param = where + ".image_url.url";
-  const size_t comma = url.find(',');
-  const std::string_view head = std::string_view(url).substr(0, comma == std::string::npos ? 0 : comma);
-  if (url.rfind("data:", 0) != 0 || comma == std::string::npos)
-    throw ApiError(400, "'" + param + "': only base64 data: URLs are read (data:image/png;base64,...); this server "
-                   "does not fetch pictures from the network", param);
-  if (head.size() < 7 || head.substr(head.size() - 7) != ";base64")
-    throw ApiError(400, "'" + param + "': the data: URL must be base64-encoded (data:<type>;base64,<bytes>)", param);
-  const auto bytes = base64_decode(std::string_view(url).substr(comma + 1));
-  if (!bytes) throw ApiError(400, "'" + param + "': the data: URL's payload is not valid base64", param);
+  std::vector<uint8_t> bytes;
+  if (is_fetched_url(url)) {
+    bytes = fetch_picture_bytes(url, fetch, param);
+  } else {
+    const size_t comma = url.find(',');
+    const std::string_view head = std::string_view(url).substr(0, comma == std::string::npos ? 0 : comma);
+    if (url.rfind("data:", 0) != 0 || comma == std::string::npos)
+      throw ApiError(400, "'" + param + "': a picture is a base64 data: URL (data:image/png;base64,...)" +
+                     std::string(fetch.allow ? " or an http(s) URL" : ""), param);
+    if (head.size() < 7 || head.substr(head.size() - 7) != ";base64")
+      throw ApiError(400, "'" + param + "': the data: URL must be base64-encoded (data:<type>;base64,<bytes>)", param);
+    auto decoded = base64_decode(std::string_view(url).substr(comma + 1));
+    if (!decoded) throw ApiError(400, "'" + param + "': the data: URL's payload is not valid base64", param);
+    bytes = std::move(*decoded);
+  }
   try {
-    return vision::decode_image(bytes->data(), bytes->size(), limits);
+    return vision::decode_image(bytes.data(), bytes.size(), limits);
   } catch (const vision::ImageError& e) {
     throw ApiError(400, "'" + param + "': " + e.what(), param);
   }
@@ -117,7 +125,7 @@ std::vector<vision::RgbImage> take_chat_images(const ServerContext& ctx, ordered
       if (!ctx.mmproj)
         throw ApiError(400, "'" + where + "': this server reads text only; start it with --mmproj (the model's "
                        "vision tower, a step3vl mmproj GGUF) to send pictures", where);
-      images.push_back(picture_from_url(part_url(part, where), where));
+      images.push_back(picture_from_url(part_url(part, where), where, {}, ctx.options.image_fetch));
       part = ordered_json{{"type", "text"}, {"text", std::string(vision::kMediaMarker)}};
     }
   }

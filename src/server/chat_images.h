@@ -12,6 +12,7 @@
 #include <nlohmann/json.hpp>
 
 #include "engine/engine.h"
+#include "server/image_fetch.h"
 #include "vision/image.h"
 
 namespace step35::server {
@@ -23,8 +24,8 @@ bool has_image_parts(const nlohmann::ordered_json& messages);
 
 // Replaces every `image_url` part of `messages` by a text part holding the media marker and
 // returns the pictures, decoded, in order. ApiError 400 naming the part for a server without
-// --mmproj, a URL that is not a base64 `data:` URL, bad base64, or bytes that are not a
-// picture we decode (PNG, JPEG, BMP, GIF).
+// --mmproj, a URL that is neither a base64 `data:` URL nor an allowed http(s) URL, bad
+// base64, a failed fetch, or bytes that are not a picture we decode (PNG, JPEG, BMP, GIF).
 std::vector<vision::RgbImage> take_chat_images(const ServerContext& ctx, nlohmann::ordered_json& messages);
 
 // The rendered prompt's tokens with the pictures in place of the markers: request.prompt
@@ -34,10 +35,12 @@ std::vector<vision::RgbImage> take_chat_images(const ServerContext& ctx, nlohman
 void tokenize_with_images(ServerContext& ctx, const std::string& text, bool add_bos,
                           const std::vector<vision::RgbImage>& images, GenerateRequest& request);
 
-// The picture of an image_url part's URL (`where` names the part in errors): a base64 data:
-// URL decoded within `limits`; ApiError 400 for any other URL, bad base64 or bad bytes.
+// The picture of an image_url part's URL (`where` names the part in errors), decoded within
+// `limits`: a base64 data: URL, or an http(s) URL fetched as `fetch` allows
+// (server/image_fetch.h). ApiError 400 for any other URL, bad base64, a fetch refused or
+// failed, or bytes that are not a picture.
 vision::RgbImage picture_from_url(const std::string& url, const std::string& where,
-                                  const vision::DecodeLimits& limits = {});
+                                  const vision::DecodeLimits& limits = {}, const ImageFetchOptions& fetch = {});
 
 // An `image_url` part for a picture given as base64 bytes and a media type (Anthropic's
 // `source` of type base64).

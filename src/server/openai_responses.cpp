@@ -59,7 +59,8 @@ json message_content(const json& content, const std::string& where) {
     }
     const json url = p.contains("image_url") ? p["image_url"] : json();
     if (!url.is_string())
-      throw ApiError(400, "'" + pw + ".image_url' must be a data: URL (file_id is not supported)", pw + ".image_url");
+      throw ApiError(400, "'" + pw + ".image_url' must be a URL string (a data: URL, or http(s) on a server started with "
+                     "--allow-image-urls; file_id is not supported)", pw + ".image_url");
     parts.push_back(image_url_part(url.get<std::string>()));
   }
   return parts;

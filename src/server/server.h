@@ -10,6 +10,7 @@
 
 #include "engine/engine.h"
 #include "engine/sampler.h"
+#include "server/image_fetch.h"
 
 namespace step35::server {
 
@@ -39,6 +40,7 @@ struct ServerOptions {
   std::string mtp_model;  // Model::LoadOptions::mtp_model
   std::string mmproj;     // the vision tower, a step3vl mmproj GGUF ("": text only)
   size_t image_cache_bytes = size_t(256) << 20;  // embeddings of recent pictures kept (0: none)
+  ImageFetchOptions image_fetch;  // pictures by http(s) URL (--allow-image-urls; off by default)
   std::string model_id;            // the name /v1/models reports; default: the file name
   std::string chat_template_file;  // a Jinja chat template replacing the file's ("": the file's)
   std::string host = "127.0.0.1";

@@ -79,7 +79,7 @@ assert.equal(counted.input_tokens, golden.n_positions);
 await assert.rejects(
   openai.chat.completions.create({ ...chatRequest, messages: [{ role: 'user', content: [
     { type: 'image_url', image_url: { url: 'https://example.com/cat.png' } }] }] }),
-  (e) => e instanceof OpenAI.BadRequestError && /data: URLs/.test(e.message));
+  (e) => e instanceof OpenAI.BadRequestError && /--allow-image-urls/.test(e.message));
 const ended = await terminate();
 assert.deepEqual(ended, { code: 0, signal: null });
 
