@@ -290,6 +290,55 @@ TEST(ServeVision, BadPicturesAreClientErrors) {
   EXPECT_EQ(text_only.terminate(), 0);
 }
 
+// /tokenize with llama-server's multimodal prompt object: each golden's prompt and pictures
+// give llama.cpp's token layout (-1 at every image position) without encoding anything.
+TEST(ServeVision, TokenizeLaysOutPicturesAsLlamaCpp) {
+  const json m = read_json(vision_dir() + "/manifest.json");
+  ServeProcess s(serve_args("mmproj-tiny-v-f32.gguf"), "serve_vision_tokenize");
+  httplib::Client c("127.0.0.1", s.port());
+  c.set_read_timeout(120, 0);
+  int status = 0, n_cases = 0;
+  for (const auto& [name, entry] : m["goldens"].items()) {
+    if (entry["mmproj"] != "mmproj-tiny-v-f32.gguf") continue;
+    SCOPED_TRACE(name);
+    const json g = read_json(vision_dir() + "/golden/" + entry["json"].get<std::string>());
+    json data = json::array();
+    for (const auto& image : g["images"]) {
+      const std::vector<uint8_t> bytes = read_bytes(vision_dir() + "/images/" + image["file"].get<std::string>());
+      data.push_back(n_cases % 2 ? base64(bytes) : "data:image/png;base64," + base64(bytes));  // both forms
+    }
+    const json r = post(c, "/tokenize", {{"content", {{"prompt_string", g["prompt"]}, {"multimodal_data", data}}}}, &status);
+    ASSERT_EQ(status, 200) << r.dump();
+    EXPECT_EQ(r["tokens"], g["token_layout"]);
+    EXPECT_EQ(r["count"], g["token_layout"].size());
+    EXPECT_EQ(r["image_tokens"], g["n_image_tokens"]);
+    ++n_cases;
+  }
+  EXPECT_GE(n_cases, 5);
+  // Counting is not encoding: the tower ran for no picture.
+  const auto metrics = c.Get("/metrics");
+  ASSERT_TRUE(metrics);
+  EXPECT_NE(metrics->body.find("step35_images_encoded_total 0\n"), std::string::npos) << metrics->body;
+  const std::vector<uint8_t> png = read_bytes(vision_dir() + "/images/square-300.png");
+  struct Case {
+    json content;
+    std::string says;
+  };
+  const std::vector<Case> bad = {
+      {{{"prompt_string", "two <__media__> <__media__>"}, {"multimodal_data", {base64(png)}}}, "media marker"},
+      {{{"prompt_string", "<__media__>"}, {"multimodal_data", {"@@@"}}}, "content.multimodal_data[0]"},
+      {{{"prompt_string", "<__media__>"}, {"multimodal_data", {42}}}, "content.multimodal_data[0]"},
+      {{{"multimodal_data", {base64(png)}}}, "content.prompt_string"},
+      {{{"prompt_string", "x"}, {"images", json::array()}}, "content.images"},
+  };
+  for (const Case& k : bad) {
+    const json r = post(c, "/tokenize", {{"content", k.content}}, &status);
+    EXPECT_EQ(status, 400) << r.dump();
+    EXPECT_NE(r.dump().find(k.says), std::string::npos) << r.dump();
+  }
+  EXPECT_EQ(s.terminate(), 0);
+}
+
 // Pictures by http URL on a server started with --allow-image-urls: the same answer as the
 // same bytes in a data: URL through all three APIs; redirects followed up to the limit; a
 // failed, refused, oversize, slow or non-picture fetch is a 400 naming the part.

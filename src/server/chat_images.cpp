@@ -61,9 +61,8 @@ std::string part_url(const ordered_json& part, const std::string& where) {
 
 }  // namespace
 
-vision::RgbImage picture_from_url(const std::string& url, const std::string& where, const vision::DecodeLimits& limits,
+vision::RgbImage picture_from_url(const std::string& url, const std::string& param, const vision::DecodeLimits& limits,
                                   const ImageFetchOptions& fetch) {
-  const std::string param = where + ".image_url.url";
   std::vector<uint8_t> bytes;
   if (is_fetched_url(url)) {
     bytes = fetch_picture_bytes(url, fetch, param);
@@ -125,7 +124,7 @@ std::vector<vision::RgbImage> take_chat_images(const ServerContext& ctx, ordered
       if (!ctx.mmproj)
         throw ApiError(400, "'" + where + "': this server reads text only; start it with --mmproj (the model's "
                        "vision tower, a step3vl mmproj GGUF) to send pictures", where);
-      images.push_back(picture_from_url(part_url(part, where), where, {}, ctx.options.image_fetch));
+      images.push_back(picture_from_url(part_url(part, where), where + ".image_url.url", {}, ctx.options.image_fetch));
       part = ordered_json{{"type", "text"}, {"text", std::string(vision::kMediaMarker)}};
     }
   }

@@ -35,11 +35,11 @@ std::vector<vision::RgbImage> take_chat_images(const ServerContext& ctx, nlohman
 void tokenize_with_images(ServerContext& ctx, const std::string& text, bool add_bos,
                           const std::vector<vision::RgbImage>& images, GenerateRequest& request);
 
-// The picture of an image_url part's URL (`where` names the part in errors), decoded within
+// The picture behind a URL (`param` names the request's field in errors), decoded within
 // `limits`: a base64 data: URL, or an http(s) URL fetched as `fetch` allows
 // (server/image_fetch.h). ApiError 400 for any other URL, bad base64, a fetch refused or
 // failed, or bytes that are not a picture.
-vision::RgbImage picture_from_url(const std::string& url, const std::string& where,
+vision::RgbImage picture_from_url(const std::string& url, const std::string& param,
                                   const vision::DecodeLimits& limits = {}, const ImageFetchOptions& fetch = {});
 
 // An `image_url` part for a picture given as base64 bytes and a media type (Anthropic's

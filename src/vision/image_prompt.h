@@ -49,6 +49,12 @@ ImagePrompt build_image_prompt(std::string_view prompt, const std::vector<RgbIma
                                bool add_bos = true, std::string_view marker = kMediaMarker,
                                EmbeddingCache* cache = nullptr);
 
+// The same prompt's tokens (-1 at every image position), plans and chunks without going
+// through the tower: what counting needs (/tokenize). image_embeddings stays empty.
+ImagePrompt image_prompt_layout(std::string_view prompt, const std::vector<RgbImage>& images,
+                                const Step3vlConfig& cfg, const Tokenizer& tok, bool add_bos = true,
+                                std::string_view marker = kMediaMarker);
+
 // One picture through the tower: prepared (step3vl_preprocess.h) and every chunk encoded.
 PictureEmbeddings encode_picture(const RgbImage& image, const Step3vlPlan& plan, const Step3vlEncoder& encoder,
                                  ThreadPool& pool);
