@@ -526,11 +526,109 @@ std::string format_value(const Value& v, std::string_view spec) {
 
 // --- str.format ----------------------------------------------------------------------------
 
+namespace {
+
+// A replacement field "{argument.attribute[key]!conversion:spec}" in its parts.
+struct ReplacementField {
+  std::string_view argument;  // empty (the next positional), digits (a positional index) or a name
+  std::string_view path;      // the .attribute and [key] parts
+  char conversion = 0;
+  std::string_view spec;
+};
+
+ReplacementField parse_replacement_field(std::string_view field) {
+  ReplacementField parsed;
+  const size_t colon = field.find(':');
+  if (colon != std::string_view::npos) {
+    parsed.spec = field.substr(colon + 1);
+    field = field.substr(0, colon);
+  }
+  const size_t bang = field.find('!');
+  if (bang != std::string_view::npos) {
+    if (bang + 2 != field.size()) type_error("expected ':' after conversion specifier");
+    parsed.conversion = field[bang + 1];
+    field = field.substr(0, bang);
+  }
+  size_t name_end = 0;
+  while (name_end < field.size() && field[name_end] != '.' && field[name_end] != '[') ++name_end;
+  parsed.argument = field.substr(0, name_end);
+  parsed.path = field.substr(name_end);
+  return parsed;
+}
+
+// The arguments the fields name. Python refuses to mix automatic numbering ("{}") with
+// manual numbering ("{0}") in one format.
+class FormatArguments {
+ public:
+  explicit FormatArguments(const Arguments& args) : args_(args) {}
+
+  Value find(std::string_view name) {
+    if (name.empty()) {
+      if (used_manual_) type_error("cannot switch from manual field specification to automatic field numbering");
+      used_auto_ = true;
+      return positional_arg(args_, auto_index_++);
+    }
+    if (name.find_first_not_of("0123456789") == std::string_view::npos) {
+      if (used_auto_) type_error("cannot switch from automatic field numbering to manual field specification");
+      used_manual_ = true;
+      size_t p = 0;
+      return positional_arg(args_, static_cast<size_t>(read_number(name, p)));
+    }
+    for (const auto& [key, v] : args_.keyword) {
+      if (key == name) return v;
+    }
+    type_error("KeyError: " + text::repr(name));
+  }
+
+ private:
+  const Arguments& args_;
+  size_t auto_index_ = 0;
+  bool used_auto_ = false, used_manual_ = false;
+};
+
+// Applies a field's .attribute and [key] parts to the argument.
+Value follow_field_path(Value value, std::string_view path, FieldLookup lookup) {
+  size_t p = 0;
+  while (p < path.size()) {
+    if (path[p] == '.') {
+      size_t end = p + 1;
+      while (end < path.size() && path[end] != '.' && path[end] != '[') ++end;
+      value = lookup(value, Value::string(std::string(path.substr(p + 1, end - p - 1))), true);
+      p = end;
+    } else {
+      const size_t end = path.find(']', p);
+      if (end == std::string_view::npos) type_error("Missing ']' in format string");
+      const std::string_view key = path.substr(p + 1, end - p - 1);
+      size_t digits = 0;
+      const bool numeric = !key.empty() && key.find_first_not_of("0123456789") == std::string_view::npos;
+      value = lookup(value, numeric ? Value::integer(read_number(key, digits)) : Value::string(std::string(key)), false);
+      p = end + 1;
+    }
+  }
+  return value;
+}
+
+std::string render_replacement_field(const ReplacementField& field, FormatArguments& arguments, FieldLookup lookup) {
+  Value value = follow_field_path(arguments.find(field.argument), field.path, lookup);
+  if (value.is_undefined() && value.undefined_reason() != UndefinedReason::Missing) {
+    throw Error(ErrorKind::Undefined, value.undefined_message());
+  }
+  if (field.conversion == 'r' || field.conversion == 'a') {
+    value = Value::string(value.repr());
+  } else if (field.conversion == 's') {
+    value = Value::string(value.str());
+  } else if (field.conversion != 0) {
+    type_error(std::string("Unknown conversion specifier ") + field.conversion);
+  }
+  return format_value(value, field.spec);
+}
+
+}  // namespace
+
 std::string str_format(std::string_view format, const Arguments& args, FieldLookup lookup) {
+  FormatArguments arguments(args);
   std::string out;
   out.reserve(format.size());
-  size_t auto_index = 0;
-  bool used_auto = false, used_manual = false;
   size_t pos = 0;
   while (pos < format.size()) {
     const char c = format[pos];
@@ -555,76 +653,10 @@ std::string str_format(std::string_view format, const Arguments& args, FieldLook
     // A replacement field: find its closing brace (nested braces are not supported).
     const size_t close = format.find('}', pos + 1);
     if (close == std::string_view::npos) type_error("expected '}' before end of string");
-    std::string_view field = format.substr(pos + 1, close - pos - 1);
+    const std::string_view field = format.substr(pos + 1, close - pos - 1);
     if (field.find('{') != std::string_view::npos) type_error("nested replacement fields are not supported");
     pos = close + 1;
-    std::string_view spec;
-    const size_t colon = field.find(':');
-    if (colon != std::string_view::npos) {
-      spec = field.substr(colon + 1);
-      field = field.substr(0, colon);
-    }
-    char conversion = 0;
-    const size_t bang = field.find('!');
-    if (bang != std::string_view::npos) {
-      if (bang + 2 != field.size()) type_error("expected ':' after conversion specifier");
-      conversion = field[bang + 1];
-      field = field.substr(0, bang);
-    }
-    // The argument name: empty (next positional), digits (a positional index) or a name.
-    size_t name_end = 0;
-    while (name_end < field.size() && field[name_end] != '.' && field[name_end] != '[') ++name_end;
-    const std::string_view name = field.substr(0, name_end);
-    Value value;
-    if (name.empty()) {
-      if (used_manual) type_error("cannot switch from manual field specification to automatic field numbering");
-      used_auto = true;
-      value = positional_arg(args, auto_index++);
-    } else if (name.find_first_not_of("0123456789") == std::string_view::npos) {
-      if (used_auto) type_error("cannot switch from automatic field numbering to manual field specification");
-      used_manual = true;
-      size_t p = 0;
-      value = positional_arg(args, static_cast<size_t>(read_number(name, p)));
-    } else {
-      bool found = false;
-      for (const auto& [key, v] : args.keyword) {
-        if (key == name) {
-          value = v;
-          found = true;
-          break;
-        }
-      }
-      if (!found) type_error("KeyError: " + text::repr(name));
-    }
-    // .attribute and [key] parts.
-    size_t p = name_end;
-    while (p < field.size()) {
-      if (field[p] == '.') {
-        size_t end = p + 1;
-        while (end < field.size() && field[end] != '.' && field[end] != '[') ++end;
-        value = lookup(value, Value::string(std::string(field.substr(p + 1, end - p - 1))), true);
-        p = end;
-      } else {
-        const size_t end = field.find(']', p);
-        if (end == std::string_view::npos) type_error("Missing ']' in format string");
-        const std::string_view key = field.substr(p + 1, end - p - 1);
-        size_t digits = 0;
-        const bool numeric = !key.empty() && key.find_first_not_of("0123456789") == std::string_view::npos;
-        value = lookup(value, numeric ? Value::integer(read_number(key, digits)) : Value::string(std::string(key)), false);
-        p = end + 1;
-      }
-    }
-    if (value.is_undefined() && value.undefined_reason() != UndefinedReason::Missing) {
-      throw Error(ErrorKind::Undefined, value.undefined_message());
-    }
-    if (conversion == 'r' || conversion == 'a') {
-      value = Value::string(value.repr());
-    } else if (conversion == 's') {
-      value = Value::string(value.str());
-    } else if (conversion != 0) {
-      type_error(std::string("Unknown conversion specifier ") + conversion);
-    }
-    out += format_value(value, spec);
+    out += render_replacement_field(parse_replacement_field(field), arguments, lookup);
   }
   return out;
 }
