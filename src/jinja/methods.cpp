@@ -446,7 +446,8 @@ Value str_zfill(const StrCall& call) {
   const int64_t length = static_cast<int64_t>(text::length(s));
   if (a[0].int_value() <= length) return call.self;
   const size_t sign = !s.empty() && (s[0] == '+' || s[0] == '-') ? 1 : 0;
-  return Value::string_like(call.self, s.substr(0, sign) + std::string(static_cast<size_t>(a[0].int_value() - length), '0') + s.substr(sign));
+  const std::string zeros(static_cast<size_t>(a[0].int_value() - length), '0');
+  return Value::string_like(call.self, s.substr(0, sign) + zeros + s.substr(sign));
 }
 
 // partition, rpartition.
@@ -462,7 +463,8 @@ Value str_partition(const StrCall& call) {
     if (first) return Value::tuple({self, Value::string_like(self, ""), Value::string_like(self, "")});
     return Value::tuple({Value::string_like(self, ""), Value::string_like(self, ""), self});
   }
-  return Value::tuple({Value::string_like(self, s.substr(0, at)), Value::string_like(self, sep), Value::string_like(self, s.substr(at + sep.size()))});
+  return Value::tuple({Value::string_like(self, s.substr(0, at)), Value::string_like(self, sep),
+                       Value::string_like(self, s.substr(at + sep.size()))});
 }
 
 // removeprefix, removesuffix.
