@@ -1,6 +1,7 @@
 // Attribute and item access with the immutable sandbox's rules, Python's iter() and
 // slicing, and argument binding for the built-in functions.
 #include <algorithm>
+#include <optional>
 
 #include "jinja/builtins.h"
 #include "jinja/error.h"
@@ -162,18 +163,99 @@ Value get_item(const Value& object, const Value& key) {
   return Value::undefined_element(object.object_type(), key.repr());
 }
 
-Value get_slice(const Value& object, const Value* start, const Value* stop, const Value* step) {
-  const auto as_index = [](const Value* v, bool* ok) -> int64_t {
-    if (v == nullptr) return 0;
-    if (v->is_int()) return v->int_value();
-    if (v->is_bool()) return v->bool_value();
-    *ok = false;
-    return 0;
+namespace {
+
+// A slice bound as an integer: nullopt when omitted (null); when it is not an integer, *ok
+// turns false (and the bound reads 0).
+std::optional<int64_t> slice_bound(const Value* v, bool* ok) {
+  if (v == nullptr) return std::nullopt;
+  if (v->is_int()) return v->int_value();
+  if (v->is_bool()) return v->bool_value();
+  *ok = false;
+  return 0;
+}
+
+// The positions a slice takes from a sequence.
+struct SliceRange {
+  int64_t from = 0;
+  int64_t to = 0;
+  int64_t step = 1;
+  size_t count = 0;  // elements taken
+  size_t index(size_t k) const { return static_cast<size_t>(from + static_cast<int64_t>(k) * step); }
+};
+
+// Python's PySlice_AdjustIndices: the bounds clamped to a sequence of `length`.
+SliceRange adjust_slice(std::optional<int64_t> start, std::optional<int64_t> stop, int64_t step, size_t length) {
+  const int64_t n = static_cast<int64_t>(length);
+  const auto adjust = [&](std::optional<int64_t> bound, int64_t fallback) {
+    if (!bound) return fallback;
+    int64_t value = *bound;
+    if (value < 0) {
+      value += n;
+      if (value < 0) value = step < 0 ? -1 : 0;
+    } else if (value >= n) {
+      value = step < 0 ? n - 1 : n;
+    }
+    return value;
   };
+  SliceRange range;
+  range.step = step;
+  range.from = adjust(start, step < 0 ? n - 1 : 0);
+  range.to = adjust(stop, step < 0 ? -1 : n);
+  if (step > 0 && range.from < range.to) {
+    range.count = static_cast<size_t>((range.to - range.from - 1) / step + 1);
+  } else if (step < 0 && range.from > range.to) {
+    const uint64_t magnitude = uint64_t(0) - static_cast<uint64_t>(step);  // no overflow at INT64_MIN
+    range.count = static_cast<size_t>(static_cast<uint64_t>(range.from - range.to - 1) / magnitude + 1);
+  }
+  return range;
+}
+
+// A slice of a string, in code points (`offsets`: their byte boundaries, empty for ASCII).
+Value slice_string(const Value& object, const std::vector<size_t>& offsets, const SliceRange& range) {
+  const std::string& s = object.string_value();
+  std::string out;
+  if (range.count != 0) {
+    const auto byte = [&](size_t cp) { return offsets.empty() ? cp : offsets[cp]; };
+    if (range.step == 1) {
+      out = s.substr(byte(range.index(0)), byte(range.index(range.count - 1) + 1) - byte(range.index(0)));
+    } else {
+      for (size_t k = 0; k < range.count; ++k) {
+        out.append(s, byte(range.index(k)), byte(range.index(k) + 1) - byte(range.index(k)));
+      }
+    }
+  }
+  return object.is_markup() ? Value::markup(std::move(out)) : Value::string(std::move(out));
+}
+
+// A slice of a list or tuple is one of the same kind; a slice of a range is a range.
+Value slice_sequence(const Value& object, const SliceRange& range) {
+  std::vector<Value> out;
+  out.reserve(range.count);
+  for (size_t k = 0; k < range.count; ++k) out.push_back(object.items()[range.index(k)]);
+  if (object.list_flavor() == ListFlavor::Range) {
+    // range(start + from*step, start + to*step, step*k).
+    const ListData& r = object.list_data();
+    int64_t new_start, new_stop, new_step, offset;
+    if (__builtin_mul_overflow(range.from, r.range_step, &offset) ||
+        __builtin_add_overflow(r.range_start, offset, &new_start) ||
+        __builtin_mul_overflow(range.to, r.range_step, &offset) ||
+        __builtin_add_overflow(r.range_start, offset, &new_stop) ||
+        __builtin_mul_overflow(r.range_step, range.step, &new_step)) {
+      type_error("integer overflow (step35 keeps integers in 64 bits)");
+    }
+    return Value::range(new_start, new_stop, new_step, std::move(out));
+  }
+  return Value::list(std::move(out), object.list_flavor() == ListFlavor::Tuple ? ListFlavor::Tuple : ListFlavor::List);
+}
+
+}  // namespace
+
+Value get_slice(const Value& object, const Value* start, const Value* stop, const Value* step) {
   bool ok = true;
-  const int64_t step_value = step == nullptr ? 1 : as_index(step, &ok);
-  const int64_t start_value = as_index(start, &ok);
-  const int64_t stop_value = as_index(stop, &ok);
+  const int64_t step_value = step == nullptr ? 1 : *slice_bound(step, &ok);
+  const std::optional<int64_t> start_index = slice_bound(start, &ok);
+  const std::optional<int64_t> stop_index = slice_bound(stop, &ok);
   const bool sliceable = object.is_string() || (object.is_list() && (object.list_flavor() == ListFlavor::List ||
                                                                       object.list_flavor() == ListFlavor::Tuple ||
                                                                       object.list_flavor() == ListFlavor::Range));
@@ -184,69 +266,13 @@ Value get_slice(const Value& object, const Value* start, const Value* stop, cons
   if (!ok) type_error("slice indices must be integers or None or have an __index__ method");
   if (step_value == 0) throw Error(ErrorKind::Type, "slice step cannot be zero");
 
-  std::vector<size_t> offsets;  // non-ASCII strings: code point boundaries
-  size_t length;
-  if (object.is_string()) {
-    if (text::is_ascii(object.string_value())) {
-      length = object.string_value().size();
-    } else {
-      offsets = text::code_point_offsets(object.string_value());
-      length = offsets.size() - 1;
-    }
-  } else {
-    length = object.items().size();
+  if (!object.is_string()) {
+    return slice_sequence(object, adjust_slice(start_index, stop_index, step_value, object.items().size()));
   }
-  // Python's PySlice_AdjustIndices.
-  const int64_t n = static_cast<int64_t>(length);
-  const auto adjust = [&](const Value* bound, int64_t value, int64_t fallback) {
-    if (bound == nullptr) return fallback;
-    if (value < 0) {
-      value += n;
-      if (value < 0) value = step_value < 0 ? -1 : 0;
-    } else if (value >= n) {
-      value = step_value < 0 ? n - 1 : n;
-    }
-    return value;
-  };
-  const int64_t from = adjust(start, start_value, step_value < 0 ? n - 1 : 0);
-  const int64_t to = adjust(stop, stop_value, step_value < 0 ? -1 : n);
-  // Number of elements the slice takes (Python's PySlice_AdjustIndices).
-  size_t count = 0;
-  if (step_value > 0 && from < to) {
-    count = static_cast<size_t>((to - from - 1) / step_value + 1);
-  } else if (step_value < 0 && from > to) {
-    const uint64_t magnitude = uint64_t(0) - static_cast<uint64_t>(step_value);  // no overflow at INT64_MIN
-    count = static_cast<size_t>(static_cast<uint64_t>(from - to - 1) / magnitude + 1);
-  }
-  const auto index = [&](size_t k) { return static_cast<size_t>(from + static_cast<int64_t>(k) * step_value); };
-  if (object.is_string()) {
-    const std::string& s = object.string_value();
-    std::string out;
-    if (count != 0) {
-      const auto byte = [&](size_t cp) { return offsets.empty() ? cp : offsets[cp]; };
-      if (step_value == 1) {
-        out = s.substr(byte(index(0)), byte(index(count - 1) + 1) - byte(index(0)));
-      } else {
-        for (size_t k = 0; k < count; ++k) out.append(s, byte(index(k)), byte(index(k) + 1) - byte(index(k)));
-      }
-    }
-    return object.is_markup() ? Value::markup(std::move(out)) : Value::string(std::move(out));
-  }
-  std::vector<Value> out;
-  out.reserve(count);
-  for (size_t k = 0; k < count; ++k) out.push_back(object.items()[index(k)]);
-  if (object.list_flavor() == ListFlavor::Range) {
-    // A slice of a range is a range: range(start + from*step, start + to*step, step*k).
-    const ListData& r = object.list_data();
-    int64_t new_start, new_stop, new_step, offset;
-    if (__builtin_mul_overflow(from, r.range_step, &offset) || __builtin_add_overflow(r.range_start, offset, &new_start) ||
-        __builtin_mul_overflow(to, r.range_step, &offset) || __builtin_add_overflow(r.range_start, offset, &new_stop) ||
-        __builtin_mul_overflow(r.range_step, step_value, &new_step)) {
-      type_error("integer overflow (step35 keeps integers in 64 bits)");
-    }
-    return Value::range(new_start, new_stop, new_step, std::move(out));
-  }
-  return Value::list(std::move(out), object.list_flavor() == ListFlavor::Tuple ? ListFlavor::Tuple : ListFlavor::List);
+  const std::string& s = object.string_value();
+  if (text::is_ascii(s)) return slice_string(object, {}, adjust_slice(start_index, stop_index, step_value, s.size()));
+  const std::vector<size_t> offsets = text::code_point_offsets(s);
+  return slice_string(object, offsets, adjust_slice(start_index, stop_index, step_value, offsets.size() - 1));
 }
 
 std::vector<Value> bind_arguments(std::string_view function, const Arguments& args,

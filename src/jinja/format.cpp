@@ -136,22 +136,196 @@ std::string float_repr(double x) {
 
 // --- printf-style ------------------------------------------------------------------------
 
-std::string percent_format(std::string_view format, const Value& args) {
-  std::vector<Value> values;
-  const Value* mapping = nullptr;
-  // Python skips the "not all arguments converted" check when the right operand supports
-  // subscripting (PyMapping_Check: dicts, but also lists and ranges) and is not a tuple.
-  bool subscriptable = false;
-  if (args.is_list() && args.list_flavor() == ListFlavor::Tuple) {
-    values = args.items();
-  } else {
+namespace {
+
+// The right operand of str % args, as the conversions take their values from it.
+struct PercentArguments {
+  explicit PercentArguments(const Value& args) {
+    if (args.is_list() && args.list_flavor() == ListFlavor::Tuple) {
+      values = args.items();
+      return;
+    }
     values.push_back(args);
     if (args.is_dict()) mapping = &args;
     subscriptable = args.is_dict() || args.is_undefined() ||
                     (args.is_list() && (args.list_flavor() == ListFlavor::List || args.list_flavor() == ListFlavor::Range));
   }
-  size_t next = 0;
-  bool used_mapping = false;
+
+  std::vector<Value> values;
+  const Value* mapping = nullptr;  // a dict operand serves %(key)s conversions
+  // Python skips the "not all arguments converted" check when the right operand supports
+  // subscripting (PyMapping_Check: dicts, but also lists and ranges) and is not a tuple.
+  bool subscriptable = false;
+  size_t next = 0;  // the next of values a conversion without a key takes
+};
+
+// One conversion after its '%' (and its "(key)"): flags, width, precision, type.
+struct PercentSpec {
+  bool left = false, plus = false, space = false, alternate = false, zero = false;
+  int64_t width = -1;
+  int64_t precision = -1;
+  char conversion = 0;
+  size_t conversion_index = 0;  // where the type character is in the format, for errors
+};
+
+// A conversion's text before padding: the sign (with a 0x / 0o prefix) and the body.
+struct PercentText {
+  std::string sign;
+  std::string body;
+  bool numeric = false;
+};
+
+// Reads "(key)" at format[pos] when there is one: the mapping's value for the key.
+const Value* read_mapping_key(std::string_view format, size_t& pos, const PercentArguments& arguments) {
+  if (format[pos] != '(') return nullptr;
+  const size_t close = format.find(')', pos);
+  if (close == std::string_view::npos) type_error("incomplete format key");
+  if (arguments.mapping == nullptr) type_error("format requires a mapping");
+  const std::string key(format.substr(pos + 1, close - pos - 1));
+  const Value* value = arguments.mapping->dict_value().find(key);
+  if (value == nullptr) type_error("KeyError: " + text::repr(key));
+  pos = close + 1;
+  return value;
+}
+
+PercentSpec read_percent_spec(std::string_view format, size_t& pos) {
+  PercentSpec spec;
+  while (pos < format.size() && std::string_view("-+ #0").find(format[pos]) != std::string_view::npos) {
+    switch (format[pos]) {
+      case '-': spec.left = true; break;
+      case '+': spec.plus = true; break;
+      case ' ': spec.space = true; break;
+      case '#': spec.alternate = true; break;
+      default: spec.zero = true; break;
+    }
+    ++pos;
+  }
+  if (pos < format.size() && format[pos] == '*') type_error("* wants int");
+  spec.width = read_number(format, pos);
+  if (pos < format.size() && format[pos] == '.') {
+    ++pos;
+    spec.precision = read_number(format, pos);
+    if (spec.precision < 0) spec.precision = 0;
+  }
+  while (pos < format.size() && (format[pos] == 'l' || format[pos] == 'h' || format[pos] == 'L')) ++pos;
+  if (pos >= format.size()) type_error("incomplete format");
+  spec.conversion_index = pos;
+  spec.conversion = format[pos++];
+  return spec;
+}
+
+std::string percent_char(const Value& value) {
+  std::string body;
+  if (value.is_int()) {
+    if (value.int_value() < 0 || value.int_value() > 0x10FFFF) type_error("%c arg not in range(0x110000)");
+    text::append_utf8(body, static_cast<uint32_t>(value.int_value()));
+  } else if (value.is_string() && text::length(value.string_value()) == 1) {
+    body = value.string_value();
+  } else {
+    type_error("%c requires an int or a unicode character, not " + std::string(value.python_type()));
+  }
+  return body;
+}
+
+// %d %i %u %x %X %o; %d %i %u also take a float (truncated).
+PercentText percent_integer(const PercentSpec& spec, const Value& value) {
+  const char conversion = spec.conversion;
+  int64_t v;
+  if (value.is_int() || value.is_bool()) {
+    v = value.is_bool() ? value.bool_value() : value.int_value();
+  } else if (value.is_float() && (conversion == 'd' || conversion == 'i' || conversion == 'u')) {
+    const double f = value.float_value();
+    if (!std::isfinite(f)) type_error("cannot convert float " + float_repr(f) + " to integer");
+    if (std::fabs(f) >= 9.2e18) type_error("integer too large to format");
+    v = static_cast<int64_t>(f);
+  } else {
+    type_error(std::string("%") + conversion + " format: " +
+               (conversion == 'x' || conversion == 'X' || conversion == 'o' ? "an integer" : "a real number") +
+               " is required, not " + value.python_type());
+  }
+  PercentText out;
+  out.numeric = true;
+  const int base = conversion == 'x' || conversion == 'X' ? 16 : conversion == 'o' ? 8 : 10;
+  out.body = digits_in_base(magnitude_of(v), base, conversion == 'X');
+  if (spec.precision > static_cast<int64_t>(out.body.size())) {
+    out.body = std::string(spec.precision - out.body.size(), '0') + out.body;
+  }
+  if (spec.alternate && base == 16) out.sign = conversion == 'X' ? "0X" : "0x";
+  if (spec.alternate && base == 8) out.sign = "0o";
+  out.sign = (v < 0 ? "-" : spec.plus ? "+" : spec.space ? " " : "") + out.sign;
+  return out;
+}
+
+// %f %F %e %E %g %G.
+PercentText percent_float(const PercentSpec& spec, const Value& value) {
+  if (!value.is_number()) type_error(std::string("must be real number, not ") + value.python_type());
+  PercentText out;
+  out.numeric = true;
+  const double f = value.as_double();
+  const char conv[2] = {spec.conversion, '\0'};
+  out.body = c_format_double(conv, spec.precision < 0 ? 6 : static_cast<int>(spec.precision), std::fabs(f),
+                             spec.alternate);
+  out.sign = std::signbit(f) && !std::isnan(f) ? "-" : spec.plus ? "+" : spec.space ? " " : "";
+  return out;
+}
+
+PercentText percent_text(const PercentSpec& spec, const Value& value) {
+  const char conversion = spec.conversion;
+  if (value.is_undefined() && conversion != 's' && conversion != 'r' && conversion != 'a') {
+    throw Error(ErrorKind::Undefined, value.undefined_message());
+  }
+  switch (conversion) {
+    case 's': return {"", value.str(), false};
+    case 'r':
+    case 'a': return {"", value.repr(), false};
+    case 'c': return {"", percent_char(value), false};
+    case 'd':
+    case 'i':
+    case 'u':
+    case 'x':
+    case 'X':
+    case 'o': return percent_integer(spec, value);
+    case 'f':
+    case 'F':
+    case 'e':
+    case 'E':
+    case 'g':
+    case 'G': return percent_float(spec, value);
+    default: {
+      char hex[8];
+      std::snprintf(hex, sizeof hex, "%#x", static_cast<unsigned>(static_cast<uint8_t>(conversion)));
+      type_error(std::string("unsupported format character '") + conversion + "' (" + hex + ") at index " +
+                 std::to_string(spec.conversion_index));
+    }
+  }
+}
+
+// One conversion's field: the text cut to the precision (strings) and padded to the width.
+std::string render_percent_field(const PercentSpec& spec, const Value& value) {
+  PercentText converted = percent_text(spec, value);
+  std::string& body = converted.body;
+  if (!converted.numeric && spec.precision >= 0 && spec.conversion != 'c') {
+    const std::vector<size_t> offsets = text::code_point_offsets(body);
+    if (static_cast<size_t>(spec.precision) + 1 < offsets.size()) body.resize(offsets[static_cast<size_t>(spec.precision)]);
+  }
+  std::string field = converted.sign + body;
+  const int64_t length = static_cast<int64_t>(text::length(field));
+  if (spec.width > length) {
+    if (spec.left) {
+      field += std::string(static_cast<size_t>(spec.width - length), ' ');
+    } else if (spec.zero && converted.numeric) {
+      field = converted.sign + std::string(static_cast<size_t>(spec.width - length), '0') + body;
+    } else {
+      field = std::string(static_cast<size_t>(spec.width - length), ' ') + field;
+    }
+  }
+  return field;
+}
+
+}  // namespace
+
+std::string percent_format(std::string_view format, const Value& args) {
+  PercentArguments arguments(args);
   std::string out;
   out.reserve(format.size());
   size_t pos = 0;
@@ -164,138 +338,21 @@ std::string percent_format(std::string_view format, const Value& args) {
     out.append(format.substr(pos, percent - pos));
     pos = percent + 1;
     if (pos >= format.size()) type_error("incomplete format");
-    const Value* value = nullptr;
-    if (format[pos] == '(') {
-      const size_t close = format.find(')', pos);
-      if (close == std::string_view::npos) type_error("incomplete format key");
-      if (mapping == nullptr) type_error("format requires a mapping");
-      const std::string key(format.substr(pos + 1, close - pos - 1));
-      value = mapping->dict_value().find(key);
-      if (value == nullptr) type_error("KeyError: " + text::repr(key));
-      used_mapping = true;
-      pos = close + 1;
-    }
-    // Flags, width, precision.
-    bool left = false, plus = false, space = false, alternate = false, zero = false;
-    while (pos < format.size() && std::string_view("-+ #0").find(format[pos]) != std::string_view::npos) {
-      switch (format[pos]) {
-        case '-': left = true; break;
-        case '+': plus = true; break;
-        case ' ': space = true; break;
-        case '#': alternate = true; break;
-        default: zero = true; break;
-      }
-      ++pos;
-    }
-    if (pos < format.size() && format[pos] == '*') type_error("* wants int");
-    const int64_t width = read_number(format, pos);
-    int64_t precision = -1;
-    if (pos < format.size() && format[pos] == '.') {
-      ++pos;
-      precision = read_number(format, pos);
-      if (precision < 0) precision = 0;
-    }
-    while (pos < format.size() && (format[pos] == 'l' || format[pos] == 'h' || format[pos] == 'L')) ++pos;
-    if (pos >= format.size()) type_error("incomplete format");
-    const char conversion = format[pos++];
-    if (conversion == '%') {
+    const Value* value = read_mapping_key(format, pos, arguments);
+    const PercentSpec spec = read_percent_spec(format, pos);
+    if (spec.conversion == '%') {
       out += '%';
       continue;
     }
     if (value == nullptr) {
-      if (next >= values.size()) type_error("not enough arguments for format string");
-      value = &values[next++];
+      if (arguments.next >= arguments.values.size()) type_error("not enough arguments for format string");
+      value = &arguments.values[arguments.next++];
     }
-    std::string body;
-    std::string sign;
-    bool numeric = false;
-    if (value->is_undefined() && conversion != 's' && conversion != 'r' && conversion != 'a') {
-      throw Error(ErrorKind::Undefined, value->undefined_message());
-    }
-    switch (conversion) {
-      case 's': body = value->str(); break;
-      case 'r':
-      case 'a': body = value->repr(); break;
-      case 'c':
-        if (value->is_int()) {
-          if (value->int_value() < 0 || value->int_value() > 0x10FFFF) type_error("%c arg not in range(0x110000)");
-          text::append_utf8(body, static_cast<uint32_t>(value->int_value()));
-        } else if (value->is_string() && text::length(value->string_value()) == 1) {
-          body = value->string_value();
-        } else {
-          type_error("%c requires an int or a unicode character, not " + std::string(value->python_type()));
-        }
-        break;
-      case 'd':
-      case 'i':
-      case 'u':
-      case 'x':
-      case 'X':
-      case 'o': {
-        numeric = true;
-        int64_t v;
-        if (value->is_int() || value->is_bool()) {
-          v = value->is_bool() ? value->bool_value() : value->int_value();
-        } else if (value->is_float() && (conversion == 'd' || conversion == 'i' || conversion == 'u')) {
-          const double f = value->float_value();
-          if (!std::isfinite(f)) type_error("cannot convert float " + float_repr(f) + " to integer");
-          if (std::fabs(f) >= 9.2e18) type_error("integer too large to format");
-          v = static_cast<int64_t>(f);
-        } else {
-          type_error(std::string("%") + conversion + " format: " +
-                     (conversion == 'x' || conversion == 'X' || conversion == 'o' ? "an integer" : "a real number") +
-                     " is required, not " + value->python_type());
-        }
-        const int base = conversion == 'x' || conversion == 'X' ? 16 : conversion == 'o' ? 8 : 10;
-        body = digits_in_base(magnitude_of(v), base, conversion == 'X');
-        if (precision > static_cast<int64_t>(body.size())) body = std::string(precision - body.size(), '0') + body;
-        if (alternate && base == 16) sign = conversion == 'X' ? "0X" : "0x";
-        if (alternate && base == 8) sign = "0o";
-        sign = (v < 0 ? "-" : plus ? "+" : space ? " " : "") + sign;
-        break;
-      }
-      case 'f':
-      case 'F':
-      case 'e':
-      case 'E':
-      case 'g':
-      case 'G': {
-        numeric = true;
-        if (!value->is_number()) {
-          type_error(std::string("must be real number, not ") + value->python_type());
-        }
-        const double f = value->as_double();
-        const char conv[2] = {conversion, '\0'};
-        body = c_format_double(conv, precision < 0 ? 6 : static_cast<int>(precision), std::fabs(f), alternate);
-        sign = std::signbit(f) && !std::isnan(f) ? "-" : plus ? "+" : space ? " " : "";
-        break;
-      }
-      default: {
-        char hex[8];
-        std::snprintf(hex, sizeof hex, "%#x", static_cast<unsigned>(static_cast<uint8_t>(conversion)));
-        type_error(std::string("unsupported format character '") + conversion + "' (" + hex + ") at index " +
-                   std::to_string(pos - 1));
-      }
-    }
-    if (!numeric && precision >= 0 && conversion != 'c') {
-      const std::vector<size_t> offsets = text::code_point_offsets(body);
-      if (static_cast<size_t>(precision) + 1 < offsets.size()) body.resize(offsets[static_cast<size_t>(precision)]);
-    }
-    std::string field = sign + body;
-    const int64_t length = static_cast<int64_t>(text::length(field));
-    if (width > length) {
-      if (left) {
-        field += std::string(static_cast<size_t>(width - length), ' ');
-      } else if (zero && numeric) {
-        field = sign + std::string(static_cast<size_t>(width - length), '0') + body;
-      } else {
-        field = std::string(static_cast<size_t>(width - length), ' ') + field;
-      }
-    }
-    out += field;
+    out += render_percent_field(spec, *value);
   }
-  if (!subscriptable && next < values.size()) type_error("not all arguments converted during string formatting");
-  (void)used_mapping;
+  if (!arguments.subscriptable && arguments.next < arguments.values.size()) {
+    type_error("not all arguments converted during string formatting");
+  }
   return out;
 }
 
@@ -469,11 +526,109 @@ std::string format_value(const Value& v, std::string_view spec) {
 
 // --- str.format ----------------------------------------------------------------------------
 
+namespace {
+
+// A replacement field "{argument.attribute[key]!conversion:spec}" in its parts.
+struct ReplacementField {
+  std::string_view argument;  // empty (the next positional), digits (a positional index) or a name
+  std::string_view path;      // the .attribute and [key] parts
+  char conversion = 0;
+  std::string_view spec;
+};
+
+ReplacementField parse_replacement_field(std::string_view field) {
+  ReplacementField parsed;
+  const size_t colon = field.find(':');
+  if (colon != std::string_view::npos) {
+    parsed.spec = field.substr(colon + 1);
+    field = field.substr(0, colon);
+  }
+  const size_t bang = field.find('!');
+  if (bang != std::string_view::npos) {
+    if (bang + 2 != field.size()) type_error("expected ':' after conversion specifier");
+    parsed.conversion = field[bang + 1];
+    field = field.substr(0, bang);
+  }
+  size_t name_end = 0;
+  while (name_end < field.size() && field[name_end] != '.' && field[name_end] != '[') ++name_end;
+  parsed.argument = field.substr(0, name_end);
+  parsed.path = field.substr(name_end);
+  return parsed;
+}
+
+// The arguments the fields name. Python refuses to mix automatic numbering ("{}") with
+// manual numbering ("{0}") in one format.
+class FormatArguments {
+ public:
+  explicit FormatArguments(const Arguments& args) : args_(args) {}
+
+  Value find(std::string_view name) {
+    if (name.empty()) {
+      if (used_manual_) type_error("cannot switch from manual field specification to automatic field numbering");
+      used_auto_ = true;
+      return positional_arg(args_, auto_index_++);
+    }
+    if (name.find_first_not_of("0123456789") == std::string_view::npos) {
+      if (used_auto_) type_error("cannot switch from automatic field numbering to manual field specification");
+      used_manual_ = true;
+      size_t p = 0;
+      return positional_arg(args_, static_cast<size_t>(read_number(name, p)));
+    }
+    for (const auto& [key, v] : args_.keyword) {
+      if (key == name) return v;
+    }
+    type_error("KeyError: " + text::repr(name));
+  }
+
+ private:
+  const Arguments& args_;
+  size_t auto_index_ = 0;
+  bool used_auto_ = false, used_manual_ = false;
+};
+
+// Applies a field's .attribute and [key] parts to the argument.
+Value follow_field_path(Value value, std::string_view path, FieldLookup lookup) {
+  size_t p = 0;
+  while (p < path.size()) {
+    if (path[p] == '.') {
+      size_t end = p + 1;
+      while (end < path.size() && path[end] != '.' && path[end] != '[') ++end;
+      value = lookup(value, Value::string(std::string(path.substr(p + 1, end - p - 1))), true);
+      p = end;
+    } else {
+      const size_t end = path.find(']', p);
+      if (end == std::string_view::npos) type_error("Missing ']' in format string");
+      const std::string_view key = path.substr(p + 1, end - p - 1);
+      size_t digits = 0;
+      const bool numeric = !key.empty() && key.find_first_not_of("0123456789") == std::string_view::npos;
+      value = lookup(value, numeric ? Value::integer(read_number(key, digits)) : Value::string(std::string(key)), false);
+      p = end + 1;
+    }
+  }
+  return value;
+}
+
+std::string render_replacement_field(const ReplacementField& field, FormatArguments& arguments, FieldLookup lookup) {
+  Value value = follow_field_path(arguments.find(field.argument), field.path, lookup);
+  if (value.is_undefined() && value.undefined_reason() != UndefinedReason::Missing) {
+    throw Error(ErrorKind::Undefined, value.undefined_message());
+  }
+  if (field.conversion == 'r' || field.conversion == 'a') {
+    value = Value::string(value.repr());
+  } else if (field.conversion == 's') {
+    value = Value::string(value.str());
+  } else if (field.conversion != 0) {
+    type_error(std::string("Unknown conversion specifier ") + field.conversion);
+  }
+  return format_value(value, field.spec);
+}
+
+}  // namespace
+
 std::string str_format(std::string_view format, const Arguments& args, FieldLookup lookup) {
+  FormatArguments arguments(args);
   std::string out;
   out.reserve(format.size());
-  size_t auto_index = 0;
-  bool used_auto = false, used_manual = false;
   size_t pos = 0;
   while (pos < format.size()) {
     const char c = format[pos];
@@ -498,76 +653,10 @@ std::string str_format(std::string_view format, const Arguments& args, FieldLook
     // A replacement field: find its closing brace (nested braces are not supported).
     const size_t close = format.find('}', pos + 1);
     if (close == std::string_view::npos) type_error("expected '}' before end of string");
-    std::string_view field = format.substr(pos + 1, close - pos - 1);
+    const std::string_view field = format.substr(pos + 1, close - pos - 1);
     if (field.find('{') != std::string_view::npos) type_error("nested replacement fields are not supported");
     pos = close + 1;
-    std::string_view spec;
-    const size_t colon = field.find(':');
-    if (colon != std::string_view::npos) {
-      spec = field.substr(colon + 1);
-      field = field.substr(0, colon);
-    }
-    char conversion = 0;
-    const size_t bang = field.find('!');
-    if (bang != std::string_view::npos) {
-      if (bang + 2 != field.size()) type_error("expected ':' after conversion specifier");
-      conversion = field[bang + 1];
-      field = field.substr(0, bang);
-    }
-    // The argument name: empty (next positional), digits (a positional index) or a name.
-    size_t name_end = 0;
-    while (name_end < field.size() && field[name_end] != '.' && field[name_end] != '[') ++name_end;
-    const std::string_view name = field.substr(0, name_end);
-    Value value;
-    if (name.empty()) {
-      if (used_manual) type_error("cannot switch from manual field specification to automatic field numbering");
-      used_auto = true;
-      value = positional_arg(args, auto_index++);
-    } else if (name.find_first_not_of("0123456789") == std::string_view::npos) {
-      if (used_auto) type_error("cannot switch from automatic field numbering to manual field specification");
-      used_manual = true;
-      size_t p = 0;
-      value = positional_arg(args, static_cast<size_t>(read_number(name, p)));
-    } else {
-      bool found = false;
-      for (const auto& [key, v] : args.keyword) {
-        if (key == name) {
-          value = v;
-          found = true;
-          break;
-        }
-      }
-      if (!found) type_error("KeyError: " + text::repr(name));
-    }
-    // .attribute and [key] parts.
-    size_t p = name_end;
-    while (p < field.size()) {
-      if (field[p] == '.') {
-        size_t end = p + 1;
-        while (end < field.size() && field[end] != '.' && field[end] != '[') ++end;
-        value = lookup(value, Value::string(std::string(field.substr(p + 1, end - p - 1))), true);
-        p = end;
-      } else {
-        const size_t end = field.find(']', p);
-        if (end == std::string_view::npos) type_error("Missing ']' in format string");
-        const std::string_view key = field.substr(p + 1, end - p - 1);
-        size_t digits = 0;
-        const bool numeric = !key.empty() && key.find_first_not_of("0123456789") == std::string_view::npos;
-        value = lookup(value, numeric ? Value::integer(read_number(key, digits)) : Value::string(std::string(key)), false);
-        p = end + 1;
-      }
-    }
-    if (value.is_undefined() && value.undefined_reason() != UndefinedReason::Missing) {
-      throw Error(ErrorKind::Undefined, value.undefined_message());
-    }
-    if (conversion == 'r' || conversion == 'a') {
-      value = Value::string(value.repr());
-    } else if (conversion == 's') {
-      value = Value::string(value.str());
-    } else if (conversion != 0) {
-      type_error(std::string("Unknown conversion specifier ") + conversion);
-    }
-    out += format_value(value, spec);
+    out += render_replacement_field(parse_replacement_field(field), arguments, lookup);
   }
   return out;
 }

@@ -511,34 +511,14 @@ Value Interpreter::eval_expr(const Expr& e, const std::shared_ptr<Frame>& frame)
       for (const ExprPtr& item : e.items) items.push_back(eval(*item, frame));
       return Value::list(std::move(items), e.kind == ExprKind::Tuple ? ListFlavor::Tuple : ListFlavor::List);
     }
-    case ExprKind::Dict: {
-      auto d = std::make_shared<Dict>();
-      for (size_t i = 0; i + 1 < e.items.size(); i += 2) {
-        const Value key = eval(*e.items[i], frame);
-        if (!is_hashable(key)) runtime_error(std::string("unhashable type: '") + key.python_type() + "'");
-        d->set(key, eval(*e.items[i + 1], frame));
-      }
-      return Value::dict(std::move(d));
-    }
+    case ExprKind::Dict: return eval_dict(e, frame);
     case ExprKind::Unary: {
       const Value operand = eval(*e.items[0], frame);
       if (e.op == "not") return Value::boolean(!operand.truthy());
       if (e.op == "-") return negate(operand);
       return unary_plus(operand);
     }
-    case ExprKind::Binary: {
-      if (e.op == "and") {
-        Value left = eval(*e.items[0], frame);
-        return left.truthy() ? eval(*e.items[1], frame) : left;
-      }
-      if (e.op == "or") {
-        Value left = eval(*e.items[0], frame);
-        return left.truthy() ? left : eval(*e.items[1], frame);
-      }
-      const Value left = eval(*e.items[0], frame);
-      const Value right = eval(*e.items[1], frame);
-      return binary_operation(e.op, left, right, options_.limits.max_value_size);
-    }
+    case ExprKind::Binary: return eval_binary(e, frame);
     case ExprKind::Concat: {
       std::string out;
       for (const ExprPtr& item : e.items) {
@@ -557,22 +537,7 @@ Value Interpreter::eval_expr(const Expr& e, const std::shared_ptr<Frame>& frame)
       const Value object = eval(*e.items[0], frame);
       return get_attribute(object, e.name);
     }
-    case ExprKind::Item: {
-      const Value object = eval(*e.items[0], frame);
-      const Expr& index = *e.items[1];
-      if (index.kind == ExprKind::Slice) {
-        Value bounds[3];
-        const Value* pointers[3] = {nullptr, nullptr, nullptr};
-        for (int i = 0; i < 3; ++i) {
-          if (!index.items[i]) continue;
-          bounds[i] = eval(*index.items[i], frame);
-          if (!bounds[i].is_none()) pointers[i] = &bounds[i];
-        }
-        if (object.is_undefined()) raise_undefined(object);
-        return get_slice(object, pointers[0], pointers[1], pointers[2]);
-      }
-      return get_item(object, eval(index, frame));
-    }
+    case ExprKind::Item: return eval_item(e, frame);
     case ExprKind::Slice: runtime_error("a slice is only valid inside [...]");
     case ExprKind::Call: return eval_call(e, frame);
     case ExprKind::Filter: return eval_filter(e, Value(), frame);
@@ -585,6 +550,47 @@ Value Interpreter::eval_expr(const Expr& e, const std::shared_ptr<Frame>& frame)
     }
   }
   runtime_error("unknown expression");
+}
+
+Value Interpreter::eval_dict(const Expr& e, const std::shared_ptr<Frame>& frame) {
+  auto d = std::make_shared<Dict>();
+  for (size_t i = 0; i + 1 < e.items.size(); i += 2) {
+    const Value key = eval(*e.items[i], frame);
+    if (!is_hashable(key)) runtime_error(std::string("unhashable type: '") + key.python_type() + "'");
+    d->set(key, eval(*e.items[i + 1], frame));
+  }
+  return Value::dict(std::move(d));
+}
+
+// "and" / "or" short-circuit and give one of their operands, as in Python.
+Value Interpreter::eval_binary(const Expr& e, const std::shared_ptr<Frame>& frame) {
+  if (e.op == "and") {
+    Value left = eval(*e.items[0], frame);
+    return left.truthy() ? eval(*e.items[1], frame) : left;
+  }
+  if (e.op == "or") {
+    Value left = eval(*e.items[0], frame);
+    return left.truthy() ? left : eval(*e.items[1], frame);
+  }
+  const Value left = eval(*e.items[0], frame);
+  const Value right = eval(*e.items[1], frame);
+  return binary_operation(e.op, left, right, options_.limits.max_value_size);
+}
+
+// object[index] or object[start:stop:step] (a None bound counts as omitted).
+Value Interpreter::eval_item(const Expr& e, const std::shared_ptr<Frame>& frame) {
+  const Value object = eval(*e.items[0], frame);
+  const Expr& index = *e.items[1];
+  if (index.kind != ExprKind::Slice) return get_item(object, eval(index, frame));
+  Value bounds[3];
+  const Value* pointers[3] = {nullptr, nullptr, nullptr};
+  for (int i = 0; i < 3; ++i) {
+    if (!index.items[i]) continue;
+    bounds[i] = eval(*index.items[i], frame);
+    if (!bounds[i].is_none()) pointers[i] = &bounds[i];
+  }
+  if (object.is_undefined()) raise_undefined(object);
+  return get_slice(object, pointers[0], pointers[1], pointers[2]);
 }
 
 Value Interpreter::eval_compare(const Expr& e, const std::shared_ptr<Frame>& frame) {

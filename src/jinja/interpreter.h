@@ -85,6 +85,9 @@ class Interpreter {
   Value eval(const Expr& e, const std::shared_ptr<Frame>& frame);
   Value eval_expr(const Expr& e, const std::shared_ptr<Frame>& frame);
   Value eval_name(const Expr& e, const Frame& frame);
+  Value eval_dict(const Expr& e, const std::shared_ptr<Frame>& frame);
+  Value eval_binary(const Expr& e, const std::shared_ptr<Frame>& frame);
+  Value eval_item(const Expr& e, const std::shared_ptr<Frame>& frame);
   Value eval_call(const Expr& e, const std::shared_ptr<Frame>& frame);
   Value eval_compare(const Expr& e, const std::shared_ptr<Frame>& frame);
   Value eval_filter(const Expr& e, const Value& input, const std::shared_ptr<Frame>& frame);

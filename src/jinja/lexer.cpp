@@ -306,76 +306,14 @@ class Lexer {
   }
 
   void lex_number() {
-    const size_t start = pos_;
-    const auto strip_underscores = [&](size_t from, size_t to) {
-      std::string s;
-      for (size_t i = from; i < to; ++i)
-        if (source_[i] != '_') s += source_[i];
-      return s;
-    };
-    // Prefixed integers: 0b, 0o, 0x (an underscore may follow the prefix).
-    if (source_[pos_] == '0' && pos_ + 1 < source_.size()) {
-      const char p = static_cast<char>(source_[pos_ + 1] | 0x20);
-      int base = p == 'b' ? 2 : p == 'o' ? 8 : p == 'x' ? 16 : 0;
-      if (base != 0) {
-        size_t q = pos_ + 2;
-        const size_t digits_begin = q;
-        while (q < source_.size()) {
-          const char d = static_cast<char>(source_[q] | 0x20);
-          const bool ok = base == 2 ? (d == '0' || d == '1')
-                          : base == 8 ? (d >= '0' && d <= '7')
-                                      : (is_digit(source_[q]) || (d >= 'a' && d <= 'f'));
-          if (ok) {
-            ++q;
-          } else if (source_[q] == '_' && q + 1 < source_.size()) {
-            ++q;
-          } else {
-            break;
-          }
-        }
-        if (q > digits_begin) {
-          const std::string digits = strip_underscores(digits_begin, q);
-          Token t = make_token(TokenType::Integer, start);
-          errno = 0;
-          char* end = nullptr;
-          const unsigned long long v = std::strtoull(digits.c_str(), &end, base);
-          if (errno != 0 || v > static_cast<unsigned long long>(INT64_MAX) || end != digits.c_str() + digits.size()) {
-            fail("integer literal out of range (step35 keeps integers in 64 bits)", start);
-          }
-          t.int_value = static_cast<int64_t>(v);
-          t.text = source_.substr(start, q - start);
-          pos_ = q;
-          tokens_.push_back(std::move(t));
-          return;
-        }
-      }
-    }
+    if (lex_prefixed_integer()) return;
     const size_t int_end = scan_digits(pos_, is_digit);
-    // Float: digits '.' digits [exponent] | digits exponent.
-    size_t q = int_end;
-    bool is_float = false;
-    if (q < source_.size() && source_[q] == '.') {
-      const size_t frac_end = scan_digits(q + 1, is_digit);
-      if (frac_end != std::string::npos) {
-        q = frac_end;
-        is_float = true;
-      }
-    }
-    if (q < source_.size() && (source_[q] == 'e' || source_[q] == 'E')) {
-      size_t e = q + 1;
-      if (e < source_.size() && (source_[e] == '+' || source_[e] == '-')) ++e;
-      const size_t exp_end = scan_digits(e, is_digit);
-      if (exp_end != std::string::npos) {
-        q = exp_end;
-        is_float = true;
-      }
-    }
-    if (is_float) {
-      const std::string digits = strip_underscores(start, q);
-      Token t = make_token(TokenType::Float, start);
-      t.float_value = std::strtod(digits.c_str(), nullptr);
-      t.text = source_.substr(start, q - start);
-      pos_ = q;
+    const size_t float_end = scan_float(int_end);
+    if (float_end != std::string::npos) {
+      Token t = make_token(TokenType::Float, pos_);
+      t.float_value = std::strtod(without_underscores(pos_, float_end).c_str(), nullptr);
+      t.text = source_.substr(pos_, float_end - pos_);
+      pos_ = float_end;
       tokens_.push_back(std::move(t));
       return;
     }
@@ -394,17 +332,81 @@ class Lexer {
     } else {
       end = int_end;
     }
-    const std::string digits = strip_underscores(start, end);
+    push_integer(pos_, end, 10);
+  }
+
+  // Prefixed integers: 0b, 0o, 0x (an underscore may follow the prefix). False when the
+  // number at pos_ is none.
+  bool lex_prefixed_integer() {
+    if (source_[pos_] != '0' || pos_ + 1 >= source_.size()) return false;
+    const char p = static_cast<char>(source_[pos_ + 1] | 0x20);
+    const int base = p == 'b' ? 2 : p == 'o' ? 8 : p == 'x' ? 16 : 0;
+    if (base == 0) return false;
+    size_t q = pos_ + 2;
+    while (q < source_.size()) {
+      const char d = static_cast<char>(source_[q] | 0x20);
+      const bool ok = base == 2 ? (d == '0' || d == '1')
+                      : base == 8 ? (d >= '0' && d <= '7')
+                                  : (is_digit(source_[q]) || (d >= 'a' && d <= 'f'));
+      if (ok) {
+        ++q;
+      } else if (source_[q] == '_' && q + 1 < source_.size()) {
+        ++q;
+      } else {
+        break;
+      }
+    }
+    if (q == pos_ + 2) return false;
+    push_integer(pos_ + 2, q, base);
+    return true;
+  }
+
+  // The end of a float literal whose integer part ends at int_end: digits '.' digits
+  // [exponent] | digits exponent; npos when the number is no float.
+  size_t scan_float(size_t int_end) const {
+    size_t q = int_end;
+    bool is_float = false;
+    if (q < source_.size() && source_[q] == '.') {
+      const size_t frac_end = scan_digits(q + 1, is_digit);
+      if (frac_end != std::string::npos) {
+        q = frac_end;
+        is_float = true;
+      }
+    }
+    if (q < source_.size() && (source_[q] == 'e' || source_[q] == 'E')) {
+      size_t e = q + 1;
+      if (e < source_.size() && (source_[e] == '+' || source_[e] == '-')) ++e;
+      const size_t exp_end = scan_digits(e, is_digit);
+      if (exp_end != std::string::npos) {
+        q = exp_end;
+        is_float = true;
+      }
+    }
+    return is_float ? q : std::string::npos;
+  }
+
+  // Emits the integer literal from pos_ to `end` whose digits (in `base`) start at digits_begin.
+  void push_integer(size_t digits_begin, size_t end, int base) {
+    const size_t start = pos_;
+    const std::string digits = without_underscores(digits_begin, end);
     Token t = make_token(TokenType::Integer, start);
     errno = 0;
-    const unsigned long long v = std::strtoull(digits.c_str(), nullptr, 10);
-    if (errno != 0 || v > static_cast<unsigned long long>(INT64_MAX)) {
+    char* digits_end = nullptr;
+    const unsigned long long v = std::strtoull(digits.c_str(), &digits_end, base);
+    if (errno != 0 || v > static_cast<unsigned long long>(INT64_MAX) || digits_end != digits.c_str() + digits.size()) {
       fail("integer literal out of range (step35 keeps integers in 64 bits)", start);
     }
     t.int_value = static_cast<int64_t>(v);
     t.text = source_.substr(start, end - start);
     pos_ = end;
     tokens_.push_back(std::move(t));
+  }
+
+  std::string without_underscores(size_t from, size_t to) const {
+    std::string s;
+    for (size_t i = from; i < to; ++i)
+      if (source_[i] != '_') s += source_[i];
+    return s;
   }
 
   static int hex_value(char c) {

@@ -14,12 +14,6 @@ namespace step35::jinja {
 
 namespace {
 
-constexpr std::string_view kStrMethods[] = {
-    "capitalize", "casefold", "center",     "count",        "endswith",  "find",       "format",    "index",
-    "isalnum",    "isalpha",  "isdecimal",  "isdigit",      "islower",   "isnumeric",  "isspace",   "isupper",
-    "join",       "ljust",    "lower",      "lstrip",       "partition", "removeprefix", "removesuffix",
-    "replace",    "rfind",    "rindex",     "rjust",        "rpartition", "rsplit",    "rstrip",    "split",
-    "splitlines", "startswith", "strip",    "swapcase",     "title",     "upper",      "zfill"};
 constexpr std::string_view kDictSafe[] = {"copy", "get", "items", "keys", "values"};
 constexpr std::string_view kDictUnsafe[] = {"clear", "pop", "popitem", "setdefault", "update"};
 constexpr std::string_view kListSafe[] = {"copy", "count", "index"};
@@ -103,6 +97,86 @@ std::string pad_to(const std::string& s, int64_t width, const std::string& fill,
   return out;
 }
 
+// The words of s for split() without a separator, as byte ranges: runs of whitespace
+// separate them.
+std::vector<std::pair<size_t, size_t>> whitespace_separated_words(const std::string& s, Interpreter& interp) {
+  std::vector<std::pair<size_t, size_t>> words;
+  size_t pos = 0;
+  while (pos < s.size()) {
+    size_t next = pos;
+    if (text::is_space(text::next_code_point(s, next))) {
+      pos = next;
+      continue;
+    }
+    const size_t begin = pos;
+    while (pos < s.size()) {
+      next = pos;
+      if (text::is_space(text::next_code_point(s, next))) break;
+      pos = next;
+    }
+    words.emplace_back(begin, pos);
+    if ((words.size() & 1023) == 0) interp.check_list_size(words.size());
+  }
+  return words;
+}
+
+// split() / rsplit() without a separator: leading and trailing whitespace gives no empty parts.
+std::vector<std::string> split_on_whitespace(const std::string& s, int64_t maxsplit, bool from_right,
+                                             Interpreter& interp) {
+  const std::vector<std::pair<size_t, size_t>> words = whitespace_separated_words(s, interp);
+  std::vector<std::string> parts;
+  if (static_cast<int64_t>(words.size()) <= maxsplit) {
+    for (const auto& [begin, end] : words) parts.push_back(s.substr(begin, end - begin));
+    return parts;
+  }
+  // Splitting stops after maxsplit words; the remainder stays whole, whitespace and all.
+  const size_t keep = static_cast<size_t>(maxsplit);
+  if (!from_right) {
+    for (size_t i = 0; i < keep; ++i) parts.push_back(s.substr(words[i].first, words[i].second - words[i].first));
+    parts.push_back(s.substr(words[keep].first));
+  } else {
+    const size_t first_whole = words.size() - keep;
+    parts.push_back(s.substr(0, words[first_whole - 1].second));
+    for (size_t i = first_whole; i < words.size(); ++i) {
+      parts.push_back(s.substr(words[i].first, words[i].second - words[i].first));
+    }
+  }
+  return parts;
+}
+
+std::vector<std::string> split_on_separator(const std::string& s, const std::string& sep, int64_t maxsplit,
+                                            bool from_right, Interpreter& interp) {
+  std::vector<std::string> parts;
+  if (!from_right) {
+    size_t pos = 0;
+    int64_t splits = 0;
+    while (splits < maxsplit) {
+      const size_t at = s.find(sep, pos);
+      if (at == std::string::npos) break;
+      parts.push_back(s.substr(pos, at - pos));
+      if ((parts.size() & 1023) == 0) interp.check_list_size(parts.size());
+      pos = at + sep.size();
+      ++splits;
+    }
+    parts.push_back(s.substr(pos));
+    return parts;
+  }
+  size_t end = s.size();
+  int64_t splits = 0;
+  std::vector<std::string> reversed;
+  while (splits < maxsplit && end >= sep.size()) {
+    const size_t at = s.rfind(sep, end - sep.size());
+    if (at == std::string::npos) break;
+    reversed.push_back(s.substr(at + sep.size(), end - at - sep.size()));
+    if ((reversed.size() & 1023) == 0) interp.check_list_size(reversed.size());
+    end = at;
+    ++splits;
+  }
+  reversed.push_back(s.substr(0, end));
+  parts.assign(reversed.rbegin(), reversed.rend());
+  return parts;
+}
+
 Value split(const Value& self, const Arguments& args, bool from_right, Interpreter& interp) {
   const char* method = from_right ? "rsplit" : "split";
   const std::vector<Value> bound = bind_arguments(method, args, {{"sep", Value::none()}, {"maxsplit", Value::integer(-1)}});
@@ -115,70 +189,11 @@ Value split(const Value& self, const Arguments& args, bool from_right, Interpret
   interp.charge(s.size() / 64 + 1);
   std::vector<std::string> parts;
   if (bound[0].is_none()) {
-    // Runs of whitespace separate; leading and trailing whitespace gives no empty parts.
-    std::vector<std::pair<size_t, size_t>> words;  // byte ranges
-    size_t pos = 0;
-    while (pos < s.size()) {
-      size_t next = pos;
-      if (text::is_space(text::next_code_point(s, next))) {
-        pos = next;
-        continue;
-      }
-      const size_t begin = pos;
-      while (pos < s.size()) {
-        next = pos;
-        if (text::is_space(text::next_code_point(s, next))) break;
-        pos = next;
-      }
-      words.emplace_back(begin, pos);
-      if ((words.size() & 1023) == 0) interp.check_list_size(words.size());
-    }
-    if (static_cast<int64_t>(words.size()) > maxsplit) {
-      // Splitting stops after maxsplit words; the remainder stays whole, whitespace and all.
-      const size_t keep = static_cast<size_t>(maxsplit);
-      if (!from_right) {
-        for (size_t i = 0; i < keep; ++i) parts.push_back(s.substr(words[i].first, words[i].second - words[i].first));
-        parts.push_back(s.substr(words[keep].first));
-      } else {
-        const size_t first_whole = words.size() - keep;
-        parts.push_back(s.substr(0, words[first_whole - 1].second));
-        for (size_t i = first_whole; i < words.size(); ++i) {
-          parts.push_back(s.substr(words[i].first, words[i].second - words[i].first));
-        }
-      }
-    } else {
-      for (const auto& [begin, end] : words) parts.push_back(s.substr(begin, end - begin));
-    }
+    parts = split_on_whitespace(s, maxsplit, from_right, interp);
   } else {
     const std::string& sep = string_argument(method, bound[0]);
     if (sep.empty()) type_error("empty separator");
-    if (!from_right) {
-      size_t pos = 0;
-      int64_t splits = 0;
-      while (splits < maxsplit) {
-        const size_t at = s.find(sep, pos);
-        if (at == std::string::npos) break;
-        parts.push_back(s.substr(pos, at - pos));
-        if ((parts.size() & 1023) == 0) interp.check_list_size(parts.size());
-        pos = at + sep.size();
-        ++splits;
-      }
-      parts.push_back(s.substr(pos));
-    } else {
-      size_t end = s.size();
-      int64_t splits = 0;
-      std::vector<std::string> reversed;
-      while (splits < maxsplit && end >= sep.size()) {
-        const size_t at = s.rfind(sep, end - sep.size());
-        if (at == std::string::npos) break;
-        reversed.push_back(s.substr(at + sep.size(), end - at - sep.size()));
-        if ((reversed.size() & 1023) == 0) interp.check_list_size(reversed.size());
-        end = at;
-        ++splits;
-      }
-      reversed.push_back(s.substr(0, end));
-      parts.assign(reversed.rbegin(), reversed.rend());
-    }
+    parts = split_on_separator(s, sep, maxsplit, from_right, interp);
   }
   interp.check_list_size(parts.size());
   interp.charge(parts.size());
@@ -216,230 +231,327 @@ Value format_lookup(const Value& object, const Value& key, bool as_attribute) {
   return get_item(object, key);
 }
 
-Value str_method(Interpreter& interp, const Value& self, std::string_view name, Arguments& args) {
-  const std::string& s = self.string_value();
-  const auto& a = args.positional;
-  if (name == "upper") {
-    arity(name, args, 0, 0);
-    return Value::string_like(self, text::upper(s));
+// One call of a str method. Methods that share a body (strip / lstrip / rstrip, ...) tell
+// themselves apart by name.
+struct StrCall {
+  Interpreter& interp;
+  const Value& self;
+  const std::string& s;  // self's text
+  std::string_view name;
+  Arguments& args;
+  const std::vector<Value>& positional;
+};
+
+Value str_upper(const StrCall& call) {
+  arity(call.name, call.args, 0, 0);
+  return Value::string_like(call.self, text::upper(call.s));
+}
+
+Value str_lower(const StrCall& call) {
+  arity(call.name, call.args, 0, 0);
+  return Value::string_like(call.self, text::lower(call.s));
+}
+
+Value str_title(const StrCall& call) {
+  arity(call.name, call.args, 0, 0);
+  return Value::string_like(call.self, text::python_title(call.s));
+}
+
+Value str_capitalize(const StrCall& call) {
+  arity(call.name, call.args, 0, 0);
+  return Value::string_like(call.self, text::python_capitalize(call.s));
+}
+
+Value str_swapcase(const StrCall& call) {
+  arity(call.name, call.args, 0, 0);
+  const std::string& s = call.s;
+  std::string out;
+  for (size_t pos = 0; pos < s.size();) {
+    const uint32_t cp = text::next_code_point(s, pos);
+    text::append_utf8(out, text::is_upper_cp(cp) ? text::to_lower_cp(cp) : text::to_upper_cp(cp));
   }
-  if (name == "lower" || name == "casefold") {
-    arity(name, args, 0, 0);
-    return Value::string_like(self, text::lower(s));
+  return Value::string_like(call.self, std::move(out));
+}
+
+// strip, lstrip, rstrip.
+Value str_strip(const StrCall& call) {
+  arity(call.name, call.args, 0, 1);
+  const auto& a = call.positional;
+  const bool left = call.name != "rstrip", right = call.name != "lstrip";
+  if (a.empty() || a[0].is_none()) return Value::string_like(call.self, std::string(text::strip(call.s, left, right)));
+  return Value::string_like(call.self,
+                            std::string(text::strip_chars(call.s, string_argument(call.name, a[0]), left, right)));
+}
+
+Value str_split(const StrCall& call) { return split(call.self, call.args, false, call.interp); }
+Value str_rsplit(const StrCall& call) { return split(call.self, call.args, true, call.interp); }
+Value str_splitlines(const StrCall& call) { return splitlines(call.interp, call.self, call.args); }
+
+// startswith, endswith: the affix may be a tuple of candidates.
+Value str_affix_test(const StrCall& call) {
+  arity(call.name, call.args, 1, 3);
+  const std::string& s = call.s;
+  const auto& a = call.positional;
+  const CodePoints cp(s);
+  size_t begin, end;
+  range_arguments(call.name, call.args, 1, cp, begin, end);
+  const std::string_view window = std::string_view(s).substr(begin, end - begin);
+  std::vector<Value> candidates;
+  if (a[0].is_list() && a[0].list_flavor() == ListFlavor::Tuple) {
+    candidates = a[0].items();
+  } else if (a[0].is_string()) {
+    candidates.push_back(a[0]);
+  } else {
+    type_error(std::string(call.name) + " first arg must be str or a tuple of str, not " + a[0].python_type());
   }
-  if (name == "title") {
-    arity(name, args, 0, 0);
-    return Value::string_like(self, text::python_title(s));
-  }
-  if (name == "capitalize") {
-    arity(name, args, 0, 0);
-    return Value::string_like(self, text::python_capitalize(s));
-  }
-  if (name == "swapcase") {
-    arity(name, args, 0, 0);
-    std::string out;
-    for (size_t pos = 0; pos < s.size();) {
-      const uint32_t cp = text::next_code_point(s, pos);
-      text::append_utf8(out, text::is_upper_cp(cp) ? text::to_lower_cp(cp) : text::to_upper_cp(cp));
+  for (const Value& c : candidates) {
+    if (!c.is_string()) {
+      type_error(std::string("tuple for ") + std::string(call.name) + " must only contain str, not " + c.python_type());
     }
-    return Value::string_like(self, std::move(out));
+    const std::string& affix = c.string_value();
+    if (affix.size() > window.size()) continue;
+    const bool match = call.name == "startswith" ? window.substr(0, affix.size()) == affix
+                                                 : window.substr(window.size() - affix.size()) == affix;
+    if (match) return Value::boolean(true);
   }
-  if (name == "strip" || name == "lstrip" || name == "rstrip") {
-    arity(name, args, 0, 1);
-    const bool left = name != "rstrip", right = name != "lstrip";
-    if (a.empty() || a[0].is_none()) return Value::string_like(self, std::string(text::strip(s, left, right)));
-    return Value::string_like(self, std::string(text::strip_chars(s, string_argument(name, a[0]), left, right)));
+  return Value::boolean(false);
+}
+
+// find, rfind, index, rindex, count: positions are in code points.
+Value str_search(const StrCall& call) {
+  const std::string_view name = call.name;
+  arity(name, call.args, 1, 3);
+  const std::string& s = call.s;
+  const std::string& needle = string_argument(name, call.positional[0]);
+  const CodePoints cp(s);
+  size_t begin, end;
+  range_arguments(name, call.args, 1, cp, begin, end);
+  const std::string_view window = std::string_view(s).substr(begin, end - begin);
+  if (name == "count") {
+    if (needle.empty()) return Value::integer(static_cast<int64_t>(cp.index_of(end) - cp.index_of(begin) + 1));
+    int64_t n = 0;
+    for (size_t at = window.find(needle); at != std::string_view::npos; at = window.find(needle, at + needle.size())) ++n;
+    return Value::integer(n);
   }
-  if (name == "split") return split(self, args, false, interp);
-  if (name == "rsplit") return split(self, args, true, interp);
-  if (name == "splitlines") return splitlines(interp, self, args);
-  if (name == "startswith" || name == "endswith") {
-    arity(name, args, 1, 3);
-    const CodePoints cp(s);
-    size_t begin, end;
-    range_arguments(name, args, 1, cp, begin, end);
-    const std::string_view window = std::string_view(s).substr(begin, end - begin);
-    std::vector<Value> candidates;
-    if (a[0].is_list() && a[0].list_flavor() == ListFlavor::Tuple) {
-      candidates = a[0].items();
-    } else if (a[0].is_string()) {
-      candidates.push_back(a[0]);
-    } else {
-      type_error(std::string(name) + " first arg must be str or a tuple of str, not " + a[0].python_type());
-    }
-    for (const Value& c : candidates) {
-      if (!c.is_string()) {
-        type_error(std::string("tuple for ") + std::string(name) + " must only contain str, not " + c.python_type());
-      }
-      const std::string& affix = c.string_value();
-      if (affix.size() > window.size()) continue;
-      const bool match = name == "startswith" ? window.substr(0, affix.size()) == affix
-                                              : window.substr(window.size() - affix.size()) == affix;
-      if (match) return Value::boolean(true);
-    }
-    return Value::boolean(false);
+  const bool reverse = name == "rfind" || name == "rindex";
+  const size_t at = reverse ? window.rfind(needle) : window.find(needle);
+  if (at == std::string_view::npos) {
+    if (name == "index" || name == "rindex") type_error("substring not found");
+    return Value::integer(-1);
   }
-  if (name == "find" || name == "rfind" || name == "index" || name == "rindex" || name == "count") {
-    arity(name, args, 1, 3);
-    const std::string& needle = string_argument(name, a[0]);
-    const CodePoints cp(s);
-    size_t begin, end;
-    range_arguments(name, args, 1, cp, begin, end);
-    const std::string_view window = std::string_view(s).substr(begin, end - begin);
-    if (name == "count") {
-      if (needle.empty()) return Value::integer(static_cast<int64_t>(cp.index_of(end) - cp.index_of(begin) + 1));
-      int64_t n = 0;
-      for (size_t at = window.find(needle); at != std::string_view::npos; at = window.find(needle, at + needle.size())) ++n;
-      return Value::integer(n);
-    }
-    const bool reverse = name == "rfind" || name == "rindex";
-    const size_t at = reverse ? window.rfind(needle) : window.find(needle);
-    if (at == std::string_view::npos) {
-      if (name == "index" || name == "rindex") type_error("substring not found");
-      return Value::integer(-1);
-    }
-    return Value::integer(static_cast<int64_t>(cp.index_of(begin + at)));
-  }
-  if (name == "replace") {
-    no_keywords(name, args);
-    if (a.size() < 2 || a.size() > 3) type_error("replace() takes 2 or 3 arguments");
-    std::string old_text = string_argument(name, a[0]);
-    std::string new_text = string_argument(name, a[1]);
-    if (self.is_markup()) {
-      if (!a[0].is_markup()) old_text = html_escape_text(old_text);
-      if (!a[1].is_markup()) new_text = html_escape_text(new_text);
-    }
-    int64_t count = -1;
-    if (a.size() == 3) {
-      if (!a[2].is_int()) type_error(std::string("'") + a[2].python_type() + "' object cannot be interpreted as an integer");
-      count = a[2].int_value();
-    }
-    interp.charge(s.size() / 64 + 1);
-    std::string out;
-    if (old_text.empty()) {
-      // Python inserts the replacement before every code point and at the end.
-      int64_t done = 0;
-      for (size_t pos = 0; pos <= s.size();) {
-        if (count < 0 || done < count) {
-          out += new_text;
-          ++done;
-        }
-        if (pos == s.size()) break;
-        const size_t start = pos;
-        text::next_code_point(s, pos);
-        out.append(s, start, pos - start);
-        interp.check_value_size(out.size());
-      }
-    } else {
-      size_t pos = 0;
-      int64_t done = 0;
-      while (count < 0 || done < count) {
-        const size_t at = s.find(old_text, pos);
-        if (at == std::string::npos) break;
-        out.append(s, pos, at - pos);
+  return Value::integer(static_cast<int64_t>(cp.index_of(begin + at)));
+}
+
+// s with the first `count` occurrences of old_text replaced (all of them when count < 0).
+std::string replace_occurrences(const std::string& s, const std::string& old_text, const std::string& new_text,
+                                int64_t count, Interpreter& interp) {
+  std::string out;
+  int64_t done = 0;
+  if (old_text.empty()) {
+    // Python inserts the replacement before every code point and at the end.
+    for (size_t pos = 0; pos <= s.size();) {
+      if (count < 0 || done < count) {
         out += new_text;
-        interp.check_value_size(out.size());
-        pos = at + old_text.size();
         ++done;
       }
-      out.append(s, pos, std::string::npos);
-    }
-    interp.check_value_size(out.size());
-    return Value::string_like(self, std::move(out));
-  }
-  if (name == "join") {
-    arity(name, args, 1, 1);
-    const std::vector<Value> items = iterate(interp, a[0]);
-    interp.charge(items.size());
-    std::string out;
-    for (size_t i = 0; i < items.size(); ++i) {
-      if (!items[i].is_string()) {
-        type_error("sequence item " + std::to_string(i) + ": expected str instance, " + items[i].python_type() + " found");
-      }
-      if (i != 0) out += s;
-      out += items[i].string_value();
+      if (pos == s.size()) break;
+      const size_t start = pos;
+      text::next_code_point(s, pos);
+      out.append(s, start, pos - start);
       interp.check_value_size(out.size());
     }
-    return Value::string_like(self, std::move(out));
+    return out;
   }
-  if (name == "format") {
-    std::string out = str_format(s, args, format_lookup);
+  size_t pos = 0;
+  while (count < 0 || done < count) {
+    const size_t at = s.find(old_text, pos);
+    if (at == std::string::npos) break;
+    out.append(s, pos, at - pos);
+    out += new_text;
     interp.check_value_size(out.size());
-    return Value::string_like(self, std::move(out));
+    pos = at + old_text.size();
+    ++done;
   }
-  if (name == "center" || name == "ljust" || name == "rjust") {
-    arity(name, args, 1, 2);
-    if (!a[0].is_int()) type_error(std::string("'") + a[0].python_type() + "' object cannot be interpreted as an integer");
-    std::string fill = " ";
-    if (a.size() == 2) {
-      fill = string_argument(name, a[1]);
-      if (text::length(fill) != 1) type_error("The fill character must be exactly one character long");
+  out.append(s, pos, std::string::npos);
+  return out;
+}
+
+Value str_replace(const StrCall& call) {
+  const std::string_view name = call.name;
+  const auto& a = call.positional;
+  no_keywords(name, call.args);
+  if (a.size() < 2 || a.size() > 3) type_error("replace() takes 2 or 3 arguments");
+  std::string old_text = string_argument(name, a[0]);
+  std::string new_text = string_argument(name, a[1]);
+  if (call.self.is_markup()) {
+    if (!a[0].is_markup()) old_text = html_escape_text(old_text);
+    if (!a[1].is_markup()) new_text = html_escape_text(new_text);
+  }
+  int64_t count = -1;
+  if (a.size() == 3) {
+    if (!a[2].is_int()) type_error(std::string("'") + a[2].python_type() + "' object cannot be interpreted as an integer");
+    count = a[2].int_value();
+  }
+  call.interp.charge(call.s.size() / 64 + 1);
+  std::string out = replace_occurrences(call.s, old_text, new_text, count, call.interp);
+  call.interp.check_value_size(out.size());
+  return Value::string_like(call.self, std::move(out));
+}
+
+Value str_join(const StrCall& call) {
+  arity(call.name, call.args, 1, 1);
+  Interpreter& interp = call.interp;
+  const std::vector<Value> items = iterate(interp, call.positional[0]);
+  interp.charge(items.size());
+  std::string out;
+  for (size_t i = 0; i < items.size(); ++i) {
+    if (!items[i].is_string()) {
+      type_error("sequence item " + std::to_string(i) + ": expected str instance, " + items[i].python_type() + " found");
     }
-    interp.check_value_size(static_cast<size_t>(std::max<int64_t>(0, a[0].int_value())));
-    return Value::string_like(self, pad_to(s, a[0].int_value(), fill, name == "center" ? '^' : name == "ljust" ? '<' : '>'));
+    if (i != 0) out += call.s;
+    out += items[i].string_value();
+    interp.check_value_size(out.size());
   }
-  if (name == "zfill") {
-    arity(name, args, 1, 1);
-    if (!a[0].is_int()) type_error(std::string("'") + a[0].python_type() + "' object cannot be interpreted as an integer");
-    interp.check_value_size(static_cast<size_t>(std::max<int64_t>(0, a[0].int_value())));
-    const int64_t length = static_cast<int64_t>(text::length(s));
-    if (a[0].int_value() <= length) return self;
-    const size_t sign = !s.empty() && (s[0] == '+' || s[0] == '-') ? 1 : 0;
-    return Value::string_like(self, s.substr(0, sign) + std::string(static_cast<size_t>(a[0].int_value() - length), '0') + s.substr(sign));
+  return Value::string_like(call.self, std::move(out));
+}
+
+Value str_format_method(const StrCall& call) {
+  std::string out = str_format(call.s, call.args, format_lookup);
+  call.interp.check_value_size(out.size());
+  return Value::string_like(call.self, std::move(out));
+}
+
+// center, ljust, rjust.
+Value str_justify(const StrCall& call) {
+  const std::string_view name = call.name;
+  const auto& a = call.positional;
+  arity(name, call.args, 1, 2);
+  if (!a[0].is_int()) type_error(std::string("'") + a[0].python_type() + "' object cannot be interpreted as an integer");
+  std::string fill = " ";
+  if (a.size() == 2) {
+    fill = string_argument(name, a[1]);
+    if (text::length(fill) != 1) type_error("The fill character must be exactly one character long");
   }
-  if (name == "partition" || name == "rpartition") {
-    arity(name, args, 1, 1);
-    const std::string& sep = string_argument(name, a[0]);
-    if (sep.empty()) type_error("empty separator");
-    const size_t at = name == "partition" ? s.find(sep) : s.rfind(sep);
-    if (at == std::string::npos) {
-      if (name == "partition") return Value::tuple({self, Value::string_like(self, ""), Value::string_like(self, "")});
-      return Value::tuple({Value::string_like(self, ""), Value::string_like(self, ""), self});
+  call.interp.check_value_size(static_cast<size_t>(std::max<int64_t>(0, a[0].int_value())));
+  const char align = name == "center" ? '^' : name == "ljust" ? '<' : '>';
+  return Value::string_like(call.self, pad_to(call.s, a[0].int_value(), fill, align));
+}
+
+Value str_zfill(const StrCall& call) {
+  const std::string& s = call.s;
+  const auto& a = call.positional;
+  arity(call.name, call.args, 1, 1);
+  if (!a[0].is_int()) type_error(std::string("'") + a[0].python_type() + "' object cannot be interpreted as an integer");
+  call.interp.check_value_size(static_cast<size_t>(std::max<int64_t>(0, a[0].int_value())));
+  const int64_t length = static_cast<int64_t>(text::length(s));
+  if (a[0].int_value() <= length) return call.self;
+  const size_t sign = !s.empty() && (s[0] == '+' || s[0] == '-') ? 1 : 0;
+  const std::string zeros(static_cast<size_t>(a[0].int_value() - length), '0');
+  return Value::string_like(call.self, s.substr(0, sign) + zeros + s.substr(sign));
+}
+
+// partition, rpartition.
+Value str_partition(const StrCall& call) {
+  const std::string& s = call.s;
+  const Value& self = call.self;
+  arity(call.name, call.args, 1, 1);
+  const std::string& sep = string_argument(call.name, call.positional[0]);
+  if (sep.empty()) type_error("empty separator");
+  const bool first = call.name == "partition";
+  const size_t at = first ? s.find(sep) : s.rfind(sep);
+  if (at == std::string::npos) {
+    if (first) return Value::tuple({self, Value::string_like(self, ""), Value::string_like(self, "")});
+    return Value::tuple({Value::string_like(self, ""), Value::string_like(self, ""), self});
+  }
+  return Value::tuple({Value::string_like(self, s.substr(0, at)), Value::string_like(self, sep),
+                       Value::string_like(self, s.substr(at + sep.size()))});
+}
+
+// removeprefix, removesuffix.
+Value str_remove_affix(const StrCall& call) {
+  const std::string& s = call.s;
+  arity(call.name, call.args, 1, 1);
+  const std::string& affix = string_argument(call.name, call.positional[0]);
+  if (call.name == "removeprefix" && s.compare(0, affix.size(), affix) == 0) {
+    return Value::string_like(call.self, s.substr(affix.size()));
+  }
+  if (call.name == "removesuffix" && !affix.empty() && s.size() >= affix.size() &&
+      s.compare(s.size() - affix.size(), affix.size(), affix) == 0) {
+    return Value::string_like(call.self, s.substr(0, s.size() - affix.size()));
+  }
+  return call.self;
+}
+
+// isdigit, isdecimal, isnumeric.
+Value str_is_digit(const StrCall& call) {
+  arity(call.name, call.args, 0, 0);
+  return Value::boolean(all_code_points(call.s, is_digit_cp));
+}
+
+Value str_is_alpha(const StrCall& call) {
+  arity(call.name, call.args, 0, 0);
+  return Value::boolean(all_code_points(call.s, is_alpha_cp));
+}
+
+Value str_is_alnum(const StrCall& call) {
+  arity(call.name, call.args, 0, 0);
+  return Value::boolean(all_code_points(call.s, is_alnum_cp));
+}
+
+Value str_is_space(const StrCall& call) {
+  arity(call.name, call.args, 0, 0);
+  return Value::boolean(all_code_points(call.s, text::is_space));
+}
+
+// isupper, islower: at least one cased code point, and none of the other case.
+Value str_is_case(const StrCall& call) {
+  arity(call.name, call.args, 0, 0);
+  const std::string& s = call.s;
+  bool cased = false;
+  for (size_t pos = 0; pos < s.size();) {
+    const uint32_t cp = text::next_code_point(s, pos);
+    if (text::is_upper_cp(cp)) {
+      if (call.name == "islower") return Value::boolean(false);
+      cased = true;
+    } else if (text::is_lower_cp(cp)) {
+      if (call.name == "isupper") return Value::boolean(false);
+      cased = true;
     }
-    return Value::tuple({Value::string_like(self, s.substr(0, at)), Value::string_like(self, sep), Value::string_like(self, s.substr(at + sep.size()))});
   }
-  if (name == "removeprefix" || name == "removesuffix") {
-    arity(name, args, 1, 1);
-    const std::string& affix = string_argument(name, a[0]);
-    if (name == "removeprefix" && s.compare(0, affix.size(), affix) == 0) return Value::string_like(self, s.substr(affix.size()));
-    if (name == "removesuffix" && !affix.empty() && s.size() >= affix.size() &&
-        s.compare(s.size() - affix.size(), affix.size(), affix) == 0) {
-      return Value::string_like(self, s.substr(0, s.size() - affix.size()));
-    }
-    return self;
-  }
-  if (name == "isdigit" || name == "isdecimal" || name == "isnumeric") {
-    arity(name, args, 0, 0);
-    return Value::boolean(all_code_points(s, is_digit_cp));
-  }
-  if (name == "isalpha") {
-    arity(name, args, 0, 0);
-    return Value::boolean(all_code_points(s, is_alpha_cp));
-  }
-  if (name == "isalnum") {
-    arity(name, args, 0, 0);
-    return Value::boolean(all_code_points(s, is_alnum_cp));
-  }
-  if (name == "isspace") {
-    arity(name, args, 0, 0);
-    return Value::boolean(all_code_points(s, text::is_space));
-  }
-  if (name == "isupper" || name == "islower") {
-    arity(name, args, 0, 0);
-    bool cased = false;
-    for (size_t pos = 0; pos < s.size();) {
-      const uint32_t cp = text::next_code_point(s, pos);
-      if (text::is_upper_cp(cp)) {
-        if (name == "islower") return Value::boolean(false);
-        cased = true;
-      } else if (text::is_lower_cp(cp)) {
-        if (name == "isupper") return Value::boolean(false);
-        cased = true;
-      }
-    }
-    return Value::boolean(cased);
-  }
-  type_error("str has no method " + std::string(name));
+  return Value::boolean(cased);
+}
+
+struct StrMethodEntry {
+  std::string_view name;
+  Value (*body)(const StrCall&);
+};
+
+// The str methods templates may call (all of them leave their object as it is).
+constexpr StrMethodEntry kStrMethods[] = {
+    {"capitalize", str_capitalize},     {"casefold", str_lower},        {"center", str_justify},
+    {"count", str_search},              {"endswith", str_affix_test},   {"find", str_search},
+    {"format", str_format_method},      {"index", str_search},          {"isalnum", str_is_alnum},
+    {"isalpha", str_is_alpha},          {"isdecimal", str_is_digit},    {"isdigit", str_is_digit},
+    {"islower", str_is_case},           {"isnumeric", str_is_digit},    {"isspace", str_is_space},
+    {"isupper", str_is_case},           {"join", str_join},             {"ljust", str_justify},
+    {"lower", str_lower},               {"lstrip", str_strip},          {"partition", str_partition},
+    {"removeprefix", str_remove_affix}, {"removesuffix", str_remove_affix}, {"replace", str_replace},
+    {"rfind", str_search},              {"rindex", str_search},         {"rjust", str_justify},
+    {"rpartition", str_partition},      {"rsplit", str_rsplit},         {"rstrip", str_strip},
+    {"split", str_split},               {"splitlines", str_splitlines}, {"startswith", str_affix_test},
+    {"strip", str_strip},               {"swapcase", str_swapcase},     {"title", str_title},
+    {"upper", str_upper},               {"zfill", str_zfill}};
+
+const StrMethodEntry* find_str_method(std::string_view name) {
+  for (const StrMethodEntry& entry : kStrMethods)
+    if (entry.name == name) return &entry;
+  return nullptr;
+}
+
+Value str_method(Interpreter& interp, const Value& self, std::string_view name, Arguments& args) {
+  const StrMethodEntry* method = find_str_method(name);
+  if (method == nullptr) type_error("str has no method " + std::string(name));
+  return method->body(StrCall{interp, self, self.string_value(), name, args, args.positional});
 }
 
 Value dict_method(Interpreter& interp, const Value& self, std::string_view name, Arguments& args) {
@@ -496,7 +608,7 @@ Value list_method(Interpreter& interp, const Value& self, std::string_view name,
 
 MethodAccess find_method(const Value& self, std::string_view name) {
   switch (self.kind()) {
-    case ValueKind::String: return listed(kStrMethods, name) ? MethodAccess::Safe : MethodAccess::None;
+    case ValueKind::String: return find_str_method(name) != nullptr ? MethodAccess::Safe : MethodAccess::None;
     case ValueKind::Dict:
       if (listed(kDictSafe, name)) return MethodAccess::Safe;
       if (listed(kDictUnsafe, name)) return MethodAccess::Unsafe;

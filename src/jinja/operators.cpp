@@ -123,125 +123,147 @@ Value html_escape(const Value& v) {
   return Value::markup(html_escape_text(v.str()));
 }
 
+namespace {
+
+// a + b: numbers add, strings and same-flavoured sequences concatenate.
+Value add_values(const Value& a, const Value& b, size_t max_size) {
+  if (is_integral(a) && is_integral(b)) {
+    int64_t r;
+    if (__builtin_add_overflow(integral(a), integral(b), &r)) overflow();
+    return Value::integer(r);
+  }
+  if (a.is_number() && b.is_number()) return Value::number(a.as_double() + b.as_double());
+  if (a.is_string() && b.is_string()) {
+    check_size(a.string_value().size() + b.string_value().size(), max_size);
+    if (a.is_markup() || b.is_markup()) {
+      const std::string left = a.is_markup() ? a.string_value() : html_escape_text(a.string_value());
+      const std::string right = b.is_markup() ? b.string_value() : html_escape_text(b.string_value());
+      return Value::markup(left + right);
+    }
+    std::string out;
+    out.reserve(a.string_value().size() + b.string_value().size());
+    out += a.string_value();
+    out += b.string_value();
+    return Value::string(std::move(out));
+  }
+  if (is_sequence_list(a) && is_sequence_list(b) && a.list_flavor() == b.list_flavor()) {
+    check_list_size(a.items().size() + b.items().size(), max_size);
+    std::vector<Value> out = a.items();
+    out.insert(out.end(), b.items().begin(), b.items().end());
+    return Value::list(std::move(out), a.list_flavor());
+  }
+  if (a.is_string() || is_sequence_list(a)) {
+    type_error(std::string("can only concatenate ") + a.python_type() + " (not \"" + b.python_type() + "\") to " +
+               a.python_type());
+  }
+  unsupported("+", a, b);
+}
+
+Value subtract_values(const Value& a, const Value& b) {
+  if (is_integral(a) && is_integral(b)) {
+    int64_t r;
+    if (__builtin_sub_overflow(integral(a), integral(b), &r)) overflow();
+    return Value::integer(r);
+  }
+  if (a.is_number() && b.is_number()) return Value::number(a.as_double() - b.as_double());
+  unsupported("-", a, b);
+}
+
+// a * b: numbers multiply, a sequence times an integer repeats.
+Value multiply_values(const Value& a, const Value& b, size_t max_size) {
+  if (is_integral(a) && is_integral(b)) {
+    int64_t r;
+    if (__builtin_mul_overflow(integral(a), integral(b), &r)) overflow();
+    return Value::integer(r);
+  }
+  if (a.is_number() && b.is_number()) return Value::number(a.as_double() * b.as_double());
+  const bool a_seq = a.is_string() || is_sequence_list(a);
+  const bool b_seq = b.is_string() || is_sequence_list(b);
+  if (a_seq && is_integral(b)) return repeat(a, integral(b), max_size);
+  if (b_seq && is_integral(a)) return repeat(b, integral(a), max_size);
+  if (a_seq || b_seq) {
+    type_error(std::string("can't multiply sequence by non-int of type '") + (a_seq ? b : a).python_type() + "'");
+  }
+  unsupported("*", a, b);
+}
+
+Value divide_values(const Value& a, const Value& b) {
+  if (!(a.is_number() && b.is_number())) unsupported("/", a, b);
+  if (b.as_double() == 0.0) type_error(is_integral(a) && is_integral(b) ? "division by zero" : "float division by zero");
+  return Value::number(a.as_double() / b.as_double());
+}
+
+// a // b, rounding towards negative infinity as Python does.
+Value floor_divide_values(const Value& a, const Value& b) {
+  if (!(a.is_number() && b.is_number())) unsupported("//", a, b);
+  if (is_integral(a) && is_integral(b)) {
+    const int64_t x = integral(a), y = integral(b);
+    if (y == 0) type_error("integer division or modulo by zero");
+    if (x == INT64_MIN && y == -1) overflow();
+    int64_t q = x / y;
+    if ((x % y != 0) && ((x < 0) != (y < 0))) --q;
+    return Value::integer(q);
+  }
+  if (b.as_double() == 0.0) type_error("float floor division by zero");
+  return Value::number(python_float_floordiv(a.as_double(), b.as_double()));
+}
+
+// str % args: printf-style formatting; Markup % args escapes the arguments.
+Value format_with_percent(const Value& format, const Value& args, size_t max_size) {
+  if (format.is_markup()) {
+    Value escaped = args;
+    if (args.is_list() && args.list_flavor() == ListFlavor::Tuple) {
+      std::vector<Value> items;
+      for (const Value& item : args.items()) items.push_back(item.is_string() ? html_escape(item) : item);
+      escaped = Value::tuple(std::move(items));
+    } else if (args.is_string()) {
+      escaped = html_escape(args);
+    }
+    return Value::markup(percent_format(format.string_value(), escaped));
+  }
+  std::string out = percent_format(format.string_value(), args);
+  check_size(out.size(), max_size);
+  return Value::string(std::move(out));
+}
+
+// a % b: formatting when a is a string, else Python's modulo (the sign of the divisor).
+Value modulo_values(const Value& a, const Value& b, size_t max_size) {
+  if (a.is_string()) return format_with_percent(a, b, max_size);
+  if (!(a.is_number() && b.is_number())) unsupported("%", a, b);
+  if (is_integral(a) && is_integral(b)) {
+    const int64_t x = integral(a), y = integral(b);
+    if (y == 0) type_error("integer modulo by zero");
+    if (y == -1) return Value::integer(0);
+    int64_t r = x % y;
+    if (r != 0 && ((r < 0) != (y < 0))) r += y;
+    return Value::integer(r);
+  }
+  if (b.as_double() == 0.0) type_error("float modulo");
+  return Value::number(python_float_mod(a.as_double(), b.as_double()));
+}
+
+Value power_values(const Value& a, const Value& b) {
+  if (!(a.is_number() && b.is_number())) unsupported("** or pow()", a, b);
+  if (is_integral(a) && is_integral(b) && integral(b) >= 0) return Value::integer(int_power(integral(a), integral(b)));
+  const double x = a.as_double(), y = b.as_double();
+  if (x == 0.0 && y < 0) type_error("0.0 cannot be raised to a negative power");
+  if (x < 0 && y != std::floor(y)) type_error("a negative number raised to a fractional power is complex");
+  return Value::number(std::pow(x, y));
+}
+
+}  // namespace
+
 Value binary_operation(std::string_view op, const Value& a, const Value& b, size_t max_size) {
   if (a.is_undefined()) raise_undefined(a);
   // str % undefined is formatting: '%s' prints it as "" (percent_format decides).
   if (b.is_undefined() && !(op == "%" && a.is_string())) raise_undefined(b);
-  const bool numbers = a.is_number() && b.is_number();
-  const bool ints = is_integral(a) && is_integral(b);
-  if (op == "+") {
-    if (ints) {
-      int64_t r;
-      if (__builtin_add_overflow(integral(a), integral(b), &r)) overflow();
-      return Value::integer(r);
-    }
-    if (numbers) return Value::number(a.as_double() + b.as_double());
-    if (a.is_string() && b.is_string()) {
-      check_size(a.string_value().size() + b.string_value().size(), max_size);
-      if (a.is_markup() || b.is_markup()) {
-        const std::string left = a.is_markup() ? a.string_value() : html_escape_text(a.string_value());
-        const std::string right = b.is_markup() ? b.string_value() : html_escape_text(b.string_value());
-        return Value::markup(left + right);
-      }
-      std::string out;
-      out.reserve(a.string_value().size() + b.string_value().size());
-      out += a.string_value();
-      out += b.string_value();
-      return Value::string(std::move(out));
-    }
-    if (is_sequence_list(a) && is_sequence_list(b) && a.list_flavor() == b.list_flavor()) {
-      check_list_size(a.items().size() + b.items().size(), max_size);
-      std::vector<Value> out = a.items();
-      out.insert(out.end(), b.items().begin(), b.items().end());
-      return Value::list(std::move(out), a.list_flavor());
-    }
-    if (a.is_string() || is_sequence_list(a)) {
-      type_error(std::string("can only concatenate ") + a.python_type() + " (not \"" + b.python_type() + "\") to " +
-                 a.python_type());
-    }
-    unsupported(op, a, b);
-  }
-  if (op == "-") {
-    if (ints) {
-      int64_t r;
-      if (__builtin_sub_overflow(integral(a), integral(b), &r)) overflow();
-      return Value::integer(r);
-    }
-    if (numbers) return Value::number(a.as_double() - b.as_double());
-    unsupported(op, a, b);
-  }
-  if (op == "*") {
-    if (ints) {
-      int64_t r;
-      if (__builtin_mul_overflow(integral(a), integral(b), &r)) overflow();
-      return Value::integer(r);
-    }
-    if (numbers) return Value::number(a.as_double() * b.as_double());
-    const bool a_seq = a.is_string() || is_sequence_list(a);
-    const bool b_seq = b.is_string() || is_sequence_list(b);
-    if (a_seq && is_integral(b)) return repeat(a, integral(b), max_size);
-    if (b_seq && is_integral(a)) return repeat(b, integral(a), max_size);
-    if (a_seq || b_seq) {
-      type_error(std::string("can't multiply sequence by non-int of type '") + (a_seq ? b : a).python_type() + "'");
-    }
-    unsupported(op, a, b);
-  }
-  if (op == "/") {
-    if (!numbers) unsupported(op, a, b);
-    if (b.as_double() == 0.0) type_error(ints ? "division by zero" : "float division by zero");
-    return Value::number(a.as_double() / b.as_double());
-  }
-  if (op == "//") {
-    if (!numbers) unsupported(op, a, b);
-    if (ints) {
-      const int64_t x = integral(a), y = integral(b);
-      if (y == 0) type_error("integer division or modulo by zero");
-      if (x == INT64_MIN && y == -1) overflow();
-      int64_t q = x / y;
-      if ((x % y != 0) && ((x < 0) != (y < 0))) --q;
-      return Value::integer(q);
-    }
-    if (b.as_double() == 0.0) type_error("float floor division by zero");
-    return Value::number(python_float_floordiv(a.as_double(), b.as_double()));
-  }
-  if (op == "%") {
-    if (a.is_string()) {
-      if (a.is_markup()) {
-        // Markup % args escapes the arguments.
-        Value escaped = b;
-        if (b.is_list() && b.list_flavor() == ListFlavor::Tuple) {
-          std::vector<Value> items;
-          for (const Value& item : b.items()) items.push_back(item.is_string() ? html_escape(item) : item);
-          escaped = Value::tuple(std::move(items));
-        } else if (b.is_string()) {
-          escaped = html_escape(b);
-        }
-        return Value::markup(percent_format(a.string_value(), escaped));
-      }
-      std::string out = percent_format(a.string_value(), b);
-      check_size(out.size(), max_size);
-      return Value::string(std::move(out));
-    }
-    if (!numbers) unsupported(op, a, b);
-    if (ints) {
-      const int64_t x = integral(a), y = integral(b);
-      if (y == 0) type_error("integer modulo by zero");
-      if (y == -1) return Value::integer(0);
-      int64_t r = x % y;
-      if (r != 0 && ((r < 0) != (y < 0))) r += y;
-      return Value::integer(r);
-    }
-    if (b.as_double() == 0.0) type_error("float modulo");
-    return Value::number(python_float_mod(a.as_double(), b.as_double()));
-  }
-  if (op == "**") {
-    if (!numbers) unsupported("** or pow()", a, b);
-    if (ints && integral(b) >= 0) return Value::integer(int_power(integral(a), integral(b)));
-    const double x = a.as_double(), y = b.as_double();
-    if (x == 0.0 && y < 0) type_error("0.0 cannot be raised to a negative power");
-    if (x < 0 && y != std::floor(y)) type_error("a negative number raised to a fractional power is complex");
-    return Value::number(std::pow(x, y));
-  }
+  if (op == "+") return add_values(a, b, max_size);
+  if (op == "-") return subtract_values(a, b);
+  if (op == "*") return multiply_values(a, b, max_size);
+  if (op == "/") return divide_values(a, b);
+  if (op == "//") return floor_divide_values(a, b);
+  if (op == "%") return modulo_values(a, b, max_size);
+  if (op == "**") return power_values(a, b);
   type_error("unknown operator " + std::string(op));
 }
 
