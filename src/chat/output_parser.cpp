@@ -197,126 +197,140 @@ bool OutputParser::step_content(std::vector<OutputDelta>& out, bool at_end) {
   return true;
 }
 
-bool OutputParser::step_call(std::vector<OutputDelta>& out, bool at_end) {
-  // Whitespace between tags is formatting.
-  const auto skip_space = [this] {
-    size_t n = 0;
-    while (n < buf_.size() && is_space(buf_[n])) ++n;
-    buf_.erase(0, n);
-  };
-  // Stray text where a tag is due: skipped up to the next '<' (at least one byte).
-  const auto skip_stray = [this](const char* where) {
-    size_t n = buf_.find('<', 1);
-    if (n == std::string::npos) n = buf_.size();
-    warn("skipped stray text " + std::string(where) + " in tool call");
-    buf_.erase(0, n);
-  };
-  // Reads a name up to '>' (or a newline, or kMaxNameBytes); true when it is complete.
-  const auto read_name = [this](bool end) {
-    const size_t stop = buf_.find_first_of(">\n");
-    if (stop == std::string::npos) {
-      call_text_ += buf_;
-      buf_.clear();
-      if (call_text_.size() <= kMaxNameBytes && !end) return false;
-      if (end) return false;
-      warn("over-long name in tool call cut");
-      call_text_.resize(kMaxNameBytes);
-      return true;
-    }
-    call_text_.append(buf_, 0, stop);
-    buf_.erase(0, buf_[stop] == '>' ? stop + 1 : stop);
-    if (call_text_.size() > kMaxNameBytes) {
-      warn("over-long name in tool call cut");
-      call_text_.resize(kMaxNameBytes);
-    }
-    return true;
-  };
+// Whitespace between tags is formatting.
+void OutputParser::skip_call_space() {
+  size_t n = 0;
+  while (n < buf_.size() && is_space(buf_[n])) ++n;
+  buf_.erase(0, n);
+}
 
+// Stray text where a tag is due: skipped up to the next '<' (at least one byte).
+void OutputParser::skip_stray(const char* where) {
+  size_t n = buf_.find('<', 1);
+  if (n == std::string::npos) n = buf_.size();
+  warn("skipped stray text " + std::string(where) + " in tool call");
+  buf_.erase(0, n);
+}
+
+// Reads a name up to '>' (or a newline, or kMaxNameBytes); true when it is complete.
+bool OutputParser::read_call_name(bool at_end) {
+  const size_t stop = buf_.find_first_of(">\n");
+  if (stop == std::string::npos) {
+    call_text_ += buf_;
+    buf_.clear();
+    if (call_text_.size() <= kMaxNameBytes && !at_end) return false;
+    if (at_end) return false;
+    warn("over-long name in tool call cut");
+    call_text_.resize(kMaxNameBytes);
+    return true;
+  }
+  call_text_.append(buf_, 0, stop);
+  buf_.erase(0, buf_[stop] == '>' ? stop + 1 : stop);
+  if (call_text_.size() > kMaxNameBytes) {
+    warn("over-long name in tool call cut");
+    call_text_.resize(kMaxNameBytes);
+  }
+  return true;
+}
+
+// The states where a tag is due: <function=, <parameter=, </function> or </tool_call>.
+bool OutputParser::step_call_tag(std::vector<OutputDelta>& out, bool at_end) {
+  skip_call_space();
+  if (buf_.empty()) return false;
+  if (call_state_ == CallState::ExpectFunction) {
+    const int t = match_tag(buf_, {kFunctionOpen, kToolCallClose}, at_end);
+    if (t == -2) return false;
+    if (t == 0) {
+      buf_.erase(0, kFunctionOpen.size());
+      call_text_.clear();
+      call_state_ = CallState::FunctionName;
+    } else if (t == 1) {
+      buf_.erase(0, kToolCallClose.size());
+      close_call(out);
+    } else {
+      skip_stray("before <function=");
+    }
+  } else if (call_state_ == CallState::ExpectParameter) {
+    const int t = match_tag(buf_, {kParameterOpen, kFunctionClose, kToolCallClose}, at_end);
+    if (t == -2) return false;
+    if (t == 0) {
+      buf_.erase(0, kParameterOpen.size());
+      call_text_.clear();
+      call_state_ = CallState::ParameterName;
+    } else if (t == 1) {
+      buf_.erase(0, kFunctionClose.size());
+      call_state_ = CallState::ExpectCallEnd;
+    } else if (t == 2) {
+      buf_.erase(0, kToolCallClose.size());
+      close_call(out);
+    } else {
+      skip_stray("between parameters");
+    }
+  } else {
+    const int t = match_tag(buf_, {kToolCallClose}, at_end);
+    if (t == -2) return false;
+    if (t == 0) {
+      buf_.erase(0, kToolCallClose.size());
+      close_call(out);
+    } else {
+      skip_stray("after </function>");
+    }
+  }
+  return true;
+}
+
+// Inside <function=...> or <parameter=...>.
+bool OutputParser::step_call_name(std::vector<OutputDelta>& out, bool at_end) {
+  if (!read_call_name(at_end)) return false;
+  if (call_state_ == CallState::FunctionName) {
+    start_call(out, std::string(trim(call_text_)));
+    call_text_.clear();
+    call_state_ = CallState::ExpectParameter;
+  } else {
+    param_name_ = std::string(trim(call_text_));
+    call_text_.clear();
+    call_state_ = CallState::ParameterValue;
+    open_streamed_value(out);
+  }
+  return true;
+}
+
+// A parameter's value, up to </parameter>: streamed as it comes or collected whole.
+bool OutputParser::step_parameter_value(std::vector<OutputDelta>& out, bool at_end) {
+  const size_t end = buf_.find(kParameterClose);
+  if (end == std::string::npos) {
+    const size_t keep = at_end ? 0 : partial_marker_suffix(buf_, {std::string(kParameterClose)});
+    if (value_streamed_) {
+      stream_value(out, std::string_view(buf_).substr(0, buf_.size() - keep), false);
+    } else {
+      call_text_.append(buf_, 0, buf_.size() - keep);
+    }
+    buf_.erase(0, buf_.size() - keep);
+    return false;
+  }
+  if (value_streamed_) {
+    stream_value(out, std::string_view(buf_).substr(0, end), true);
+  } else {
+    call_text_.append(buf_, 0, end);
+    finish_parameter(out, call_text_);
+  }
+  buf_.erase(0, end + kParameterClose.size());
+  call_text_.clear();
+  call_state_ = CallState::ExpectParameter;
+  return true;
+}
+
+bool OutputParser::step_call(std::vector<OutputDelta>& out, bool at_end) {
   switch (call_state_) {
     case CallState::ExpectFunction:
     case CallState::ExpectParameter:
-    case CallState::ExpectCallEnd: {
-      skip_space();
-      if (buf_.empty()) return false;
-      if (call_state_ == CallState::ExpectFunction) {
-        const int t = match_tag(buf_, {kFunctionOpen, kToolCallClose}, at_end);
-        if (t == -2) return false;
-        if (t == 0) {
-          buf_.erase(0, kFunctionOpen.size());
-          call_text_.clear();
-          call_state_ = CallState::FunctionName;
-        } else if (t == 1) {
-          buf_.erase(0, kToolCallClose.size());
-          close_call(out);
-        } else {
-          skip_stray("before <function=");
-        }
-      } else if (call_state_ == CallState::ExpectParameter) {
-        const int t = match_tag(buf_, {kParameterOpen, kFunctionClose, kToolCallClose}, at_end);
-        if (t == -2) return false;
-        if (t == 0) {
-          buf_.erase(0, kParameterOpen.size());
-          call_text_.clear();
-          call_state_ = CallState::ParameterName;
-        } else if (t == 1) {
-          buf_.erase(0, kFunctionClose.size());
-          call_state_ = CallState::ExpectCallEnd;
-        } else if (t == 2) {
-          buf_.erase(0, kToolCallClose.size());
-          close_call(out);
-        } else {
-          skip_stray("between parameters");
-        }
-      } else {
-        const int t = match_tag(buf_, {kToolCallClose}, at_end);
-        if (t == -2) return false;
-        if (t == 0) {
-          buf_.erase(0, kToolCallClose.size());
-          close_call(out);
-        } else {
-          skip_stray("after </function>");
-        }
-      }
-      return true;
-    }
-    case CallState::FunctionName: {
-      if (!read_name(at_end)) return false;
-      start_call(out, std::string(trim(call_text_)));
-      call_text_.clear();
-      call_state_ = CallState::ExpectParameter;
-      return true;
-    }
-    case CallState::ParameterName: {
-      if (!read_name(at_end)) return false;
-      param_name_ = std::string(trim(call_text_));
-      call_text_.clear();
-      call_state_ = CallState::ParameterValue;
-      open_streamed_value(out);
-      return true;
-    }
-    case CallState::ParameterValue: {
-      const size_t end = buf_.find(kParameterClose);
-      if (end == std::string::npos) {
-        const size_t keep = at_end ? 0 : partial_marker_suffix(buf_, {std::string(kParameterClose)});
-        if (value_streamed_) {
-          stream_value(out, std::string_view(buf_).substr(0, buf_.size() - keep), false);
-        } else {
-          call_text_.append(buf_, 0, buf_.size() - keep);
-        }
-        buf_.erase(0, buf_.size() - keep);
-        return false;
-      }
-      if (value_streamed_) {
-        stream_value(out, std::string_view(buf_).substr(0, end), true);
-      } else {
-        call_text_.append(buf_, 0, end);
-        finish_parameter(out, call_text_);
-      }
-      buf_.erase(0, end + kParameterClose.size());
-      call_text_.clear();
-      call_state_ = CallState::ExpectParameter;
-      return true;
-    }
+    case CallState::ExpectCallEnd:
+      return step_call_tag(out, at_end);
+    case CallState::FunctionName:
+    case CallState::ParameterName:
+      return step_call_name(out, at_end);
+    case CallState::ParameterValue:
+      return step_parameter_value(out, at_end);
   }
   return false;
 }

@@ -131,6 +131,12 @@ class OutputParser {
   bool step_reasoning(std::vector<OutputDelta>& out, bool at_end);
   bool step_content(std::vector<OutputDelta>& out, bool at_end);
   bool step_call(std::vector<OutputDelta>& out, bool at_end);
+  bool step_call_tag(std::vector<OutputDelta>& out, bool at_end);
+  bool step_call_name(std::vector<OutputDelta>& out, bool at_end);
+  bool step_parameter_value(std::vector<OutputDelta>& out, bool at_end);
+  void skip_call_space();
+  void skip_stray(const char* where);
+  bool read_call_name(bool at_end);
   void emit_text(std::vector<OutputDelta>& out, OutputDelta::Kind kind, std::string_view text);
   void emit_content(std::vector<OutputDelta>& out, std::string_view text);
   void start_call(std::vector<OutputDelta>& out, std::string name);

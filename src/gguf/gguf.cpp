@@ -300,11 +300,14 @@ class Reader {
   uint64_t elements_left_ = kMaxArrayElementsPerFile;
 };
 
-Part parse_part(const uint8_t* data, size_t size, const std::string& name) {
-  Reader r(data, size, name);
-  Part part;
+// Fixed header: magic, version, tensor count, key count. Sets part.version; the counts are
+// checked against the bytes left before anything is allocated for them.
+struct HeaderCounts {
+  uint64_t n_tensors = 0;
+  uint64_t n_kv = 0;
+};
 
-  // Fixed header: magic, version, tensor count, key count.
+HeaderCounts read_header(Reader& r, const uint8_t* data, Part& part) {
   r.need(4, "magic");
   if (std::memcmp(data, "GGUF", 4) != 0) {
     char buf[32];
@@ -324,21 +327,25 @@ Part parse_part(const uint8_t* data, size_t size, const std::string& name) {
     r.fail("unsupported GGUF version " + u64s(version) + " at offset 4 (expected 2 or 3)");
   }
   part.version = version;
-  uint64_t n_tensors = r.read<uint64_t>("tensor count");
+  HeaderCounts c;
+  c.n_tensors = r.read<uint64_t>("tensor count");
   size_t kv_count_pos = r.pos();
-  uint64_t n_kv = r.read<uint64_t>("key count");
-  if (n_tensors > r.remaining() / kMinTensorInfoBytes) {
-    r.fail("tensor count " + u64s(n_tensors) + " at offset 8 cannot fit in the file (expected at most " +
+  c.n_kv = r.read<uint64_t>("key count");
+  if (c.n_tensors > r.remaining() / kMinTensorInfoBytes) {
+    r.fail("tensor count " + u64s(c.n_tensors) + " at offset 8 cannot fit in the file (expected at most " +
            u64s(r.remaining() / kMinTensorInfoBytes) + " for the " + u64s(r.remaining()) +
            " bytes left)");
   }
-  if (n_kv > r.remaining() / kMinKvBytes) {
-    r.fail("key count " + u64s(n_kv) + " at offset " + u64s(kv_count_pos) +
+  if (c.n_kv > r.remaining() / kMinKvBytes) {
+    r.fail("key count " + u64s(c.n_kv) + " at offset " + u64s(kv_count_pos) +
            " cannot fit in the file (expected at most " + u64s(r.remaining() / kMinKvBytes) +
            " for the " + u64s(r.remaining()) + " bytes left)");
   }
+  return c;
+}
 
-  // Metadata.
+// The n_kv key/value pairs into part.kv; returns the file offset of each key (for messages).
+std::map<std::string, size_t> read_metadata(Reader& r, uint64_t n_kv, Part& part) {
   std::map<std::string, size_t> key_offsets;
   for (uint64_t k = 0; k < n_kv; k++) {
     r.set_context("key #" + u64s(k));
@@ -360,86 +367,106 @@ Part parse_part(const uint8_t* data, size_t size, const std::string& name) {
     part.kv.emplace(std::move(key), std::move(v));
   }
   r.set_context("");
+  return key_offsets;
+}
 
+// general.alignment, when present, replaces the default alignment of tensor data.
+void read_alignment(Reader& r, const std::map<std::string, size_t>& key_offsets, Part& part) {
   auto align_it = part.kv.find("general.alignment");
-  if (align_it != part.kv.end()) {
-    const Value& a = align_it->second;
-    r.set_context("key 'general.alignment'");
-    std::string at = " at offset " + u64s(key_offsets["general.alignment"]);
-    if (a.type != ValueType::U32) {
-      r.fail("has type " + type_desc(a) + at + " (expected u32)");
-    }
-    if (a.u == 0 || (a.u & (a.u - 1)) != 0) {
-      r.fail("alignment " + u64s(a.u) + at + " is not a power of two (expected 1, 2, 4, ... e.g. 32)");
-    }
-    part.alignment = static_cast<uint32_t>(a.u);
-    r.set_context("");
+  if (align_it == part.kv.end()) return;
+  const Value& a = align_it->second;
+  r.set_context("key 'general.alignment'");
+  std::string at = " at offset " + u64s(key_offsets.at("general.alignment"));
+  if (a.type != ValueType::U32) {
+    r.fail("has type " + type_desc(a) + at + " (expected u32)");
   }
+  if (a.u == 0 || (a.u & (a.u - 1)) != 0) {
+    r.fail("alignment " + u64s(a.u) + at + " is not a power of two (expected 1, 2, 4, ... e.g. 32)");
+  }
+  part.alignment = static_cast<uint32_t>(a.u);
+  r.set_context("");
+}
 
-  // Tensor infos.
+// The t.n_dims dimensions of a tensor, each positive, their product within int64.
+void read_dimensions(Reader& r, TensorInfo& t) {
+  int64_t n_elements = 1;
+  for (uint32_t d = 0; d < t.n_dims; d++) {
+    size_t dim_pos = r.pos();
+    int64_t ne = r.read<int64_t>("dimension");
+    if (ne <= 0) {
+      r.fail("dimension ne[" + u64s(d) + "] = " + std::to_string(ne) + " at offset " + u64s(dim_pos) +
+             " (expected > 0)");
+    }
+    if (__builtin_mul_overflow(n_elements, ne, &n_elements)) {
+      r.fail("element count overflows int64 at dimension ne[" + u64s(d) + "] = " + std::to_string(ne) +
+             " at offset " + u64s(dim_pos) + " (expected a product below 2^63)");
+    }
+    t.ne[d] = ne;
+  }
+}
+
+// One tensor info: name, shape, ggml type and data offset (relative to the data section).
+TensorInfo read_tensor_info(Reader& r, const std::map<std::string, size_t, std::less<>>& tensor_offsets,
+                            uint32_t alignment) {
+  size_t info_pos = r.pos();
+  TensorInfo t;
+  t.name = r.read_string("tensor name");
+  if (t.name.empty()) r.fail("empty tensor name at offset " + u64s(info_pos) + " (expected a name)");
+  r.set_context("tensor " + quoted(t.name));
+  auto seen = tensor_offsets.find(t.name);
+  if (seen != tensor_offsets.end()) {
+    r.fail("duplicate tensor name at offset " + u64s(info_pos) +
+           " (expected each name once; first at offset " + u64s(seen->second) + ")");
+  }
+  size_t dims_pos = r.pos();
+  t.n_dims = r.read<uint32_t>("n_dims");
+  if (t.n_dims == 0 || t.n_dims > kMaxDims) {
+    r.fail("n_dims " + u64s(t.n_dims) + " at offset " + u64s(dims_pos) + " (expected 1 to 4)");
+  }
+  read_dimensions(r, t);
+  size_t type_pos = r.pos();
+  t.type = r.read<uint32_t>("ggml type");
+  const DTypeInfo* info = dtype_info(t.type);
+  if (info == nullptr) {
+    r.fail("unknown ggml type id " + u64s(t.type) + " at offset " + u64s(type_pos) +
+           " (expected a supported type: " + dtype_names() + ")");
+  }
+  if (t.ne[0] % info->block_elems != 0) {
+    r.fail("ne[0] = " + std::to_string(t.ne[0]) + " at offset " + u64s(dims_pos + 4) +
+           " is not a multiple of the " + info->name + " block size (expected a multiple of " +
+           std::to_string(info->block_elems) + ")");
+  }
+  std::optional<uint64_t> nbytes = tensor_nbytes(t.type, t.ne, t.n_dims);
+  if (!nbytes) {
+    r.fail("byte size of " + std::string(info->name) + " shape overflows at offset " + u64s(dims_pos) +
+           " (expected a size below 2^64)");
+  }
+  t.nbytes = *nbytes;
+  size_t offset_pos = r.pos();
+  t.offset = r.read<uint64_t>("data offset");
+  if (t.offset % alignment != 0) {
+    r.fail("data offset " + u64s(t.offset) + " at offset " + u64s(offset_pos) +
+           " is misaligned (expected a multiple of the alignment " + u64s(alignment) + ")");
+  }
+  return t;
+}
+
+void read_tensor_infos(Reader& r, uint64_t n_tensors, Part& part) {
   std::map<std::string, size_t, std::less<>> tensor_offsets;
   part.tensors.reserve(static_cast<size_t>(n_tensors));
   for (uint64_t ti = 0; ti < n_tensors; ti++) {
     r.set_context("tensor #" + u64s(ti));
     size_t info_pos = r.pos();
-    TensorInfo t;
-    t.name = r.read_string("tensor name");
-    if (t.name.empty()) r.fail("empty tensor name at offset " + u64s(info_pos) + " (expected a name)");
-    r.set_context("tensor " + quoted(t.name));
-    auto seen = tensor_offsets.find(t.name);
-    if (seen != tensor_offsets.end()) {
-      r.fail("duplicate tensor name at offset " + u64s(info_pos) +
-             " (expected each name once; first at offset " + u64s(seen->second) + ")");
-    }
-    size_t dims_pos = r.pos();
-    t.n_dims = r.read<uint32_t>("n_dims");
-    if (t.n_dims == 0 || t.n_dims > kMaxDims) {
-      r.fail("n_dims " + u64s(t.n_dims) + " at offset " + u64s(dims_pos) + " (expected 1 to 4)");
-    }
-    int64_t n_elements = 1;
-    for (uint32_t d = 0; d < t.n_dims; d++) {
-      size_t dim_pos = r.pos();
-      int64_t ne = r.read<int64_t>("dimension");
-      if (ne <= 0) {
-        r.fail("dimension ne[" + u64s(d) + "] = " + std::to_string(ne) + " at offset " + u64s(dim_pos) +
-               " (expected > 0)");
-      }
-      if (__builtin_mul_overflow(n_elements, ne, &n_elements)) {
-        r.fail("element count overflows int64 at dimension ne[" + u64s(d) + "] = " + std::to_string(ne) +
-               " at offset " + u64s(dim_pos) + " (expected a product below 2^63)");
-      }
-      t.ne[d] = ne;
-    }
-    size_t type_pos = r.pos();
-    t.type = r.read<uint32_t>("ggml type");
-    const DTypeInfo* info = dtype_info(t.type);
-    if (info == nullptr) {
-      r.fail("unknown ggml type id " + u64s(t.type) + " at offset " + u64s(type_pos) +
-             " (expected a supported type: " + dtype_names() + ")");
-    }
-    if (t.ne[0] % info->block_elems != 0) {
-      r.fail("ne[0] = " + std::to_string(t.ne[0]) + " at offset " + u64s(dims_pos + 4) +
-             " is not a multiple of the " + info->name + " block size (expected a multiple of " +
-             std::to_string(info->block_elems) + ")");
-    }
-    std::optional<uint64_t> nbytes = tensor_nbytes(t.type, t.ne, t.n_dims);
-    if (!nbytes) {
-      r.fail("byte size of " + std::string(info->name) + " shape overflows at offset " + u64s(dims_pos) +
-             " (expected a size below 2^64)");
-    }
-    t.nbytes = *nbytes;
-    size_t offset_pos = r.pos();
-    t.offset = r.read<uint64_t>("data offset");
-    if (t.offset % part.alignment != 0) {
-      r.fail("data offset " + u64s(t.offset) + " at offset " + u64s(offset_pos) +
-             " is misaligned (expected a multiple of the alignment " + u64s(part.alignment) + ")");
-    }
+    TensorInfo t = read_tensor_info(r, tensor_offsets, part.alignment);
     tensor_offsets.emplace(t.name, info_pos);
     part.tensors.push_back(std::move(t));
   }
   r.set_context("");
+}
 
-  // Data section: header end rounded up to the alignment.
+// Data section: header end rounded up to the alignment. Points each tensor at its bytes,
+// which must lie inside the file.
+void place_tensor_data(const Reader& r, const uint8_t* data, size_t size, Part& part) {
   uint64_t header_end = r.pos();
   uint64_t rem = header_end % part.alignment;
   uint64_t data_offset = header_end;
@@ -461,8 +488,11 @@ Part parse_part(const uint8_t* data, size_t size, const std::string& name) {
     }
     t.data = data + begin;
   }
+}
 
-  // No two tensors may share bytes (a crafted file could alias a weight with another).
+// No two tensors may share bytes (a crafted file could alias a weight with another).
+void check_tensors_disjoint(const Reader& r, const Part& part) {
+  const uint64_t data_offset = part.data_offset;
   std::vector<size_t> order(part.tensors.size());
   for (size_t k = 0; k < order.size(); k++) order[k] = k;
   std::sort(order.begin(), order.end(), [&](size_t a, size_t b) {
@@ -471,13 +501,24 @@ Part parse_part(const uint8_t* data, size_t size, const std::string& name) {
   for (size_t k = 1; k < order.size(); k++) {
     const TensorInfo& prev = part.tensors[order[k - 1]];
     const TensorInfo& cur = part.tensors[order[k]];
-    if (cur.offset < prev.offset + prev.nbytes) {  // cannot overflow: checked above
+    if (cur.offset < prev.offset + prev.nbytes) {  // cannot overflow: checked in place_tensor_data
       r.fail("tensors " + quoted(prev.name) + " [" + u64s(data_offset + prev.offset) + ", " +
              u64s(data_offset + prev.offset + prev.nbytes) + ") and " + quoted(cur.name) + " [" +
              u64s(data_offset + cur.offset) + ", " + u64s(data_offset + cur.offset + cur.nbytes) +
              ") overlap (expected disjoint data)");
     }
   }
+}
+
+Part parse_part(const uint8_t* data, size_t size, const std::string& name) {
+  Reader r(data, size, name);
+  Part part;
+  const HeaderCounts counts = read_header(r, data, part);
+  const std::map<std::string, size_t> key_offsets = read_metadata(r, counts.n_kv, part);
+  read_alignment(r, key_offsets, part);
+  read_tensor_infos(r, counts.n_tensors, part);
+  place_tensor_data(r, data, size, part);
+  check_tensors_disjoint(r, part);
   return part;
 }
 

@@ -217,97 +217,148 @@ class MpiExpertExecutor final : public ExpertExecutor {
   uint64_t synced_version_ = 0;  // the followers start with the file's weights
 };
 
-// One work message on a follower: gate/up products, SwiGLU into the down projections'
-// activation format, down products; the same kernels and order of operations per row as
-// ForwardPass::moe_ffn, so every row is bitwise what rank 0 would have computed.
-void compute_work(const Model& m, const std::vector<uint8_t>& msg, std::vector<float>& rows, Workspace& ws,
-                  ThreadPool& pool) {
-  WorkHeader h;
+// A work message checked against this rank's model, with pointers into its parts.
+struct FollowerWork {
+  WorkHeader h{};
+  const int32_t* groups = nullptr;     // n_groups (expert, n_rows) pairs
+  const int32_t* pair_rows = nullptr;  // n_pairs indices into the packed rows
+  const uint8_t* act_in = nullptr;     // n_packed rows of act_stride bytes
+  const LayerHParams* L = nullptr;
+  std::shared_ptr<const WeightSet> weights;  // with replaced experts
+  const LayerWeights* W = nullptr;
+  int64_t E = 0, F = 0;
+  Precision prec{};
+  int64_t n_rows = 0;
+};
+
+FollowerWork read_work_message(const Model& m, const std::vector<uint8_t>& msg) {
+  FollowerWork w;
+  WorkHeader& h = w.h;
   if (msg.size() < sizeof h) throw std::runtime_error("expert parallelism: short work message");
   std::memcpy(&h, msg.data(), sizeof h);
   const HParams& hp = m.hparams();
   if (h.layer < 0 || h.layer >= int64_t(hp.layers.size()) || !hp.layers[size_t(h.layer)].is_moe)
     throw std::runtime_error("expert parallelism: work for a block that is not MoE");
-  const LayerHParams& L = hp.layers[size_t(h.layer)];
-  const std::shared_ptr<const WeightSet> weights = m.weights();  // with replaced experts
-  const LayerWeights& W = weights->layers[size_t(h.layer)];
-  const int64_t E = hp.n_embd, F = L.n_ff_exp;
+  w.L = &hp.layers[size_t(h.layer)];
+  w.weights = m.weights();
+  w.W = &w.weights->layers[size_t(h.layer)];
+  w.E = hp.n_embd;
+  w.F = w.L->n_ff_exp;
   const size_t ints = size_t(2 * h.n_groups + h.n_pairs) * sizeof(int32_t);
   if (msg.size() != sizeof h + padded(ints) + size_t(h.n_packed * h.act_stride))
     throw std::runtime_error("expert parallelism: work message of the wrong size");
-  const int32_t* groups = reinterpret_cast<const int32_t*>(msg.data() + sizeof h);
-  const int32_t* pair_rows = groups + 2 * h.n_groups;
-  const uint8_t* act_in = msg.data() + sizeof h + padded(ints);
-  const auto prec = Precision(h.precision);
-  const int64_t n_rows = h.n_pairs;
+  w.groups = reinterpret_cast<const int32_t*>(msg.data() + sizeof h);
+  w.pair_rows = w.groups + 2 * h.n_groups;
+  w.act_in = msg.data() + sizeof h + padded(ints);
+  w.prec = Precision(h.precision);
+  w.n_rows = h.n_pairs;
+  return w;
+}
 
-  float* gu = ws.gu.get(size_t(2 * std::max<int64_t>(n_rows, 1) * F));
-  ws.jobs.clear();
+// The experts of the message's groups into ws.routed_experts, each group checked.
+void collect_routed_experts(const FollowerWork& w, int64_t n_expert, Workspace& ws) {
   int64_t row = 0;
   ws.routed_experts.clear();
-  for (int64_t g = 0; g < h.n_groups; ++g) {
-    const int32_t e = groups[2 * g], n = groups[2 * g + 1];
-    if (e < 0 || e >= hp.n_expert || n <= 0 || row + n > n_rows)
+  for (int64_t g = 0; g < w.h.n_groups; ++g) {
+    const int32_t e = w.groups[2 * g], n = w.groups[2 * g + 1];
+    if (e < 0 || e >= n_expert || n <= 0 || row + n > w.n_rows)
       throw std::runtime_error("expert parallelism: malformed work message");
     ws.routed_experts.push_back(e);
     row += n;
   }
-  // Experts repacked on first use: this rank's copies of the ones it computes now.
-  m.prepare_experts(int(h.layer), ws.routed_experts.data(), int64_t(ws.routed_experts.size()), pool);
-  row = 0;
-  for (int64_t g = 0; g < h.n_groups; ++g) {
-    const int32_t e = groups[2 * g], n = groups[2 * g + 1];
+}
+
+// Gate products into gu's first n_rows rows, up products into the next n_rows.
+void gate_up_products(const FollowerWork& w, float* gu, Workspace& ws, ThreadPool& pool) {
+  const int64_t F = w.F, n_rows = w.n_rows;
+  int64_t row = 0;
+  for (int64_t g = 0; g < w.h.n_groups; ++g) {
+    const int32_t e = w.groups[2 * g], n = w.groups[2 * g + 1];
     MatJob j;
-    j.x.type = kernels::ActType(h.act_type);
-    j.x.data = act_in;
-    j.x.stride = size_t(h.act_stride);
-    j.x.idx = pair_rows + row;
+    j.x.type = kernels::ActType(w.h.act_type);
+    j.x.data = w.act_in;
+    j.x.stride = size_t(w.h.act_stride);
+    j.x.idx = w.pair_rows + row;
     j.x.n_tok = n;
     j.ldy = F;
-    j.w = W.ffn_gate_exps.matrix(e);
+    j.w = w.W->ffn_gate_exps.matrix(e);
     j.y = gu + row * F;
     ws.jobs.push_back(j);
-    j.w = W.ffn_up_exps.matrix(e);
+    j.w = w.W->ffn_up_exps.matrix(e);
     j.y = gu + (n_rows + row) * F;
     ws.jobs.push_back(j);
     row += n;
   }
   if (row != n_rows) throw std::runtime_error("expert parallelism: malformed work message");
   for (int64_t i = 0; i < n_rows; ++i)
-    if (pair_rows[i] < 0 || pair_rows[i] >= h.n_packed) throw std::runtime_error("expert parallelism: malformed work message");
-  if (kernels::act_type(W.ffn_gate_exps.type, prec) != kernels::ActType(h.act_type))
+    if (w.pair_rows[i] < 0 || w.pair_rows[i] >= w.h.n_packed)
+      throw std::runtime_error("expert parallelism: malformed work message");
+  if (kernels::act_type(w.W->ffn_gate_exps.type, w.prec) != kernels::ActType(w.h.act_type))
     throw std::runtime_error("expert parallelism: activation format does not match this rank's model file");
   run_matmuls(ws.jobs, pool);
+}
 
-  const kernels::ActType at = kernels::act_type(W.ffn_down_exps.type, prec);
+// The down projections' input: SwiGLU of the gate/up rows in their activation format.
+struct DownActs {
+  kernels::ActType type;
+  size_t stride;
+  uint8_t* rows;
+};
+
+DownActs swiglu_down_acts(const FollowerWork& w, const float* gu, Workspace& ws, ThreadPool& pool) {
+  const int64_t F = w.F, n_rows = w.n_rows;
+  const kernels::ActType at = kernels::act_type(w.W->ffn_down_exps.type, w.prec);
   const size_t stride = kernels::act_row_bytes(at, F);
   uint8_t* act = ws.down_act.get(stride * size_t(std::max<int64_t>(n_rows, 1)));
   auto swiglu = [&](int64_t r0, int64_t r1, int) {
     for (int64_t r = r0; r < r1; ++r)
-      kernels::swiglu_convert(at, gu + r * F, gu + (n_rows + r) * F, F, L.clamp_exp, 1, F, act + size_t(r) * stride);
+      kernels::swiglu_convert(at, gu + r * F, gu + (n_rows + r) * F, F, w.L->clamp_exp, 1, F,
+                              act + size_t(r) * stride);
   };
   if (n_rows < 32 || pool.n_threads() == 1)
     swiglu(0, n_rows, 0);
   else
     pool.parallel_for(n_rows, swiglu);
+  return {at, stride, act};
+}
 
-  rows.resize(size_t(std::max<int64_t>(n_rows, 1) * E));
+// Down products into `rows` (the reply), group by group.
+void down_products(const FollowerWork& w, const DownActs& act, std::vector<float>& rows, Workspace& ws,
+                   ThreadPool& pool) {
+  const int64_t E = w.E;
+  rows.resize(size_t(std::max<int64_t>(w.n_rows, 1) * E));
   ws.jobs.clear();
-  row = 0;
-  for (int64_t g = 0; g < h.n_groups; ++g) {
-    const int32_t e = groups[2 * g], n = groups[2 * g + 1];
+  int64_t row = 0;
+  for (int64_t g = 0; g < w.h.n_groups; ++g) {
+    const int32_t e = w.groups[2 * g], n = w.groups[2 * g + 1];
     MatJob j;
-    j.x.type = at;
-    j.x.data = act + size_t(row) * stride;
-    j.x.stride = stride;
+    j.x.type = act.type;
+    j.x.data = act.rows + size_t(row) * act.stride;
+    j.x.stride = act.stride;
     j.x.n_tok = n;
-    j.w = W.ffn_down_exps.matrix(e);
+    j.w = w.W->ffn_down_exps.matrix(e);
     j.y = rows.data() + row * E;
     j.ldy = E;
     ws.jobs.push_back(j);
     row += n;
   }
   run_matmuls(ws.jobs, pool);
+}
+
+// One work message on a follower: gate/up products, SwiGLU into the down projections'
+// activation format, down products; the same kernels and order of operations per row as
+// ForwardPass::moe_ffn, so every row is bitwise what rank 0 would have computed.
+void compute_work(const Model& m, const std::vector<uint8_t>& msg, std::vector<float>& rows, Workspace& ws,
+                  ThreadPool& pool) {
+  const FollowerWork w = read_work_message(m, msg);
+  float* gu = ws.gu.get(size_t(2 * std::max<int64_t>(w.n_rows, 1) * w.F));
+  ws.jobs.clear();
+  collect_routed_experts(w, m.hparams().n_expert, ws);
+  // Experts repacked on first use: this rank's copies of the ones it computes now.
+  m.prepare_experts(int(w.h.layer), ws.routed_experts.data(), int64_t(ws.routed_experts.size()), pool);
+  gate_up_products(w, gu, ws, pool);
+  const DownActs act = swiglu_down_acts(w, gu, ws, pool);
+  down_products(w, act, rows, ws, pool);
 }
 
 }  // namespace

@@ -87,39 +87,9 @@ namespace {
 void metric(std::string& out, const char* name, const char* type, const char* help, double value) {
   out += std::string("# HELP ") + name + " " + help + "\n# TYPE " + name + " " + type + "\n" + name + " " + num(value) + "\n";
 }
-}  // namespace
 
-std::string ServerMetrics::render(const EngineStats& s, bool ready) const {
-  std::string out;
-  metric(out, "step35_ready", "gauge", "1 once the model is loaded", ready ? 1 : 0);
-  {
-    std::lock_guard<std::mutex> lk(mu_);
-    out += "# HELP step35_http_requests_total HTTP requests by endpoint and status\n"
-           "# TYPE step35_http_requests_total counter\n";
-    for (const auto& [key, n] : requests_)
-      out += "step35_http_requests_total{endpoint=\"" + key.first + "\",status=\"" + std::to_string(key.second) +
-             "\"} " + std::to_string(n) + "\n";
-    out += ttft_.render("step35_time_to_first_token_seconds", "submit to first generated token, per choice");
-    out += tpot_.render("step35_time_per_output_token_seconds", "mean time per generated token after the first, per choice");
-    const double now = std::chrono::duration<double>(std::chrono::steady_clock::now().time_since_epoch()).count();
-    const double dt = now - last_scrape_s_;
-    const double rate = last_scrape_s_ > 0 && dt > 0 && s.generated_tokens >= last_generated_
-                            ? double(s.generated_tokens - last_generated_) / dt
-                            : 0.0;
-    last_scrape_s_ = now;
-    last_generated_ = s.generated_tokens;
-    metric(out, "step35_generation_tokens_per_second", "gauge", "tokens generated per second since the previous scrape", rate);
-    metric(out, "step35_routing_hint_requests_total", "counter", "execute requests with a routing hint", double(routed_));
-    metric(out, "step35_routing_hint_compliance", "gauge",
-           "share of execute requests served under the routing hint they asked for (1 when none yet)",
-           routed_ ? double(routed_compliant_) / double(routed_) : 1.0);
-    metric(out, "step35_images_total", "counter", "pictures in requests (--mmproj)", double(images_));
-    metric(out, "step35_images_encoded_total", "counter",
-           "of them, pictures that went through the vision tower (the others came from its cache)",
-           double(images_encoded_));
-    metric(out, "step35_image_encode_seconds_total", "counter",
-           "time spent placing them: decoding excluded, encoding, layout and tokens included", image_encode_s_);
-  }
+// Engine requests by outcome, and the tokens and passes they cost.
+void append_request_metrics(std::string& out, const EngineStats& s) {
   out += "# HELP step35_requests_finished_total engine requests by finish reason\n"
          "# TYPE step35_requests_finished_total counter\n";
   for (int r = 0; r < 6; ++r)
@@ -132,6 +102,10 @@ std::string ServerMetrics::render(const EngineStats& s, bool ready) const {
   metric(out, "step35_prompt_tokens_cached_total", "counter", "prompt tokens reused from the prefix cache", double(s.prompt_tokens_cached));
   metric(out, "step35_generated_tokens_total", "counter", "tokens generated", double(s.generated_tokens));
   metric(out, "step35_steps_total", "counter", "forward passes", double(s.steps));
+}
+
+// The KV pool (blocks and bytes) and the prefix cache over it.
+void append_kv_metrics(std::string& out, const EngineStats& s) {
   metric(out, "step35_kv_blocks_total", "gauge", "KV cache blocks in the pool", double(s.kv_blocks_total));
   metric(out, "step35_kv_blocks_used", "gauge", "KV blocks held by running sequences", double(s.kv_blocks_used));
   metric(out, "step35_kv_blocks_cached", "gauge", "idle KV blocks kept for prefix reuse (evictable)", double(s.kv_blocks_cached));
@@ -146,11 +120,18 @@ std::string ServerMetrics::render(const EngineStats& s, bool ready) const {
   metric(out, "step35_prefix_cache_hits_total", "counter", "lookups that reused at least one block", double(s.prefix_hits));
   metric(out, "step35_prefix_cache_hit_rate", "gauge", "hits / lookups",
          s.prefix_lookups ? double(s.prefix_hits) / double(s.prefix_lookups) : 0.0);
+}
+
+// How the MoE router spreads tokens over experts.
+void append_router_metrics(std::string& out, const EngineStats& s) {
   metric(out, "step35_router_entropy_nats", "gauge", "mean entropy of the normalised weights of the selected experts (recent steps)", s.router_entropy);
   metric(out, "step35_expert_activation_skew", "gauge", "max / mean expert activation count per MoE layer (recent steps)", s.expert_skew);
   metric(out, "step35_distinct_experts_per_step", "gauge", "distinct routed experts per MoE layer per step (recent steps)", s.mean_distinct_experts);
   metric(out, "step35_adaptive_tokens_total", "counter", "tokens routed with the adaptive expert policy", double(s.adaptive_tokens));
   metric(out, "step35_adaptive_mean_experts", "gauge", "mean routed experts per adaptive token", s.adaptive_mean_k);
+}
+
+void append_mtp_metrics(std::string& out, const EngineStats& s) {
   metric(out, "step35_mtp_steps_total", "counter", "MTP verification steps with drafts", double(s.mtp_steps));
   metric(out, "step35_mtp_tokens_total", "counter", "tokens those MTP steps produced", double(s.mtp_tokens));
   // Per draft position k (1..3): drafts proposed, drafts accepted, and their ratio (the
@@ -171,6 +152,48 @@ std::string ServerMetrics::render(const EngineStats& s, bool ready) const {
       out += std::string(ps.name) + "{position=\"" + std::to_string(k) + "\"} " + num(value) + "\n";
     }
   }
+}
+}  // namespace
+
+// What the server itself counts (under mu_): HTTP requests, latencies, the generation rate
+// since the previous scrape, routing hints and pictures.
+void ServerMetrics::append_server_metrics(std::string& out, const EngineStats& s) const {
+  std::lock_guard<std::mutex> lk(mu_);
+  out += "# HELP step35_http_requests_total HTTP requests by endpoint and status\n"
+         "# TYPE step35_http_requests_total counter\n";
+  for (const auto& [key, n] : requests_)
+    out += "step35_http_requests_total{endpoint=\"" + key.first + "\",status=\"" + std::to_string(key.second) +
+           "\"} " + std::to_string(n) + "\n";
+  out += ttft_.render("step35_time_to_first_token_seconds", "submit to first generated token, per choice");
+  out += tpot_.render("step35_time_per_output_token_seconds", "mean time per generated token after the first, per choice");
+  const double now = std::chrono::duration<double>(std::chrono::steady_clock::now().time_since_epoch()).count();
+  const double dt = now - last_scrape_s_;
+  const double rate = last_scrape_s_ > 0 && dt > 0 && s.generated_tokens >= last_generated_
+                          ? double(s.generated_tokens - last_generated_) / dt
+                          : 0.0;
+  last_scrape_s_ = now;
+  last_generated_ = s.generated_tokens;
+  metric(out, "step35_generation_tokens_per_second", "gauge", "tokens generated per second since the previous scrape", rate);
+  metric(out, "step35_routing_hint_requests_total", "counter", "execute requests with a routing hint", double(routed_));
+  metric(out, "step35_routing_hint_compliance", "gauge",
+         "share of execute requests served under the routing hint they asked for (1 when none yet)",
+         routed_ ? double(routed_compliant_) / double(routed_) : 1.0);
+  metric(out, "step35_images_total", "counter", "pictures in requests (--mmproj)", double(images_));
+  metric(out, "step35_images_encoded_total", "counter",
+         "of them, pictures that went through the vision tower (the others came from its cache)",
+         double(images_encoded_));
+  metric(out, "step35_image_encode_seconds_total", "counter",
+         "time spent placing them: decoding excluded, encoding, layout and tokens included", image_encode_s_);
+}
+
+std::string ServerMetrics::render(const EngineStats& s, bool ready) const {
+  std::string out;
+  metric(out, "step35_ready", "gauge", "1 once the model is loaded", ready ? 1 : 0);
+  append_server_metrics(out, s);
+  append_request_metrics(out, s);
+  append_kv_metrics(out, s);
+  append_router_metrics(out, s);
+  append_mtp_metrics(out, s);
   return out;
 }
 

@@ -52,6 +52,8 @@ class ServerMetrics {
   std::string render(const EngineStats& engine, bool ready) const;
 
  private:
+  void append_server_metrics(std::string& out, const EngineStats& engine) const;
+
   mutable std::mutex mu_;
   std::map<std::pair<std::string, int>, uint64_t> requests_;
   Histogram ttft_, tpot_;

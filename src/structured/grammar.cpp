@@ -136,27 +136,23 @@ uint32_t Builder::add_symbol(std::string text) {
   return uint32_t(symbols_.size() - 1);
 }
 
-std::shared_ptr<const Grammar> Builder::finish(uint32_t root_rule) {
-  const size_t n = nodes_.size();
+void Builder::check_complete(uint32_t root_rule) const {
   if (root_rule >= rules_.size()) throw std::invalid_argument("grammar: no such root rule");
   for (const Rule& r : rules_)
     if (r.entry == kNoNode) throw std::invalid_argument("grammar: rule '" + r.name + "' has no body");
-  for (size_t i = 0; i < n; ++i)
-    if (nodes_[i].kind == NodeKind::Split && nodes_[i].count == UINT32_MAX)
+  for (const Node& nd : nodes_)
+    if (nd.kind == NodeKind::Split && nd.count == UINT32_MAX)
       throw std::invalid_argument("grammar: a choice was left without options");
+}
 
-  auto g = std::make_shared<Grammar>();
-  g->rules_ = rules_;
-  g->sets_ = sets_;
-  g->symbols_ = symbols_;
-  g->root_ = root_rule;
+// Reverse edges in compressed form: dep[off[x] .. off[x+1]) are the nodes whose minimum
+// length depends on x.
+struct Builder::Dependents {
+  std::vector<uint32_t> off, dep;
+};
 
-  // Minimum length of every node (Knuth's generalisation of Dijkstra to grammars: a Call
-  // costs its rule's minimum plus its successor's, both non-negative, so nodes can be
-  // finalised in increasing order).
-  // Reverse edges in compressed form: dep[dep_off[x] .. dep_off[x+1]) are the nodes whose
-  // length depends on x.
-  std::vector<uint32_t> dep_off(n + 1, 0), dep;
+Builder::Dependents Builder::dependents() const {
+  const size_t n = nodes_.size();
   auto each_edge = [&](auto&& edge) {  // edge(from_dependency, dependent)
     for (size_t i = 0; i < n; ++i) {
       const Node& nd = nodes_[i];
@@ -177,13 +173,22 @@ std::shared_ptr<const Grammar> Builder::finish(uint32_t root_rule) {
       }
     }
   };
-  each_edge([&](uint32_t x, uint32_t) { ++dep_off[x + 1]; });
-  for (size_t i = 0; i < n; ++i) dep_off[i + 1] += dep_off[i];
-  dep.resize(dep_off[n]);
-  {
-    std::vector<uint32_t> fill(dep_off.begin(), dep_off.end() - 1);
-    each_edge([&](uint32_t x, uint32_t p) { dep[fill[x]++] = p; });
-  }
+  Dependents d;
+  d.off.assign(n + 1, 0);
+  each_edge([&](uint32_t x, uint32_t) { ++d.off[x + 1]; });
+  for (size_t i = 0; i < n; ++i) d.off[i + 1] += d.off[i];
+  d.dep.resize(d.off[n]);
+  std::vector<uint32_t> fill(d.off.begin(), d.off.end() - 1);
+  each_edge([&](uint32_t x, uint32_t p) { d.dep[fill[x]++] = p; });
+  return d;
+}
+
+// Minimum length of every node (Knuth's generalisation of Dijkstra to grammars: a Call
+// costs its rule's minimum plus its successor's, both non-negative, so nodes can be
+// finalised in increasing order).
+std::vector<uint64_t> Builder::min_lengths() const {
+  const size_t n = nodes_.size();
+  const Dependents deps = dependents();
   std::vector<uint64_t> dist(n, kUnreachable);
   std::vector<uint8_t> done(n, 0);
   using Item = std::pair<uint64_t, uint32_t>;
@@ -198,8 +203,8 @@ std::shared_ptr<const Grammar> Builder::finish(uint32_t root_rule) {
     pq.pop();
     if (done[x] || d != dist[x]) continue;
     done[x] = 1;
-    for (uint32_t k = dep_off[x]; k < dep_off[x + 1]; ++k) {
-      const uint32_t p = dep[k];
+    for (uint32_t k = deps.off[x]; k < deps.off[x + 1]; ++k) {
+      const uint32_t p = deps.dep[k];
       if (done[p]) continue;
       const Node& nd = nodes_[p];
       uint64_t cand = kUnreachable;
@@ -217,82 +222,92 @@ std::shared_ptr<const Grammar> Builder::finish(uint32_t root_rule) {
       }
     }
   }
-  if (dist[rules_[root_rule].entry] == kUnreachable)
-    throw EmptyLanguage("the grammar cannot match anything (no way to complete '" + rules_[root_rule].name +
-                                "')");
+  return dist;
+}
 
-  // Flatten, dropping choices that can never complete.
-  g->nodes_ = nodes_;
-  for (size_t i = 0; i < n; ++i) {
+// Copies the nodes into g, flattening each choice's options into g.succ_ and dropping
+// those that can never complete.
+void Builder::flatten_choices(Grammar& g, const std::vector<uint64_t>& dist) const {
+  g.nodes_ = nodes_;
+  for (size_t i = 0; i < nodes_.size(); ++i) {
     if (nodes_[i].kind != NodeKind::Split) continue;
-    g->nodes_[i].arg = uint32_t(g->succ_.size());
+    g.nodes_[i].arg = uint32_t(g.succ_.size());
     for (uint32_t s : options_[nodes_[i].arg])
-      if (dist[s] != kUnreachable) g->succ_.push_back(s);
-    g->nodes_[i].count = uint32_t(g->succ_.size() - g->nodes_[i].arg);
+      if (dist[s] != kUnreachable) g.succ_.push_back(s);
+    g.nodes_[i].count = uint32_t(g.succ_.size() - g.nodes_[i].arg);
   }
-  g->min_bytes_ = dist;
+}
 
-  // Left recursion: rule R "starts with" rule S when a Call to S is reachable from R's
-  // entry without consuming input. A cycle in that relation would make closures push
-  // frames forever.
+// Left recursion: rule R "starts with" rule S when a Call to S is reachable from R's
+// entry without consuming input. A cycle in that relation would make closures push
+// frames forever.
+std::vector<std::vector<uint32_t>> Builder::rules_started_with(const Grammar& g) const {
+  const std::vector<uint64_t>& dist = g.min_bytes_;
   const size_t nr = rules_.size();
   std::vector<std::vector<uint32_t>> starts_with(nr);
-  {
-    std::vector<uint32_t> mark(n, UINT32_MAX);
-    std::vector<uint32_t> stack;
-    for (uint32_t r = 0; r < nr; ++r) {
-      const uint32_t e = rules_[r].entry;
-      if (dist[e] == kUnreachable) continue;
-      stack.assign(1, e);
-      while (!stack.empty()) {
-        const uint32_t x = stack.back();
-        stack.pop_back();
-        if (mark[x] == r || dist[x] == kUnreachable) continue;
-        mark[x] = r;
-        const Node& nd = g->nodes_[x];
-        if (nd.kind == NodeKind::Split) {
-          for (uint32_t k = 0; k < nd.count; ++k) stack.push_back(g->succ_[nd.arg + k]);
-        } else if (nd.kind == NodeKind::Call) {
-          starts_with[r].push_back(nd.arg);
-          if (dist[rules_[nd.arg].entry] == 0) stack.push_back(nd.next);
-        }
-      }
-    }
-    // Iterative DFS for a cycle: 0 unvisited, 1 on the path, 2 finished.
-    std::vector<uint8_t> color(nr, 0);
-    std::vector<std::pair<uint32_t, size_t>> path;
-    for (uint32_t r0 = 0; r0 < nr; ++r0) {
-      if (color[r0]) continue;
-      path.assign(1, {r0, 0});
-      color[r0] = 1;
-      while (!path.empty()) {
-        auto& [r, k] = path.back();
-        if (k == starts_with[r].size()) {
-          color[r] = 2;
-          path.pop_back();
-          continue;
-        }
-        const uint32_t s = starts_with[r][k++];
-        if (color[s] == 1) {
-          std::string cyc;
-          size_t from = 0;
-          while (path[from].first != s) ++from;
-          for (size_t i = from; i < path.size(); ++i) cyc += rules_[path[i].first].name + " -> ";
-          cyc += rules_[s].name;
-          throw std::invalid_argument("left recursion (a reference reached again before any text): " + cyc);
-        }
-        if (color[s] == 0) {
-          color[s] = 1;
-          path.push_back({s, 0});
-        }
+  std::vector<uint32_t> mark(nodes_.size(), UINT32_MAX);
+  std::vector<uint32_t> stack;
+  for (uint32_t r = 0; r < nr; ++r) {
+    const uint32_t e = rules_[r].entry;
+    if (dist[e] == kUnreachable) continue;
+    stack.assign(1, e);
+    while (!stack.empty()) {
+      const uint32_t x = stack.back();
+      stack.pop_back();
+      if (mark[x] == r || dist[x] == kUnreachable) continue;
+      mark[x] = r;
+      const Node& nd = g.nodes_[x];
+      if (nd.kind == NodeKind::Split) {
+        for (uint32_t k = 0; k < nd.count; ++k) stack.push_back(g.succ_[nd.arg + k]);
+      } else if (nd.kind == NodeKind::Call) {
+        starts_with[r].push_back(nd.arg);
+        if (dist[rules_[nd.arg].entry] == 0) stack.push_back(nd.next);
       }
     }
   }
+  return starts_with;
+}
 
-  // Byte classes: refine the partition of 0..255 by every set a reachable Match uses.
+// Iterative DFS for a cycle in the "starts with" relation: 0 unvisited, 1 on the path,
+// 2 finished. Throws naming the rules of the first cycle found.
+void Builder::check_left_recursion(const Grammar& g) const {
+  const std::vector<std::vector<uint32_t>> starts_with = rules_started_with(g);
+  const size_t nr = rules_.size();
+  std::vector<uint8_t> color(nr, 0);
+  std::vector<std::pair<uint32_t, size_t>> path;
+  for (uint32_t r0 = 0; r0 < nr; ++r0) {
+    if (color[r0]) continue;
+    path.assign(1, {r0, 0});
+    color[r0] = 1;
+    while (!path.empty()) {
+      auto& [r, k] = path.back();
+      if (k == starts_with[r].size()) {
+        color[r] = 2;
+        path.pop_back();
+        continue;
+      }
+      const uint32_t s = starts_with[r][k++];
+      if (color[s] == 1) {
+        std::string cyc;
+        size_t from = 0;
+        while (path[from].first != s) ++from;
+        for (size_t i = from; i < path.size(); ++i) cyc += rules_[path[i].first].name + " -> ";
+        cyc += rules_[s].name;
+        throw std::invalid_argument("left recursion (a reference reached again before any text): " + cyc);
+      }
+      if (color[s] == 0) {
+        color[s] = 1;
+        path.push_back({s, 0});
+      }
+    }
+  }
+}
+
+// Byte classes: refine the partition of 0..255 by every set a reachable Match uses.
+void Builder::assign_byte_classes(Grammar& g) const {
   std::vector<uint8_t> used(sets_.size(), 0);
-  for (size_t i = 0; i < n; ++i)
-    if (nodes_[i].kind == NodeKind::Match && dist[i] != kUnreachable) used[nodes_[i].arg] = 1;
+  for (size_t i = 0; i < nodes_.size(); ++i)
+    if (nodes_[i].kind == NodeKind::Match && g.min_bytes_[i] != kUnreachable) used[nodes_[i].arg] = 1;
   std::array<uint16_t, 256> cls{};
   uint32_t n_cls = 1;
   for (size_t si = 0; si < sets_.size(); ++si) {
@@ -308,16 +323,34 @@ std::shared_ptr<const Grammar> Builder::finish(uint32_t root_rule) {
     cls = nc;
     n_cls = next_cls;
   }
-  g->n_classes_ = n_cls;
-  g->class_rep_.assign(n_cls, 0);
+  g.n_classes_ = n_cls;
+  g.class_rep_.assign(n_cls, 0);
   std::vector<uint8_t> seen(n_cls, 0);
   for (unsigned b = 0; b < 256; ++b) {
-    g->class_of_[b] = uint8_t(cls[b]);
+    g.class_of_[b] = uint8_t(cls[b]);
     if (!seen[cls[b]]) {
       seen[cls[b]] = 1;
-      g->class_rep_[cls[b]] = uint8_t(b);
+      g.class_rep_[cls[b]] = uint8_t(b);
     }
   }
+}
+
+std::shared_ptr<const Grammar> Builder::finish(uint32_t root_rule) {
+  check_complete(root_rule);
+  auto g = std::make_shared<Grammar>();
+  g->rules_ = rules_;
+  g->sets_ = sets_;
+  g->symbols_ = symbols_;
+  g->root_ = root_rule;
+
+  std::vector<uint64_t> dist = min_lengths();
+  if (dist[rules_[root_rule].entry] == kUnreachable)
+    throw EmptyLanguage("the grammar cannot match anything (no way to complete '" + rules_[root_rule].name +
+                                "')");
+  flatten_choices(*g, dist);
+  g->min_bytes_ = std::move(dist);
+  check_left_recursion(*g);
+  assign_byte_classes(*g);
   return g;
 }
 

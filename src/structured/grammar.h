@@ -150,6 +150,16 @@ class Builder {
   uint32_t add_node(const Node& n);
   uint32_t set_index(const ByteSet& s);
 
+  // The steps of finish(), in order.
+  struct Dependents;
+  void check_complete(uint32_t root_rule) const;
+  Dependents dependents() const;
+  std::vector<uint64_t> min_lengths() const;
+  void flatten_choices(Grammar& g, const std::vector<uint64_t>& dist) const;
+  std::vector<std::vector<uint32_t>> rules_started_with(const Grammar& g) const;
+  void check_left_recursion(const Grammar& g) const;
+  void assign_byte_classes(Grammar& g) const;
+
   size_t max_nodes_;
   std::vector<Node> nodes_;
   std::vector<std::vector<uint32_t>> options_;  // options of each choice (Split's arg)

@@ -364,165 +364,207 @@ const std::string& byte_level_text(uint8_t b) { return byte_map().byte_to_utf8[b
 
 // ---------------------------------------------------------------------------------------
 
-std::unique_ptr<Tokenizer> Tokenizer::from_gguf(const gguf::File& f) {
-  std::unique_ptr<Tokenizer> t(new Tokenizer());
-  const std::string where = f.path().empty() ? std::string("<gguf>") : f.path();
-  auto fail = [&](const std::string& key, const std::string& what) -> void {
-    throw gguf::Error(where + ": key '" + key + "' " + what);
-  };
+namespace {
 
+// Where a tokenizer key error is reported: the file's path, or "<gguf>" for one in memory.
+std::string tokenizer_source(const gguf::File& f) {
+  return f.path().empty() ? std::string("<gguf>") : f.path();
+}
+
+[[noreturn]] void fail_tokenizer_key(const std::string& where, const std::string& key,
+                                     const std::string& what) {
+  throw gguf::Error(where + ": key '" + key + "' " + what);
+}
+
+// An optional token id key: -1 when absent, an error when it is not an id of the n tokens.
+TokenId token_id_key(const gguf::File& f, const char* key, size_t n, const std::string& where) {
+  const std::optional<uint32_t> v = f.opt_u32(key);
+  if (!v) return -1;
+  if (*v >= n)
+    fail_tokenizer_key(where, key,
+                       "= " + std::to_string(*v) + " is not a token id (the vocabulary has " +
+                           std::to_string(n) + " tokens)");
+  return TokenId(*v);
+}
+
+}  // namespace
+
+// The model name, the tokens, their types and the spelling -> id map.
+void Tokenizer::read_vocabulary(const gguf::File& f, const std::string& where) {
   const std::string& model = f.get_str("tokenizer.ggml.model");
   if (model != "gpt2")
-    fail("tokenizer.ggml.model", "is '" + model + "'; only 'gpt2' (byte-level BPE) is supported");
+    fail_tokenizer_key(where, "tokenizer.ggml.model",
+                       "is '" + model + "'; only 'gpt2' (byte-level BPE) is supported");
 
-  t->tokens_ = f.get_str_array("tokenizer.ggml.tokens");
-  const size_t n = t->tokens_.size();
-  if (n == 0) fail("tokenizer.ggml.tokens", "is empty");
-  if (n >= size_t(INT32_MAX)) fail("tokenizer.ggml.tokens", "has too many entries");
+  tokens_ = f.get_str_array("tokenizer.ggml.tokens");
+  const size_t n = tokens_.size();
+  if (n == 0) fail_tokenizer_key(where, "tokenizer.ggml.tokens", "is empty");
+  if (n >= size_t(INT32_MAX))
+    fail_tokenizer_key(where, "tokenizer.ggml.tokens", "has too many entries");
 
-  t->types_.assign(n, TokenType::NORMAL);
+  types_.assign(n, TokenType::NORMAL);
   if (f.has("tokenizer.ggml.token_type")) {
     const std::vector<int32_t> types = f.get_i32_array("tokenizer.ggml.token_type");
     if (types.size() != n)
-      fail("tokenizer.ggml.token_type", "has " + std::to_string(types.size()) + " entries, expected " +
-                                            std::to_string(n) + " (one per token)");
+      fail_tokenizer_key(where, "tokenizer.ggml.token_type",
+                         "has " + std::to_string(types.size()) + " entries, expected " +
+                             std::to_string(n) + " (one per token)");
     for (size_t i = 0; i < n; ++i) {
       // Values outside the known set are treated as UNDEFINED, as llama.cpp does.
-      t->types_[i] = (types[i] >= 0 && types[i] <= 6) ? TokenType(types[i]) : TokenType::UNDEFINED;
+      types_[i] = (types[i] >= 0 && types[i] <= 6) ? TokenType(types[i]) : TokenType::UNDEFINED;
     }
   }
 
   // A duplicated spelling maps to its last id (llama.cpp's behaviour).
-  t->token_to_id_.reserve(n);
-  for (size_t i = 0; i < n; ++i) t->token_to_id_[t->tokens_[i]] = TokenId(i);
+  token_to_id_.reserve(n);
+  for (size_t i = 0; i < n; ++i) token_to_id_[tokens_[i]] = TokenId(i);
+}
 
-  // Merges as pairs of symbol ids. A string that takes part in a merge but is not a token
-  // gets an id >= n_vocab, so merge chains through such strings work exactly like the
-  // string-keyed definition; the final symbols that are not tokens fall back to bytes.
-  {
-    const std::vector<std::string> merges = f.get_str_array("tokenizer.ggml.merges");
-    std::unordered_map<std::string, int32_t> extra;  // non-token strings in merges
-    auto symbol = [&](const std::string& s) -> int32_t {
-      auto it = t->token_to_id_.find(s);
-      if (it != t->token_to_id_.end()) return it->second;
-      auto [e, inserted] = extra.emplace(s, int32_t(n + extra.size()));
-      (void)inserted;
-      return e->second;
-    };
-    t->merges_.reserve(merges.size());
-    for (size_t r = 0; r < merges.size(); ++r) {
-      const std::string& m = merges[r];
-      const size_t sp = m.find(' ', 1);
-      if (sp == std::string::npos || sp + 1 >= m.size())
-        fail("tokenizer.ggml.merges", "entry " + std::to_string(r) + " '" + m + "' is not 'left right'");
-      const std::string left = m.substr(0, sp), right = m.substr(sp + 1);
-      const int32_t l = symbol(left), rr = symbol(right), res = symbol(left + right);
-      // A repeated pair keeps its first (lowest) rank.
-      t->merges_.emplace(pair_key(l, rr), MergeTarget{int32_t(r), res});
-    }
-    t->n_merges_ = merges.size();
-    const ByteMap& bm = byte_map();
-    for (int b = 0; b < 256; ++b) {
-      const std::string& s = bm.byte_to_utf8[b];
-      auto it = t->token_to_id_.find(s);
-      t->byte_token_[b] = it == t->token_to_id_.end() ? -1 : it->second;
-      auto e = extra.find(s);
-      t->byte_symbol_[b] = t->byte_token_[b] >= 0 ? t->byte_token_[b] : (e == extra.end() ? -1 : e->second);
-    }
-  }
-
-  auto id_key = [&](const char* key) -> TokenId {
-    const std::optional<uint32_t> v = f.opt_u32(key);
-    if (!v) return -1;
-    if (*v >= n)
-      fail(key, "= " + std::to_string(*v) + " is not a token id (the vocabulary has " + std::to_string(n) +
-                    " tokens)");
-    return TokenId(*v);
+// Merges as pairs of symbol ids. A string that takes part in a merge but is not a token
+// gets an id >= n_vocab, so merge chains through such strings work exactly like the
+// string-keyed definition; the final symbols that are not tokens fall back to bytes.
+void Tokenizer::read_merges(const gguf::File& f, const std::string& where) {
+  const size_t n = tokens_.size();
+  const std::vector<std::string> merges = f.get_str_array("tokenizer.ggml.merges");
+  std::unordered_map<std::string, int32_t> extra;  // non-token strings in merges
+  auto symbol = [&](const std::string& s) -> int32_t {
+    auto it = token_to_id_.find(s);
+    if (it != token_to_id_.end()) return it->second;
+    auto [e, inserted] = extra.emplace(s, int32_t(n + extra.size()));
+    (void)inserted;
+    return e->second;
   };
-  t->bos_ = id_key("tokenizer.ggml.bos_token_id");
-  t->eos_ = id_key("tokenizer.ggml.eos_token_id");
-  t->eot_ = id_key("tokenizer.ggml.eot_token_id");
-  t->pad_ = id_key("tokenizer.ggml.padding_token_id");
-  const TokenId eom = id_key("tokenizer.ggml.eom_token_id");
+  merges_.reserve(merges.size());
+  for (size_t r = 0; r < merges.size(); ++r) {
+    const std::string& m = merges[r];
+    const size_t sp = m.find(' ', 1);
+    if (sp == std::string::npos || sp + 1 >= m.size())
+      fail_tokenizer_key(where, "tokenizer.ggml.merges",
+                         "entry " + std::to_string(r) + " '" + m + "' is not 'left right'");
+    const std::string left = m.substr(0, sp), right = m.substr(sp + 1);
+    const int32_t l = symbol(left), rr = symbol(right), res = symbol(left + right);
+    // A repeated pair keeps its first (lowest) rank.
+    merges_.emplace(pair_key(l, rr), MergeTarget{int32_t(r), res});
+  }
+  n_merges_ = merges.size();
+  const ByteMap& bm = byte_map();
+  for (int b = 0; b < 256; ++b) {
+    const std::string& s = bm.byte_to_utf8[b];
+    auto it = token_to_id_.find(s);
+    byte_token_[b] = it == token_to_id_.end() ? -1 : it->second;
+    auto e = extra.find(s);
+    byte_symbol_[b] = byte_token_[b] >= 0 ? byte_token_[b] : (e == extra.end() ? -1 : e->second);
+  }
+}
 
-  // Pre-tokenizer. A missing or unknown name falls back to deepseek-v3, the rule of the
-  // Step 3.5 vocabulary, with one warning.
+// Pre-tokenizer. A missing or unknown name falls back to deepseek-v3, the rule of the
+// Step 3.5 vocabulary, with one warning.
+void Tokenizer::choose_pre_tokenizer(const gguf::File& f, const std::string& where) {
   const std::optional<std::string> pre = f.opt_str("tokenizer.ggml.pre");
   const std::string pre_name = pre.value_or("");
   if (pre_name == "deepseek-v3") {
-    t->pre_kind_ = PreKind::DEEPSEEK_V3;
-    t->pre_ = "deepseek-v3";
+    pre_kind_ = PreKind::DEEPSEEK_V3;
+    pre_ = "deepseek-v3";
   } else if (pre_name == "default" || pre_name == "gpt2" || pre_name == "gpt-2") {
     // Note: llama.cpp's own "default" rule is a different, four-regex sequence; GPT-2's
     // single regex is what the name means for the vocabularies step35 can meet.
-    t->pre_kind_ = PreKind::GPT2;
-    t->pre_ = "gpt2";
+    pre_kind_ = PreKind::GPT2;
+    pre_ = "gpt2";
   } else if (pre_name == "llama3" || pre_name == "llama-v3" || pre_name == "llama-bpe") {
-    t->pre_kind_ = PreKind::LLAMA3;
-    t->pre_ = "llama3";
+    pre_kind_ = PreKind::LLAMA3;
+    pre_ = "llama3";
   } else {
     std::fprintf(stderr, "step35: warning: %s: tokenizer.ggml.pre %s; using the deepseek-v3 split rule\n",
                  where.c_str(), pre ? ("'" + pre_name + "' is not supported").c_str() : "is missing");
-    t->pre_kind_ = PreKind::DEEPSEEK_V3;
-    t->pre_ = "deepseek-v3";
+    pre_kind_ = PreKind::DEEPSEEK_V3;
+    pre_ = "deepseek-v3";
   }
+}
 
-  // End-of-generation set. Tokens with the EOG spellings are control tokens whatever the
-  // file says (llama.cpp does the same): they must never be produced from plain text.
+// End-of-generation set. Tokens with the EOG spellings are control tokens whatever the
+// file says (llama.cpp does the same): they must never be produced from plain text.
+void Tokenizer::collect_eog(TokenId eom, const std::string& where) {
   std::vector<TokenId> eog;
-  for (TokenId id : {t->eos_, t->eot_, eom})
+  for (TokenId id : {eos_, eot_, eom})
     if (id >= 0) eog.push_back(id);
   for (const char* s : kEogSpellings) {
-    const TokenId id = t->find_token(s);
+    const TokenId id = find_token(s);
     if (id < 0) continue;
     eog.push_back(id);
-    if (t->types_[size_t(id)] != TokenType::CONTROL) {
+    if (types_[size_t(id)] != TokenType::CONTROL) {
       std::fprintf(stderr, "step35: warning: %s: token %d '%s' is not a control token; treating it as one\n",
                    where.c_str(), id, s);
-      t->types_[size_t(id)] = TokenType::CONTROL;
+      types_[size_t(id)] = TokenType::CONTROL;
     }
   }
   std::sort(eog.begin(), eog.end());
   eog.erase(std::unique(eog.begin(), eog.end()), eog.end());
-  t->eog_ = std::move(eog);
+  eog_ = std::move(eog);
+}
 
+void Tokenizer::read_add_special(const gguf::File& f, const std::string& where) {
   const std::optional<bool> add_bos = f.opt_bool("tokenizer.ggml.add_bos_token");
   // Absent key: DeepSeek-V3-style vocabularies (Step 3.5's) start every text with BOS.
-  t->add_bos_ = add_bos.value_or(t->pre_kind_ == PreKind::DEEPSEEK_V3 && t->bos_ >= 0);
-  if (t->add_bos_ && t->bos_ < 0)
-    fail("tokenizer.ggml.add_bos_token", "is true but tokenizer.ggml.bos_token_id is missing");
-  t->add_eos_ = f.opt_bool("tokenizer.ggml.add_eos_token").value_or(false);
-  if (t->add_eos_ && t->eos_ < 0)
-    fail("tokenizer.ggml.add_eos_token", "is true but tokenizer.ggml.eos_token_id is missing");
+  add_bos_ = add_bos.value_or(pre_kind_ == PreKind::DEEPSEEK_V3 && bos_ >= 0);
+  if (add_bos_ && bos_ < 0)
+    fail_tokenizer_key(where, "tokenizer.ggml.add_bos_token",
+                       "is true but tokenizer.ggml.bos_token_id is missing");
+  add_eos_ = f.opt_bool("tokenizer.ggml.add_eos_token").value_or(false);
+  if (add_eos_ && eos_ < 0)
+    fail_tokenizer_key(where, "tokenizer.ggml.add_eos_token",
+                       "is true but tokenizer.ggml.eos_token_id is missing");
+}
 
-  // Carve-out order: longest spelling first (ties by id, so the order is deterministic).
-  for (size_t i = 0; i < n; ++i) {
-    const TokenType ty = t->types_[i];
+// Carve-out order: longest spelling first (ties by id, so the order is deterministic).
+void Tokenizer::sort_special_tokens() {
+  for (size_t i = 0; i < tokens_.size(); ++i) {
+    const TokenType ty = types_[i];
     if ((ty == TokenType::CONTROL || ty == TokenType::USER_DEFINED || ty == TokenType::UNKNOWN) &&
-        !t->tokens_[i].empty())
-      t->special_sorted_.push_back(TokenId(i));
+        !tokens_[i].empty())
+      special_sorted_.push_back(TokenId(i));
   }
-  std::stable_sort(t->special_sorted_.begin(), t->special_sorted_.end(), [&](TokenId a, TokenId b) {
-    return t->tokens_[size_t(a)].size() > t->tokens_[size_t(b)].size();
+  std::stable_sort(special_sorted_.begin(), special_sorted_.end(), [&](TokenId a, TokenId b) {
+    return tokens_[size_t(a)].size() > tokens_[size_t(b)].size();
   });
+}
 
-  // Decoded text of every token (special = true), so decoding is a lookup.
-  t->pieces_.resize(n);
+// Decoded text of every token (special = true), so decoding is a lookup.
+void Tokenizer::decode_pieces() {
+  const size_t n = tokens_.size();
+  pieces_.resize(n);
   for (size_t i = 0; i < n; ++i) {
-    switch (t->types_[i]) {
+    switch (types_[i]) {
       case TokenType::NORMAL:
       case TokenType::BYTE:
-        t->pieces_[i] = unmap_bytes(t->tokens_[i]);
+        pieces_[i] = unmap_bytes(tokens_[i]);
         break;
       case TokenType::CONTROL:
       case TokenType::UNKNOWN:
       case TokenType::USER_DEFINED:
-        t->pieces_[i] = t->tokens_[i];  // literal text
+        pieces_[i] = tokens_[i];  // literal text
         break;
       default:
         break;  // UNUSED / UNDEFINED decode to nothing (llama.cpp)
     }
   }
+}
+
+std::unique_ptr<Tokenizer> Tokenizer::from_gguf(const gguf::File& f) {
+  std::unique_ptr<Tokenizer> t(new Tokenizer());
+  const std::string where = tokenizer_source(f);
+  t->read_vocabulary(f, where);
+  t->read_merges(f, where);
+  const size_t n = t->tokens_.size();
+  t->bos_ = token_id_key(f, "tokenizer.ggml.bos_token_id", n, where);
+  t->eos_ = token_id_key(f, "tokenizer.ggml.eos_token_id", n, where);
+  t->eot_ = token_id_key(f, "tokenizer.ggml.eot_token_id", n, where);
+  t->pad_ = token_id_key(f, "tokenizer.ggml.padding_token_id", n, where);
+  const TokenId eom = token_id_key(f, "tokenizer.ggml.eom_token_id", n, where);
+  t->choose_pre_tokenizer(f, where);
+  t->collect_eog(eom, where);
+  t->read_add_special(f, where);
+  t->sort_special_tokens();
+  t->decode_pieces();
   return t;
 }
 

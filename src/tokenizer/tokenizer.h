@@ -65,6 +65,14 @@ class Tokenizer {
 
  private:
   Tokenizer() = default;
+  // The steps of from_gguf; `where` names the file in messages.
+  void read_vocabulary(const gguf::File& f, const std::string& where);
+  void read_merges(const gguf::File& f, const std::string& where);
+  void choose_pre_tokenizer(const gguf::File& f, const std::string& where);
+  void collect_eog(TokenId eom, const std::string& where);
+  void read_add_special(const gguf::File& f, const std::string& where);
+  void sort_special_tokens();
+  void decode_pieces();
   // Appends the ids of one pre-tokenized piece (raw bytes) to `out`.
   void bpe(std::string_view piece, std::vector<TokenId>& out) const;
 
