@@ -24,6 +24,8 @@
 
 namespace step35 {
 
+struct AttentionLayer;
+
 class ThreadPool;
 
 // architecture.md "Per-layer schedule": everything that varies per block (trunk layers and MTP
@@ -60,6 +62,10 @@ struct HParams {
   float expert_weights_scale = 1.0f;
   std::vector<LayerHParams> layers;  // block_count entries (trunk, then MTP)
 };
+
+// Layer il's shapes as the attention kernels take them (attention/attention.h), its keys and
+// values at `kv_layer` of the pool. The inference forward and the training forward both ask.
+AttentionLayer attention_layer(const HParams& hp, int il, size_t kv_layer);
 
 // architecture.md "GGUF: keys and tensors": the GGUF name of block `layer`'s tensor `name`:
 // "blk.LAYER.NAME".

@@ -299,6 +299,19 @@ void ForwardPass::embed() {
     }
 }
 
+AttentionLayer attention_layer(const HParams& hp, int il, size_t kv_layer) {
+  const LayerHParams& L = hp.layers[size_t(il)];
+  AttentionLayer al;
+  al.kv_layer = kv_layer;
+  al.n_head = L.n_head;
+  al.n_head_kv = L.n_head_kv;
+  al.head_dim_k = hp.head_dim_k;
+  al.head_dim_v = hp.head_dim_v;
+  al.is_swa = L.is_swa;
+  al.window = hp.swa_window;
+  return al;
+}
+
 // Attention (architecture.md "Attention"): projections, per-head Q/K RMSNorm, partial NeoX RoPE,
 // K/V into the cache, causal (+ sliding window) softmax(QK)V over the cache, head-wise gate, W_o.
 void ForwardPass::attention(int il) {
@@ -340,14 +353,7 @@ void ForwardPass::attention(int il) {
 
   // K and V into the cache (in its types), then causal (+ window) attention over it
   // (attention/attention.h: streaming softmax, split by tokens, KV head and span).
-  AttentionLayer al;
-  al.kv_layer = kv_layer(il);
-  al.n_head = int32_t(H);
-  al.n_head_kv = int32_t(G);
-  al.head_dim_k = int32_t(D);
-  al.head_dim_v = int32_t(Dv);
-  al.is_swa = L.is_swa;
-  al.window = hp_.swa_window;
+  const AttentionLayer al = attention_layer(hp_, il, kv_layer(il));
   AttentionBatch batch;
   batch.chunks = &chunks_;
   batch.n_tokens = T;

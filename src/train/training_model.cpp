@@ -318,14 +318,7 @@ struct TrainingModel::State {
     // The output: the engine's attention (see EngineAttention). It stores the keys and
     // values it is given: copies, since pkr and pv are kept for the backward.
     EngineAttention& ea = attention_cache();
-    AttentionLayer al;
-    al.kv_layer = ea.layer_of[size_t(il)];
-    al.n_head = int32_t(H);
-    al.n_head_kv = int32_t(G);
-    al.head_dim_k = int32_t(D);
-    al.head_dim_v = int32_t(Dv);
-    al.is_swa = L.is_swa;
-    al.window = hp.swa_window;
+    const AttentionLayer al = attention_layer(hp, il, ea.layer_of[size_t(il)]);
     AttentionBatch batch;
     batch.chunks = &ea.chunks;
     batch.n_tokens = T;
