@@ -18,7 +18,7 @@
 #include "gguf/gguf.h"
 #include "exec/clock.h"
 #include "gguf/gguf_writer.h"
-#include "model/quantize.h"
+#include "quantize/quantize.h"
 #include "exec/thread_pool.h"
 #include "tensor/quants.h"
 #include "tensor/quants_kquant_encode.h"

@@ -8,7 +8,7 @@
 // so tensors do not depend on each other's order or size, and an F32 / F16 / BF16 / Q8_0
 // file of one preset and seed hold the same underlying values (rounded to the storage
 // type from the same F32 numbers).
-#include "model/make_tiny.h"
+#include "tinymodel/make_tiny.h"
 
 #include <algorithm>
 #include <atomic>
