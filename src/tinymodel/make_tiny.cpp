@@ -280,56 +280,75 @@ struct Vocab {
 // Token types (architecture.md "GGUF: keys and tensors").
 constexpr int32_t kTokNormal = 1, kTokControl = 3, kTokUserDefined = 4, kTokUnused = 5;
 
-Vocab build_vocab(int32_t n_merges, int32_t vocab_pad) {
-  // Symbols are small ints naming strings; the same string is always the same symbol
-  // (two merge paths can produce one string, and later merges must see it as one).
-  std::vector<std::string> sym_str;
-  std::map<std::string, int32_t> sym_id;
-  auto symbol = [&](const std::string& s) {
-    auto it = sym_id.find(s);
-    if (it != sym_id.end()) return it->second;
-    sym_str.push_back(s);
-    return sym_id[s] = int32_t(sym_str.size() - 1);
-  };
-  // Distinct pre-tokens as symbol sequences, with their counts (std::map: deterministic).
-  std::map<std::vector<int32_t>, int64_t> word_counts;
-  for (const std::string& piece : pre_split(kTrainText)) {
-    std::vector<int32_t> syms;
-    for (unsigned char b : piece) syms.push_back(symbol(byte_level_text(b)));
-    word_counts[syms]++;
+// Byte-level BPE trained on kTrainText. Symbols are small ints naming strings; the same
+// string is always the same symbol (two merge paths can produce one string, and later
+// merges must see it as one).
+class BpeTrainer {
+ public:
+  BpeTrainer() {
+    // Distinct pre-tokens as symbol sequences, with their counts (std::map: deterministic).
+    std::map<std::vector<int32_t>, int64_t> word_counts;
+    for (const std::string& piece : pre_split(kTrainText)) {
+      std::vector<int32_t> syms;
+      for (unsigned char b : piece) syms.push_back(symbol(byte_level_text(b)));
+      word_counts[syms]++;
+    }
+    words_.assign(word_counts.begin(), word_counts.end());
+    for (const auto& [syms, count] : words_) count_pairs(syms, count);
   }
-  std::vector<std::pair<std::vector<int32_t>, int64_t>> words(word_counts.begin(), word_counts.end());
+
+  // Up to n_merges merges, in rank order, as (left, right) strings.
+  std::vector<std::pair<std::string, std::string>> train(int32_t n_merges) {
+    std::vector<std::pair<std::string, std::string>> merges;
+    for (int32_t m = 0; m < n_merges; ++m) {
+      const auto best = most_frequent_pair();
+      if (best == pair_counts_.end()) break;  // every word is one symbol
+      const int32_t left = best->first.first, right = best->first.second;
+      merges.push_back({sym_str_[size_t(left)], sym_str_[size_t(right)]});
+      merge(left, right);
+    }
+    return merges;
+  }
+
+ private:
+  using PairCounts = std::map<std::pair<int32_t, int32_t>, int64_t>;
+
+  int32_t symbol(const std::string& s) {
+    auto it = sym_id_.find(s);
+    if (it != sym_id_.end()) return it->second;
+    sym_str_.push_back(s);
+    return sym_id_[s] = int32_t(sym_str_.size() - 1);
+  }
 
   // Pair counts are kept up to date incrementally: a merge only revisits the words that
   // contain the merged pair.
-  std::map<std::pair<int32_t, int32_t>, int64_t> pair_counts;
-  auto count_pairs = [&](const std::vector<int32_t>& syms, int64_t count) {
-    for (size_t k = 0; k + 1 < syms.size(); ++k) pair_counts[{syms[k], syms[k + 1]}] += count;
-  };
-  for (const auto& [syms, count] : words) count_pairs(syms, count);
+  void count_pairs(const std::vector<int32_t>& syms, int64_t count) {
+    for (size_t k = 0; k + 1 < syms.size(); ++k) pair_counts_[{syms[k], syms[k + 1]}] += count;
+  }
 
-  std::vector<std::pair<std::string, std::string>> merges;
-  for (int32_t m = 0; m < n_merges; ++m) {
-    // The most frequent pair; ties go to the smallest (left, right) string pair.
-    auto best = pair_counts.end();
-    for (auto it = pair_counts.begin(); it != pair_counts.end();) {
+  // The most frequent pair; ties go to the smallest (left, right) string pair. Drops the
+  // pairs no word holds any more on the way.
+  PairCounts::iterator most_frequent_pair() {
+    auto best = pair_counts_.end();
+    for (auto it = pair_counts_.begin(); it != pair_counts_.end();) {
       if (it->second <= 0) {
-        it = pair_counts.erase(it);
+        it = pair_counts_.erase(it);
         continue;
       }
-      if (best == pair_counts.end() || it->second > best->second ||
+      if (best == pair_counts_.end() || it->second > best->second ||
           (it->second == best->second &&
-           std::tie(sym_str[size_t(it->first.first)], sym_str[size_t(it->first.second)]) <
-               std::tie(sym_str[size_t(best->first.first)], sym_str[size_t(best->first.second)])))
+           std::tie(sym_str_[size_t(it->first.first)], sym_str_[size_t(it->first.second)]) <
+               std::tie(sym_str_[size_t(best->first.first)], sym_str_[size_t(best->first.second)])))
         best = it;
       ++it;
     }
-    if (best == pair_counts.end()) break;  // every word is one symbol
-    const int32_t left = best->first.first, right = best->first.second;
-    const std::string left_str = sym_str[size_t(left)], right_str = sym_str[size_t(right)];
-    merges.push_back({left_str, right_str});
-    const int32_t joined = symbol(left_str + right_str);
-    for (auto& [syms, count] : words) {
+    return best;
+  }
+
+  // Replaces every (left, right) in the words by the symbol of their concatenation.
+  void merge(int32_t left, int32_t right) {
+    const int32_t joined = symbol(sym_str_[size_t(left)] + sym_str_[size_t(right)]);
+    for (auto& [syms, count] : words_) {
       bool has = false;
       for (size_t k = 0; k + 1 < syms.size() && !has; ++k) has = syms[k] == left && syms[k + 1] == right;
       if (!has) continue;
@@ -348,6 +367,14 @@ Vocab build_vocab(int32_t n_merges, int32_t vocab_pad) {
     }
   }
 
+  std::vector<std::string> sym_str_;
+  std::map<std::string, int32_t> sym_id_;
+  std::vector<std::pair<std::vector<int32_t>, int64_t>> words_;
+  PairCounts pair_counts_;
+};
+
+// The vocabulary around the trained merges.
+Vocab assemble_vocab(const std::vector<std::pair<std::string, std::string>>& merges, int32_t vocab_pad) {
   Vocab v;
   auto add = [&](const std::string& tok, int32_t type) {
     v.tokens.push_back(tok);
@@ -376,6 +403,10 @@ Vocab build_vocab(int32_t n_merges, int32_t vocab_pad) {
   // Padding as the converter writes ids without a token (architecture.md "GGUF: keys and tensors").
   while (int32_t(v.tokens.size()) < vocab_pad) add("[PAD" + std::to_string(v.tokens.size()) + "]", kTokUnused);
   return v;
+}
+
+Vocab build_vocab(int32_t n_merges, int32_t vocab_pad) {
+  return assemble_vocab(BpeTrainer().train(n_merges), vocab_pad);
 }
 
 // ChatML, so the chat renderer uses plain ChatML (the same text as the reference
