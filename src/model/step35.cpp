@@ -213,37 +213,33 @@ std::unique_ptr<Model> Model::load_parsed(std::unique_ptr<gguf::File> file, std:
 
 namespace {
 
-// The hyperparameters a file declares (architecture.md "Hyperparameters").
-HParams read_hparams(const gguf::File& f) {
+// A count key's value, checked to lie in 1 .. 2^30.
+int32_t checked_count(const gguf::File& f, const std::string& k, int64_t v) {
+  if (v <= 0 || v > (int64_t(1) << 30))
+    throw gguf::Error(f.path() + ": key '" + k + "' = " + std::to_string(v) + " is out of range (expected 1 .. 2^30)");
+  return int32_t(v);
+}
+
+// The hyperparameters shared by all layers; `layers` stays empty.
+HParams read_model_hparams(const gguf::File& f) {
   const std::string& path = f.path();
-  const std::string arch = f.get_str("general.architecture");
-  if (arch != "step35")
-    throw gguf::Error(path + ": general.architecture is '" + arch + "' (expected 'step35')");
-
-  auto positive = [&](const std::string& k, int64_t v) -> int32_t {
-    if (v <= 0 || v > (int64_t(1) << 30))
-      throw gguf::Error(path + ": key '" + k + "' = " + std::to_string(v) +
-                        " is out of range (expected 1 .. 2^30)");
-    return int32_t(v);
-  };
-
   HParams hp;
-  hp.n_embd = positive(key("embedding_length"), f.get_u32(key("embedding_length")));
-  const int32_t n_block = positive(key("block_count"), f.get_u32(key("block_count")));
+  hp.n_embd = checked_count(f, key("embedding_length"), f.get_u32(key("embedding_length")));
+  const int32_t n_block = checked_count(f, key("block_count"), f.get_u32(key("block_count")));
   hp.n_mtp = int32_t(f.opt_u32(key("nextn_predict_layers")).value_or(0));
   if (hp.n_mtp >= n_block)
     throw gguf::Error(path + ": key '" + key("nextn_predict_layers") + "' = " +
                       std::to_string(hp.n_mtp) + " (expected less than block_count " +
                       std::to_string(n_block) + ")");
   hp.n_layer = n_block - hp.n_mtp;
-  hp.head_dim_k = positive(key("attention.key_length"), f.get_u32(key("attention.key_length")));
-  hp.head_dim_v = positive(key("attention.value_length"),
-                           f.opt_u32(key("attention.value_length")).value_or(uint32_t(hp.head_dim_k)));
+  hp.head_dim_k = checked_count(f, key("attention.key_length"), f.get_u32(key("attention.key_length")));
+  hp.head_dim_v = checked_count(f, key("attention.value_length"),
+                                f.opt_u32(key("attention.value_length")).value_or(uint32_t(hp.head_dim_k)));
   hp.rms_eps = f.get_f32(key("attention.layer_norm_rms_epsilon"));
   if (!(hp.rms_eps > 0.0f) || !std::isfinite(hp.rms_eps))
     throw gguf::Error(path + ": key '" + key("attention.layer_norm_rms_epsilon") +
                       "' must be a positive number");
-  hp.swa_window = positive(key("attention.sliding_window"), f.get_u32(key("attention.sliding_window")));
+  hp.swa_window = checked_count(f, key("attention.sliding_window"), f.get_u32(key("attention.sliding_window")));
   hp.n_ctx_train = int32_t(std::min<uint64_t>(f.opt_u32(key("context_length")).value_or(4096), 1u << 30));
   hp.n_expert = int32_t(f.opt_u32(key("expert_count")).value_or(0));
   hp.n_ff_shexp = int32_t(f.opt_u32(key("expert_shared_feed_forward_length")).value_or(0));
@@ -256,8 +252,23 @@ HParams read_hparams(const gguf::File& f) {
   hp.expert_weights_norm = f.opt_bool(key("expert_weights_norm")).value_or(false);
   hp.expert_weights_scale = f.opt_f32(key("expert_weights_scale")).value_or(1.0f);
   if (hp.expert_weights_scale == 0.0f) hp.expert_weights_scale = 1.0f;  // 0 = unset
+  return hp;
+}
 
-  const size_t n = size_t(n_block);
+// A MoE layer needs the expert counts and sizes.
+void check_moe_layer(const HParams& hp, const LayerHParams& L, const std::string& where) {
+  if (hp.n_expert <= 0)
+    throw gguf::Error(where + "MoE layer but key '" + key("expert_count") + "' is missing or 0");
+  if (L.n_expert_used <= 0 || L.n_expert_used > hp.n_expert)
+    throw gguf::Error(where + "expert_used_count " + std::to_string(L.n_expert_used) +
+                      " (expected 1 .. expert_count " + std::to_string(hp.n_expert) + ")");
+  if (L.n_ff_exp <= 0)
+    throw gguf::Error(where + "key '" + key("expert_feed_forward_length") + "' is missing or 0");
+}
+
+// Every block's hyperparameters (the per-layer keys: arrays, or one value for all layers).
+std::vector<LayerHParams> read_layer_hparams(const gguf::File& f, const HParams& hp) {
+  const size_t n = size_t(hp.n_layer + hp.n_mtp);
   const auto is_swa = f.get_bool_per_layer(key("attention.sliding_window_pattern"), n);
   const auto n_head = f.get_u32_per_layer(key("attention.head_count"), n);
   const auto n_head_kv = f.get_u32_per_layer(key("attention.head_count_kv"), n);
@@ -275,13 +286,13 @@ HParams read_hparams(const gguf::File& f) {
   const float base_swa = f.opt_f32(key("rope.freq_base_swa")).value_or(10000.0f);
   const bool has_rope_freqs = f.find_tensor("rope_freqs.weight") != nullptr;
 
-  hp.layers.resize(n);
+  std::vector<LayerHParams> layers(n);
   for (size_t il = 0; il < n; ++il) {
-    LayerHParams& L = hp.layers[il];
-    const std::string where = path + ": layer " + std::to_string(il) + ": ";
+    LayerHParams& L = layers[il];
+    const std::string where = f.path() + ": layer " + std::to_string(il) + ": ";
     L.is_swa = is_swa[il];
-    L.n_head = positive(key("attention.head_count"), n_head[il]);
-    L.n_head_kv = positive(key("attention.head_count_kv"), n_head_kv[il]);
+    L.n_head = checked_count(f, key("attention.head_count"), n_head[il]);
+    L.n_head_kv = checked_count(f, key("attention.head_count_kv"), n_head_kv[il]);
     if (L.n_head % L.n_head_kv != 0)
       throw gguf::Error(where + "head_count " + std::to_string(L.n_head) +
                         " is not a multiple of head_count_kv " + std::to_string(L.n_head_kv));
@@ -297,16 +308,18 @@ HParams read_hparams(const gguf::File& f) {
     L.n_ff_exp = int32_t(n_ff_exp[il]);
     L.clamp_exp = clamp_exp[il];
     L.clamp_shexp = clamp_shexp[il];
-    if (L.is_moe) {
-      if (hp.n_expert <= 0)
-        throw gguf::Error(where + "MoE layer but key '" + key("expert_count") + "' is missing or 0");
-      if (L.n_expert_used <= 0 || L.n_expert_used > hp.n_expert)
-        throw gguf::Error(where + "expert_used_count " + std::to_string(L.n_expert_used) +
-                          " (expected 1 .. expert_count " + std::to_string(hp.n_expert) + ")");
-      if (L.n_ff_exp <= 0)
-        throw gguf::Error(where + "key '" + key("expert_feed_forward_length") + "' is missing or 0");
-    }
+    if (L.is_moe) check_moe_layer(hp, L, where);
   }
+  return layers;
+}
+
+// The hyperparameters a file declares (architecture.md "Hyperparameters").
+HParams read_hparams(const gguf::File& f) {
+  const std::string arch = f.get_str("general.architecture");
+  if (arch != "step35")
+    throw gguf::Error(f.path() + ": general.architecture is '" + arch + "' (expected 'step35')");
+  HParams hp = read_model_hparams(f);
+  hp.layers = read_layer_hparams(f, hp);
   return hp;
 }
 
