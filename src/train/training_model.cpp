@@ -372,13 +372,25 @@ struct TrainingModel::State {
   // MoE (architecture.md "MoE routing and the shared expert") on f; writes y. Records routing
   // statistics into `stats` when given.
   void moe_forward(int il, LossStats* stats) {
+    route_tokens(il);
+    group_by_expert(il);
+    if (stats) record_routing(il, stats);
+    routed_experts_forward(il);
+    const float* ps = shared_expert_forward(il);
+    dump("ffn_moe_weights_scaled", il, w.v.data(), T * hp.layers[size_t(il)].n_expert_used);
+    if (ps) dump("ffn_shared_out", il, ps, T * hp.n_embd);
+    combine_experts(il, ps);
+  }
+
+  // The router on f: logits z, probabilities p, and per token its top-k experts (ids) and
+  // their weights (w).
+  void route_tokens(int il) {
     const LayerHParams& L = hp.layers[size_t(il)];
     const LayerWeights& W = m.layer(il);
-    const int64_t E = hp.n_embd, X = hp.n_expert, K = L.n_expert_used, F = L.n_ff_exp;
+    const int64_t E = hp.n_embd, X = hp.n_expert, K = L.n_expert_used;
     const RouterConfig rc = router_config(L);
-    const float* pf = f.v.data();
     float* pz = z.get(T * X);
-    linear_forward(router_matrix(il), pf, E, T, pz, X, &pool, opts.precision);
+    linear_forward(router_matrix(il), f.v.data(), E, T, pz, X, &pool, opts.precision);
     float* pp = p.get(T * X);
     ids.resize(size_t(T * K));
     float* pw = w.get(T * K);
@@ -386,41 +398,54 @@ struct TrainingModel::State {
     for_rows(T, pool, double(X) * 8, [&](int64_t b, int64_t e) {
       for (int64_t t = b; t < e; ++t) router_forward(rc, pz + t * X, bias, pp + t * X, ids.data() + t * K, pw + t * K);
     });
-    // Rows grouped by expert, tokens in order within an expert (as the forward pass does).
+  }
+
+  // The (token, slot) rows grouped by expert, tokens in order within an expert (as the
+  // forward pass does): expert_first, row_token, row_slot, slot_row and active_experts.
+  void group_by_expert(int il) {
+    const int64_t X = hp.n_expert, K = hp.layers[size_t(il)].n_expert_used, R = T * K;
     expert_first.assign(size_t(X + 1), 0);
     for (int64_t i = 0; i < T * K; ++i) ++expert_first[size_t(ids[size_t(i)] + 1)];
     for (int64_t e = 0; e < X; ++e) expert_first[size_t(e + 1)] += expert_first[size_t(e)];
-    const int64_t R = T * K;
     row_token.resize(size_t(R));
     row_slot.resize(size_t(R));
     slot_row.resize(size_t(R));
-    {
-      std::vector<int64_t> fill(expert_first.begin(), expert_first.end() - 1);
-      for (int64_t t = 0; t < T; ++t)
-        for (int64_t kk = 0; kk < K; ++kk) {
-          const int32_t e = ids[size_t(t * K + kk)];
-          const int64_t r = fill[size_t(e)]++;
-          row_token[size_t(r)] = int32_t(t);
-          row_slot[size_t(r)] = int32_t(t * K + kk);
-          slot_row[size_t(t * K + kk)] = int32_t(r);
-        }
-    }
+    std::vector<int64_t> fill(expert_first.begin(), expert_first.end() - 1);
+    for (int64_t t = 0; t < T; ++t)
+      for (int64_t kk = 0; kk < K; ++kk) {
+        const int32_t e = ids[size_t(t * K + kk)];
+        const int64_t r = fill[size_t(e)]++;
+        row_token[size_t(r)] = int32_t(t);
+        row_slot[size_t(r)] = int32_t(t * K + kk);
+        slot_row[size_t(t * K + kk)] = int32_t(r);
+      }
     active_experts.clear();
     for (int64_t e = 0; e < X; ++e)
       if (expert_first[size_t(e + 1)] > expert_first[size_t(e)]) active_experts.push_back(int32_t(e));
-    if (stats) {
-      auto& counts = stats->expert_counts[size_t(il)];
-      counts.assign(size_t(X), 0);
-      for (int64_t e = 0; e < X; ++e) counts[size_t(e)] = expert_first[size_t(e + 1)] - expert_first[size_t(e)];
-      if (opts.record_topk) stats->topk[size_t(il)].assign(ids.begin(), ids.end());
-      if (params && params->layer_has_experts(il))
-        for (int64_t t = 0; t < T; ++t)
-          for (int64_t kk = 0; kk < K; ++kk)
-            if (params->is_trained_expert(il, ids[size_t(t * K + kk)])) routed[size_t(t)] = 1;
-      if (params && params->router(il))
-        stats->balance_loss += balance_loss(rc, balance_groups(), pp, ids.data(), T, 0.0f, nullptr);
-    }
-    // Routed experts: gate/up, SwiGLU, down, per expert on the pool.
+  }
+
+  // Expert counts, the top-k choices when asked for, the tokens routed to a trained expert
+  // and the balance loss at a trained router.
+  void record_routing(int il, LossStats* stats) {
+    const LayerHParams& L = hp.layers[size_t(il)];
+    const int64_t X = hp.n_expert, K = L.n_expert_used;
+    auto& counts = stats->expert_counts[size_t(il)];
+    counts.assign(size_t(X), 0);
+    for (int64_t e = 0; e < X; ++e) counts[size_t(e)] = expert_first[size_t(e + 1)] - expert_first[size_t(e)];
+    if (opts.record_topk) stats->topk[size_t(il)].assign(ids.begin(), ids.end());
+    if (params && params->layer_has_experts(il))
+      for (int64_t t = 0; t < T; ++t)
+        for (int64_t kk = 0; kk < K; ++kk)
+          if (params->is_trained_expert(il, ids[size_t(t * K + kk)])) routed[size_t(t)] = 1;
+    if (params && params->router(il))
+      stats->balance_loss += balance_loss(router_config(L), balance_groups(), p.v.data(), ids.data(), T, 0.0f, nullptr);
+  }
+
+  // Routed experts: gate/up, SwiGLU, down, per expert on the pool (rows of rgate, rup, ract, rdown).
+  void routed_experts_forward(int il) {
+    const LayerHParams& L = hp.layers[size_t(il)];
+    const int64_t E = hp.n_embd, F = L.n_ff_exp, R = T * L.n_expert_used;
+    const float* pf = f.v.data();
     float* prg = rgate.get(R * F);
     float* pru = rup.get(R * F);
     float* pra = ract.get(R * F);
@@ -438,25 +463,34 @@ struct TrainingModel::State {
       swiglu_forward(prg + r0 * F, pru + r0 * F, F, L.clamp_exp, n, F, pra + r0 * F);
       linear_forward(expert_matrix(il, e, TrainedParams::Down), pra + r0 * F, F, n, prd + r0 * E, E, nullptr, pr);
     });
-    // Shared expert.
-    const bool has_shared = W.ffn_up_shexp.present();
-    float* ps = nullptr;
-    if (has_shared) {
-      const int64_t FS = W.ffn_up_shexp.n_out;
-      float* psg = sgate.get(T * FS);
-      float* psu = sup.get(T * FS);
-      linear_forward(shared_matrix(il, TrainedParams::Gate), pf, E, T, psg, FS, &pool, opts.precision);
-      linear_forward(shared_matrix(il, TrainedParams::Up), pf, E, T, psu, FS, &pool, opts.precision);
-      float* psa = sact.get(T * FS);
-      for_rows(T, pool, double(FS) * 8, [&](int64_t b, int64_t e) {
-        swiglu_forward(psg + b * FS, psu + b * FS, FS, L.clamp_shexp, e - b, FS, psa + b * FS);
-      });
-      ps = sout.get(T * E);
-      linear_forward(shared_matrix(il, TrainedParams::Down), psa, FS, T, ps, E, &pool, opts.precision);
-    }
-    dump("ffn_moe_weights_scaled", il, pw, T * K);
-    if (ps) dump("ffn_shared_out", il, ps, T * E);
-    // Weighted sum in top-k order, then the shared expert (the forward pass's order).
+  }
+
+  // The shared expert on f (sgate, sup, sact, sout): its output, or null where the layer has none.
+  const float* shared_expert_forward(int il) {
+    const LayerHParams& L = hp.layers[size_t(il)];
+    const LayerWeights& W = m.layer(il);
+    if (!W.ffn_up_shexp.present()) return nullptr;
+    const int64_t E = hp.n_embd, FS = W.ffn_up_shexp.n_out;
+    const float* pf = f.v.data();
+    float* psg = sgate.get(T * FS);
+    float* psu = sup.get(T * FS);
+    linear_forward(shared_matrix(il, TrainedParams::Gate), pf, E, T, psg, FS, &pool, opts.precision);
+    linear_forward(shared_matrix(il, TrainedParams::Up), pf, E, T, psu, FS, &pool, opts.precision);
+    float* psa = sact.get(T * FS);
+    for_rows(T, pool, double(FS) * 8, [&](int64_t b, int64_t e) {
+      swiglu_forward(psg + b * FS, psu + b * FS, FS, L.clamp_shexp, e - b, FS, psa + b * FS);
+    });
+    float* ps = sout.get(T * E);
+    linear_forward(shared_matrix(il, TrainedParams::Down), psa, FS, T, ps, E, &pool, opts.precision);
+    return ps;
+  }
+
+  // y: the routed experts' rows weighted in top-k order, then the shared expert's output
+  // `ps` when there is one (the forward pass's order).
+  void combine_experts(int il, const float* ps) {
+    const int64_t E = hp.n_embd, K = hp.layers[size_t(il)].n_expert_used;
+    const float* pw = w.v.data();
+    const float* prd = rdown.v.data();
     float* py = y.get(T * E);
     for_rows(T, pool, double(E * K), [&](int64_t b, int64_t e) {
       for (int64_t t = b; t < e; ++t) {
