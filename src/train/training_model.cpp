@@ -570,111 +570,135 @@ struct TrainingModel::State {
     linear_backward_input(W.ffn_up, pdu, F, T, df_out, E, &pool);
   }
 
+  // What an MoE layer's backward is given and asked for.
+  struct MoeGrad {
+    const float* dy;       // gradient of the FFN's output
+    float* df_out;         // += gradient of its input f; null when not needed
+    TrainedParams* grads;  // += the trained tensors' gradients; null when none
+    bool need_router;      // the router's backward runs (for df_out or a trained router)
+  };
+
   void moe_backward(int il, const float* dy, float* df_out, TrainedParams* grads) {
+    const bool router_trained = grads && grads->router(il);
+    const MoeGrad g{dy, df_out, grads, df_out || router_trained};
+    if (m.layer(il).ffn_up_shexp.present()) shared_expert_backward(il, g);
+    routed_experts_backward(il, g);
+    if (g.need_router) moe_router_backward(il, g);
+  }
+
+  void shared_expert_backward(int il, const MoeGrad& g) {
     const LayerHParams& L = hp.layers[size_t(il)];
     const LayerWeights& W = m.layer(il);
-    const int64_t E = hp.n_embd, X = hp.n_expert, K = L.n_expert_used, F = L.n_ff_exp, R = T * K;
+    TrainedTensor* tg = g.grads ? g.grads->shared(il, TrainedParams::Gate) : nullptr;
+    TrainedTensor* tu = g.grads ? g.grads->shared(il, TrainedParams::Up) : nullptr;
+    TrainedTensor* td = g.grads ? g.grads->shared(il, TrainedParams::Down) : nullptr;
+    if (!g.df_out && !tg && !tu && !td) return;
+    const int64_t E = hp.n_embd, FS = W.ffn_up_shexp.n_out;
     const float* pf = f.v.data();
-    const bool router_trained = grads && grads->router(il);
-    const bool need_router = df_out || router_trained;
-
-    // Shared expert.
-    if (W.ffn_up_shexp.present()) {
-      TrainedTensor* tg = grads ? grads->shared(il, TrainedParams::Gate) : nullptr;
-      TrainedTensor* tu = grads ? grads->shared(il, TrainedParams::Up) : nullptr;
-      TrainedTensor* td = grads ? grads->shared(il, TrainedParams::Down) : nullptr;
-      if (df_out || tg || tu || td) {
-        const int64_t FS = W.ffn_up_shexp.n_out;
-        float* pda = dsact.zero(T * FS);
-        linear_backward_input(shared_matrix(il, TrainedParams::Down), dy, E, T, pda, FS, &pool);
-        if (td) linear_backward_weight(sact.v.data(), FS, dy, E, T, FS, E, td->grad.data(), &pool);
-        float* pdg = dsg.get(T * FS);
-        float* pdu = dsu.get(T * FS);
-        for_rows(T, pool, double(FS) * 10, [&](int64_t b, int64_t e) {
-          swiglu_backward(sgate.v.data() + b * FS, sup.v.data() + b * FS, FS, L.clamp_shexp, e - b, FS, pda + b * FS,
-                          pdg + b * FS, pdu + b * FS);
-        });
-        if (tg) linear_backward_weight(pf, E, pdg, FS, T, E, FS, tg->grad.data(), &pool);
-        if (tu) linear_backward_weight(pf, E, pdu, FS, T, E, FS, tu->grad.data(), &pool);
-        if (df_out) {
-          linear_backward_input(shared_matrix(il, TrainedParams::Gate), pdg, FS, T, df_out, E, &pool);
-          linear_backward_input(shared_matrix(il, TrainedParams::Up), pdu, FS, T, df_out, E, &pool);
-        }
-      }
+    float* pda = dsact.zero(T * FS);
+    linear_backward_input(shared_matrix(il, TrainedParams::Down), g.dy, E, T, pda, FS, &pool);
+    if (td) linear_backward_weight(sact.v.data(), FS, g.dy, E, T, FS, E, td->grad.data(), &pool);
+    float* pdg = dsg.get(T * FS);
+    float* pdu = dsu.get(T * FS);
+    for_rows(T, pool, double(FS) * 10, [&](int64_t b, int64_t e) {
+      swiglu_backward(sgate.v.data() + b * FS, sup.v.data() + b * FS, FS, L.clamp_shexp, e - b, FS, pda + b * FS,
+                      pdg + b * FS, pdu + b * FS);
+    });
+    if (tg) linear_backward_weight(pf, E, pdg, FS, T, E, FS, tg->grad.data(), &pool);
+    if (tu) linear_backward_weight(pf, E, pdu, FS, T, E, FS, tu->grad.data(), &pool);
+    if (g.df_out) {
+      linear_backward_input(shared_matrix(il, TrainedParams::Gate), pdg, FS, T, g.df_out, E, &pool);
+      linear_backward_input(shared_matrix(il, TrainedParams::Up), pdu, FS, T, g.df_out, E, &pool);
     }
+  }
 
-    // Routed experts, one job per expert: dL/d act_r = w_r · W_down^T dy_t and
-    // dL/dw_r = (W_down^T dy_t) · act_r for each row r = (token t, slot).
-    float* pdw = dw.zero(R);
-    float* pdrow = df_out ? drow.get(R * E) : nullptr;
-    const float* pw = w.v.data();
-    bool any_expert_work = df_out || need_router;
-    if (grads)
-      for (int32_t e : active_experts) any_expert_work = any_expert_work || grads->is_trained_expert(il, e);
+  // Routed experts, one job per expert (expert_backward): the routing weights' gradients
+  // into dw, the trained experts' gradients, and each row's input gradient into drow, added
+  // to df_out per token.
+  void routed_experts_backward(int il, const MoeGrad& g) {
+    const LayerHParams& L = hp.layers[size_t(il)];
+    const int64_t E = hp.n_embd, K = L.n_expert_used, F = L.n_ff_exp, R = T * K;
+    dw.zero(R);
+    float* pdrow = g.df_out ? drow.get(R * E) : nullptr;
+    bool any_expert_work = g.df_out || g.need_router;
+    if (g.grads)
+      for (int32_t e : active_experts) any_expert_work = any_expert_work || g.grads->is_trained_expert(il, e);
     if (any_expert_work)
-      for_each(int64_t(active_experts.size()), pool, double(R) * double(F) * double(E) * 6, [&](int64_t i) {
-        const int32_t e = active_experts[size_t(i)];
-        TrainedTensor* tg = grads ? grads->expert(il, e, TrainedParams::Gate) : nullptr;
-        TrainedTensor* tu = grads ? grads->expert(il, e, TrainedParams::Up) : nullptr;
-        TrainedTensor* td = grads ? grads->expert(il, e, TrainedParams::Down) : nullptr;
-        if (!df_out && !need_router && !tg) return;
-        const int64_t r0 = expert_first[size_t(e)], n = expert_first[size_t(e + 1)] - r0;
-        thread_local std::vector<float> dys, gdown, dgs, dus, xs;
-        dys.resize(size_t(n * E));
-        for (int64_t j = 0; j < n; ++j) {
-          const int64_t t = row_token[size_t(r0 + j)];
-          std::memcpy(dys.data() + j * E, dy + t * E, size_t(E) * sizeof(float));
-        }
-        gdown.assign(size_t(n * F), 0.0f);
-        linear_backward_input(expert_matrix(il, e, TrainedParams::Down), dys.data(), E, n, gdown.data(), F, nullptr);
-        const float* pa = ract.v.data() + r0 * F;
-        for (int64_t j = 0; j < n; ++j) {
-          const int32_t slot = row_slot[size_t(r0 + j)];
-          pdw[slot] = kernels::dot_f32(gdown.data() + j * F, pa + j * F, F);
-        }
-        if (!df_out && !tg) return;  // only the router needed this expert
-        if (td) {
-          for (int64_t j = 0; j < n; ++j) kernels::scale_f32(pw[row_slot[size_t(r0 + j)]], dys.data() + j * E, E);
-          linear_backward_weight(pa, F, dys.data(), E, n, F, E, td->grad.data(), nullptr);
-        }
-        for (int64_t j = 0; j < n; ++j) kernels::scale_f32(pw[row_slot[size_t(r0 + j)]], gdown.data() + j * F, F);
-        dgs.resize(size_t(n * F));
-        dus.resize(size_t(n * F));
-        swiglu_backward(rgate.v.data() + r0 * F, rup.v.data() + r0 * F, F, L.clamp_exp, n, F, gdown.data(), dgs.data(),
-                        dus.data());
-        if (tg || tu) {
-          xs.resize(size_t(n * E));
-          for (int64_t j = 0; j < n; ++j)
-            std::memcpy(xs.data() + j * E, pf + int64_t(row_token[size_t(r0 + j)]) * E, size_t(E) * sizeof(float));
-          if (tg) linear_backward_weight(xs.data(), E, dgs.data(), F, n, E, F, tg->grad.data(), nullptr);
-          if (tu) linear_backward_weight(xs.data(), E, dus.data(), F, n, E, F, tu->grad.data(), nullptr);
-        }
-        if (pdrow) {
-          float* dr = pdrow + r0 * E;
-          std::fill(dr, dr + n * E, 0.0f);
-          linear_backward_input(expert_matrix(il, e, TrainedParams::Gate), dgs.data(), F, n, dr, E, nullptr);
-          linear_backward_input(expert_matrix(il, e, TrainedParams::Up), dus.data(), F, n, dr, E, nullptr);
-        }
-      });
-    if (df_out)
+      for_each(int64_t(active_experts.size()), pool, double(R) * double(F) * double(E) * 6,
+               [&](int64_t i) { expert_backward(il, active_experts[size_t(i)], g); });
+    if (g.df_out)
       for_rows(T, pool, double(E * K), [&](int64_t b, int64_t e) {
         for (int64_t t = b; t < e; ++t)
           for (int64_t kk = 0; kk < K; ++kk)
-            kernels::axpy_f32(1.0f, pdrow + int64_t(slot_row[size_t(t * K + kk)]) * E, df_out + t * E, E);
+            kernels::axpy_f32(1.0f, pdrow + int64_t(slot_row[size_t(t * K + kk)]) * E, g.df_out + t * E, E);
       });
+  }
 
-    // Router: weights -> probabilities -> logits, plus the balance loss at trained routers.
-    if (!need_router) return;
+  // Expert e's rows r = (token t, slot): dL/d act_r = w_r · W_down^T dy_t and
+  // dL/dw_r = (W_down^T dy_t) · act_r.
+  void expert_backward(int il, int32_t e, const MoeGrad& g) {
+    const LayerHParams& L = hp.layers[size_t(il)];
+    const int64_t E = hp.n_embd, F = L.n_ff_exp;
+    TrainedTensor* tg = g.grads ? g.grads->expert(il, e, TrainedParams::Gate) : nullptr;
+    TrainedTensor* tu = g.grads ? g.grads->expert(il, e, TrainedParams::Up) : nullptr;
+    TrainedTensor* td = g.grads ? g.grads->expert(il, e, TrainedParams::Down) : nullptr;
+    if (!g.df_out && !g.need_router && !tg) return;
+    const int64_t r0 = expert_first[size_t(e)], n = expert_first[size_t(e + 1)] - r0;
+    const float* pw = w.v.data();
+    thread_local std::vector<float> dys, gdown, dgs, dus, xs;
+    dys.resize(size_t(n * E));
+    for (int64_t j = 0; j < n; ++j) {
+      const int64_t t = row_token[size_t(r0 + j)];
+      std::memcpy(dys.data() + j * E, g.dy + t * E, size_t(E) * sizeof(float));
+    }
+    gdown.assign(size_t(n * F), 0.0f);
+    linear_backward_input(expert_matrix(il, e, TrainedParams::Down), dys.data(), E, n, gdown.data(), F, nullptr);
+    const float* pa = ract.v.data() + r0 * F;
+    for (int64_t j = 0; j < n; ++j) {
+      const int32_t slot = row_slot[size_t(r0 + j)];
+      dw.v[size_t(slot)] = kernels::dot_f32(gdown.data() + j * F, pa + j * F, F);
+    }
+    if (!g.df_out && !tg) return;  // only the router needed this expert
+    if (td) {
+      for (int64_t j = 0; j < n; ++j) kernels::scale_f32(pw[row_slot[size_t(r0 + j)]], dys.data() + j * E, E);
+      linear_backward_weight(pa, F, dys.data(), E, n, F, E, td->grad.data(), nullptr);
+    }
+    for (int64_t j = 0; j < n; ++j) kernels::scale_f32(pw[row_slot[size_t(r0 + j)]], gdown.data() + j * F, F);
+    dgs.resize(size_t(n * F));
+    dus.resize(size_t(n * F));
+    swiglu_backward(rgate.v.data() + r0 * F, rup.v.data() + r0 * F, F, L.clamp_exp, n, F, gdown.data(), dgs.data(),
+                    dus.data());
+    if (tg || tu) {
+      xs.resize(size_t(n * E));
+      for (int64_t j = 0; j < n; ++j)
+        std::memcpy(xs.data() + j * E, f.v.data() + int64_t(row_token[size_t(r0 + j)]) * E, size_t(E) * sizeof(float));
+      if (tg) linear_backward_weight(xs.data(), E, dgs.data(), F, n, E, F, tg->grad.data(), nullptr);
+      if (tu) linear_backward_weight(xs.data(), E, dus.data(), F, n, E, F, tu->grad.data(), nullptr);
+    }
+    if (g.df_out) {
+      float* dr = drow.v.data() + r0 * E;
+      std::fill(dr, dr + n * E, 0.0f);
+      linear_backward_input(expert_matrix(il, e, TrainedParams::Gate), dgs.data(), F, n, dr, E, nullptr);
+      linear_backward_input(expert_matrix(il, e, TrainedParams::Up), dus.data(), F, n, dr, E, nullptr);
+    }
+  }
+
+  // Router: weights -> probabilities -> logits, plus the balance loss at trained routers.
+  void moe_router_backward(int il, const MoeGrad& g) {
+    const LayerHParams& L = hp.layers[size_t(il)];
+    const int64_t E = hp.n_embd, X = hp.n_expert, K = L.n_expert_used;
+    const bool router_trained = g.grads && g.grads->router(il);
     const RouterConfig rc = router_config(L);
     float* pdz = dz.zero(T * X);
     const float* pp = p.v.data();
+    const float* pdw = dw.v.data();
     for_rows(T, pool, double(X) * 4, [&](int64_t b, int64_t e) {
       for (int64_t t = b; t < e; ++t) router_backward(rc, pp + t * X, ids.data() + t * K, pdw + t * K, pdz + t * X);
     });
     if (router_trained && opts.balance_weight > 0)
       balance_loss(rc, balance_groups(), pp, ids.data(), T, opts.balance_weight, pdz);
-    if (router_trained) linear_backward_weight(pf, E, pdz, X, T, E, X, grads->router(il)->grad.data(), &pool);
-    if (df_out) linear_backward_input(router_matrix(il), pdz, X, T, df_out, E, &pool);
+    if (router_trained) linear_backward_weight(f.v.data(), E, pdz, X, T, E, X, g.grads->router(il)->grad.data(), &pool);
+    if (g.df_out) linear_backward_input(router_matrix(il), pdz, X, T, g.df_out, E, &pool);
   }
 
   // dh1 -> gradient of the layer input x (the residual path plus the attention branch).
