@@ -14,7 +14,7 @@
 #include <vector>
 
 #include "gguf/gguf.h"
-#include "model/make_tiny.h"
+#include "tinymodel/make_tiny.h"
 #include "model/session.h"
 #include "model/step35.h"
 #include "engine/sampler.h"

@@ -15,7 +15,7 @@
 
 #include "gguf/gguf.h"
 #include "gguf/gguf_writer.h"
-#include "model/quantize.h"
+#include "quantize/quantize.h"
 #include "model/step35.h"
 #include "support.h"
 #include "tensor/dtype.h"

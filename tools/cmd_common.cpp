@@ -11,7 +11,7 @@
 #include "args.h"
 #include "common.h"
 #include "engine/mtp_limits.h"
-#include "model/make_tiny.h"
+#include "tinymodel/make_tiny.h"
 #include "patch/patch.h"
 
 namespace step35::cli {

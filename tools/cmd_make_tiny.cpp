@@ -1,4 +1,4 @@
-// step35 make-tiny: writes a random-weight step35 GGUF (src/model/make_tiny.h) and prints
+// step35 make-tiny: writes a random-weight step35 GGUF (src/tinymodel/make_tiny.h) and prints
 // one JSON line describing it.
 #include <cstdio>
 
@@ -7,7 +7,7 @@
 #include "args.h"
 #include "commands.h"
 #include "common.h"
-#include "model/make_tiny.h"
+#include "tinymodel/make_tiny.h"
 #include "tensor/dtype.h"
 
 namespace step35::cli {

@@ -1,11 +1,11 @@
 // step35 quantize: converts a step35 GGUF to another file type with llama-quantize's
-// per-tensor recipe and encoders (src/model/quantize.h); progress and a summary on stderr.
+// per-tensor recipe and encoders (src/quantize/quantize.h); progress and a summary on stderr.
 #include <cstdio>
 
 #include "args.h"
 #include "commands.h"
 #include "common.h"
-#include "model/quantize.h"
+#include "quantize/quantize.h"
 
 namespace step35::cli {
 

@@ -213,37 +213,33 @@ std::unique_ptr<Model> Model::load_parsed(std::unique_ptr<gguf::File> file, std:
 
 namespace {
 
-// The hyperparameters a file declares (architecture.md "Hyperparameters").
-HParams read_hparams(const gguf::File& f) {
+// A count key's value, checked to lie in 1 .. 2^30.
+int32_t checked_count(const gguf::File& f, const std::string& k, int64_t v) {
+  if (v <= 0 || v > (int64_t(1) << 30))
+    throw gguf::Error(f.path() + ": key '" + k + "' = " + std::to_string(v) + " is out of range (expected 1 .. 2^30)");
+  return int32_t(v);
+}
+
+// The hyperparameters shared by all layers; `layers` stays empty.
+HParams read_model_hparams(const gguf::File& f) {
   const std::string& path = f.path();
-  const std::string arch = f.get_str("general.architecture");
-  if (arch != "step35")
-    throw gguf::Error(path + ": general.architecture is '" + arch + "' (expected 'step35')");
-
-  auto positive = [&](const std::string& k, int64_t v) -> int32_t {
-    if (v <= 0 || v > (int64_t(1) << 30))
-      throw gguf::Error(path + ": key '" + k + "' = " + std::to_string(v) +
-                        " is out of range (expected 1 .. 2^30)");
-    return int32_t(v);
-  };
-
   HParams hp;
-  hp.n_embd = positive(key("embedding_length"), f.get_u32(key("embedding_length")));
-  const int32_t n_block = positive(key("block_count"), f.get_u32(key("block_count")));
+  hp.n_embd = checked_count(f, key("embedding_length"), f.get_u32(key("embedding_length")));
+  const int32_t n_block = checked_count(f, key("block_count"), f.get_u32(key("block_count")));
   hp.n_mtp = int32_t(f.opt_u32(key("nextn_predict_layers")).value_or(0));
   if (hp.n_mtp >= n_block)
     throw gguf::Error(path + ": key '" + key("nextn_predict_layers") + "' = " +
                       std::to_string(hp.n_mtp) + " (expected less than block_count " +
                       std::to_string(n_block) + ")");
   hp.n_layer = n_block - hp.n_mtp;
-  hp.head_dim_k = positive(key("attention.key_length"), f.get_u32(key("attention.key_length")));
-  hp.head_dim_v = positive(key("attention.value_length"),
-                           f.opt_u32(key("attention.value_length")).value_or(uint32_t(hp.head_dim_k)));
+  hp.head_dim_k = checked_count(f, key("attention.key_length"), f.get_u32(key("attention.key_length")));
+  hp.head_dim_v = checked_count(f, key("attention.value_length"),
+                                f.opt_u32(key("attention.value_length")).value_or(uint32_t(hp.head_dim_k)));
   hp.rms_eps = f.get_f32(key("attention.layer_norm_rms_epsilon"));
   if (!(hp.rms_eps > 0.0f) || !std::isfinite(hp.rms_eps))
     throw gguf::Error(path + ": key '" + key("attention.layer_norm_rms_epsilon") +
                       "' must be a positive number");
-  hp.swa_window = positive(key("attention.sliding_window"), f.get_u32(key("attention.sliding_window")));
+  hp.swa_window = checked_count(f, key("attention.sliding_window"), f.get_u32(key("attention.sliding_window")));
   hp.n_ctx_train = int32_t(std::min<uint64_t>(f.opt_u32(key("context_length")).value_or(4096), 1u << 30));
   hp.n_expert = int32_t(f.opt_u32(key("expert_count")).value_or(0));
   hp.n_ff_shexp = int32_t(f.opt_u32(key("expert_shared_feed_forward_length")).value_or(0));
@@ -256,8 +252,23 @@ HParams read_hparams(const gguf::File& f) {
   hp.expert_weights_norm = f.opt_bool(key("expert_weights_norm")).value_or(false);
   hp.expert_weights_scale = f.opt_f32(key("expert_weights_scale")).value_or(1.0f);
   if (hp.expert_weights_scale == 0.0f) hp.expert_weights_scale = 1.0f;  // 0 = unset
+  return hp;
+}
 
-  const size_t n = size_t(n_block);
+// A MoE layer needs the expert counts and sizes.
+void check_moe_layer(const HParams& hp, const LayerHParams& L, const std::string& where) {
+  if (hp.n_expert <= 0)
+    throw gguf::Error(where + "MoE layer but key '" + key("expert_count") + "' is missing or 0");
+  if (L.n_expert_used <= 0 || L.n_expert_used > hp.n_expert)
+    throw gguf::Error(where + "expert_used_count " + std::to_string(L.n_expert_used) +
+                      " (expected 1 .. expert_count " + std::to_string(hp.n_expert) + ")");
+  if (L.n_ff_exp <= 0)
+    throw gguf::Error(where + "key '" + key("expert_feed_forward_length") + "' is missing or 0");
+}
+
+// Every block's hyperparameters (the per-layer keys: arrays, or one value for all layers).
+std::vector<LayerHParams> read_layer_hparams(const gguf::File& f, const HParams& hp) {
+  const size_t n = size_t(hp.n_layer + hp.n_mtp);
   const auto is_swa = f.get_bool_per_layer(key("attention.sliding_window_pattern"), n);
   const auto n_head = f.get_u32_per_layer(key("attention.head_count"), n);
   const auto n_head_kv = f.get_u32_per_layer(key("attention.head_count_kv"), n);
@@ -275,13 +286,13 @@ HParams read_hparams(const gguf::File& f) {
   const float base_swa = f.opt_f32(key("rope.freq_base_swa")).value_or(10000.0f);
   const bool has_rope_freqs = f.find_tensor("rope_freqs.weight") != nullptr;
 
-  hp.layers.resize(n);
+  std::vector<LayerHParams> layers(n);
   for (size_t il = 0; il < n; ++il) {
-    LayerHParams& L = hp.layers[il];
-    const std::string where = path + ": layer " + std::to_string(il) + ": ";
+    LayerHParams& L = layers[il];
+    const std::string where = f.path() + ": layer " + std::to_string(il) + ": ";
     L.is_swa = is_swa[il];
-    L.n_head = positive(key("attention.head_count"), n_head[il]);
-    L.n_head_kv = positive(key("attention.head_count_kv"), n_head_kv[il]);
+    L.n_head = checked_count(f, key("attention.head_count"), n_head[il]);
+    L.n_head_kv = checked_count(f, key("attention.head_count_kv"), n_head_kv[il]);
     if (L.n_head % L.n_head_kv != 0)
       throw gguf::Error(where + "head_count " + std::to_string(L.n_head) +
                         " is not a multiple of head_count_kv " + std::to_string(L.n_head_kv));
@@ -297,16 +308,18 @@ HParams read_hparams(const gguf::File& f) {
     L.n_ff_exp = int32_t(n_ff_exp[il]);
     L.clamp_exp = clamp_exp[il];
     L.clamp_shexp = clamp_shexp[il];
-    if (L.is_moe) {
-      if (hp.n_expert <= 0)
-        throw gguf::Error(where + "MoE layer but key '" + key("expert_count") + "' is missing or 0");
-      if (L.n_expert_used <= 0 || L.n_expert_used > hp.n_expert)
-        throw gguf::Error(where + "expert_used_count " + std::to_string(L.n_expert_used) +
-                          " (expected 1 .. expert_count " + std::to_string(hp.n_expert) + ")");
-      if (L.n_ff_exp <= 0)
-        throw gguf::Error(where + "key '" + key("expert_feed_forward_length") + "' is missing or 0");
-    }
+    if (L.is_moe) check_moe_layer(hp, L, where);
   }
+  return layers;
+}
+
+// The hyperparameters a file declares (architecture.md "Hyperparameters").
+HParams read_hparams(const gguf::File& f) {
+  const std::string arch = f.get_str("general.architecture");
+  if (arch != "step35")
+    throw gguf::Error(f.path() + ": general.architecture is '" + arch + "' (expected 'step35')");
+  HParams hp = read_model_hparams(f);
+  hp.layers = read_layer_hparams(f, hp);
   return hp;
 }
 
@@ -341,19 +354,23 @@ void Model::adopt_mtp_sidecar_hparams() {
   mtp_sidecar_path_ = mtp_file_->path();
 }
 
-void Model::load_tensors(const LoadOptions& opts) {
-  // The file tensors are read from: the model's, and the sidecar's for the MTP blocks.
-  const gguf::File* from = file_.get();
-  const HParams& hp = hp_;
-  size_t n_bound = 0;
-  const size_t n_total = file_->tensors().size() + (mtp_file_ ? mtp_file_->tensors().size() : 0);
-  const bool show_progress = opts.progress && isatty(2);
+namespace {
 
-  // Looks up a tensor, checks its shape, and returns a view (absent + optional -> empty).
-  auto get = [&](const std::string& name, std::vector<int64_t> shape, bool required) -> WeightMatrix {
-    const gguf::TensorInfo* t = from->find_tensor(name);
+// Binds the tensors of a file (the model's, or the MTP sidecar's) to weight views: looks
+// each up, checks its shape, counts its bytes and draws the progress bar.
+class TensorBinder {
+ public:
+  TensorBinder(const gguf::File& from, size_t n_total, bool show_progress, uint64_t& weight_bytes)
+      : from_(&from), n_total_(n_total), show_progress_(show_progress), weight_bytes_(weight_bytes) {}
+
+  void read_from(const gguf::File& f) { from_ = &f; }
+  const gguf::File& file() const { return *from_; }
+
+  // A view of the tensor (absent + optional -> empty).
+  WeightMatrix matrix(const std::string& name, std::vector<int64_t> shape, bool required) {
+    const gguf::TensorInfo* t = from_->find_tensor(name);
     if (!t) {
-      if (required) throw gguf::Error(from->path() + ": missing tensor '" + name + "'");
+      if (required) throw gguf::Error(from_->path() + ": missing tensor '" + name + "'");
       return {};
     }
     bool ok = t->n_dims >= 1;
@@ -362,7 +379,7 @@ void Model::load_tensors(const LoadOptions& opts) {
       if (t->ne[d] != want) ok = false;
     }
     if (!ok)
-      throw gguf::Error(from->path() + ": tensor '" + name + "' has shape " + shape_str(t->ne, t->n_dims) +
+      throw gguf::Error(from_->path() + ": tensor '" + name + "' has shape " + shape_str(t->ne, t->n_dims) +
                         " (expected " + shape_str(shape.data(), uint32_t(shape.size())) + ")");
     WeightMatrix w;
     w.data = t->data;
@@ -372,40 +389,45 @@ void Model::load_tensors(const LoadOptions& opts) {
     w.n_mat = t->ne[2];
     w.row_bytes = *row_bytes(w.type, w.n_in);
     weight_bytes_ += t->nbytes;
-    ++n_bound;
-    if (show_progress && (n_bound % 16 == 0 || n_bound == n_total)) {
-      const int width = 40, done = int(width * n_bound / std::max<size_t>(n_total, 1));
+    ++n_bound_;
+    if (show_progress_ && (n_bound_ % 16 == 0 || n_bound_ == n_total_)) {
+      const int width = 40, done = int(width * n_bound_ / std::max<size_t>(n_total_, 1));
       std::fprintf(stderr, "\rloading [%.*s%*s] %zu/%zu tensors", done,
-                   "========================================", width - done, "", n_bound, n_total);
+                   "========================================", width - done, "", n_bound_, n_total_);
     }
     return w;
-  };
-  auto vec = [&](const std::string& name, int64_t n, bool required) -> std::vector<float> {
-    WeightMatrix w = get(name, {n}, required);
+  }
+
+  // A vector tensor converted to F32 (absent + optional -> empty).
+  std::vector<float> vec(const std::string& name, int64_t n, bool required) {
+    WeightMatrix w = matrix(name, {n}, required);
     std::vector<float> v;
     if (!w.present()) return v;
     v.resize(size_t(n));
     dequantize_row_ref(w.type, w.data, v.data(), n);
     return v;
-  };
+  }
 
-  const gguf::File& f = *file_;
-  const std::string& path = f.path();
-  const int64_t E = hp.n_embd;
-  const gguf::TensorInfo* te = f.find_tensor("token_embd.weight");
-  if (!te) throw gguf::Error(path + ": missing tensor 'token_embd.weight'");
-  if (te->ne[1] <= 0 || te->ne[1] > (int64_t(1) << 31) - 1)
-    throw gguf::Error(path + ": tensor 'token_embd.weight' has an invalid vocabulary size");
-  hp_.n_vocab = int32_t(te->ne[1]);
-  const int64_t V = hp.n_vocab;
-  token_embd_ = get("token_embd.weight", {E, V}, true);
-  output_norm_ = vec("output_norm.weight", E, true);
-  output_ = get("output.weight", {E, V}, true);
-  // The converter writes rope_freqs into the sidecar too (its full-attention MTP block
-  // uses it): the model's copy, else the sidecar's.
-  for (const gguf::File* g : {file_.get(), mtp_file_.get()}) {
+  void end_progress() const {
+    if (show_progress_) std::fprintf(stderr, "\n");
+  }
+
+ private:
+  const gguf::File* from_;
+  size_t n_bound_ = 0;
+  size_t n_total_;
+  bool show_progress_;
+  uint64_t& weight_bytes_;
+};
+
+// The converter writes rope_freqs into the sidecar too (its full-attention MTP block uses
+// it): the model's copy, else the sidecar's; empty when neither has one.
+std::vector<float> bind_rope_freqs(TensorBinder& bind, const gguf::File& model, const gguf::File* sidecar,
+                                   const HParams& hp) {
+  std::vector<float> freqs;
+  for (const gguf::File* g : {&model, sidecar}) {
     const gguf::TensorInfo* rf = g ? g->find_tensor("rope_freqs.weight") : nullptr;
-    if (!rf || !rope_freqs_.empty()) continue;
+    if (!rf || !freqs.empty()) continue;
     const int64_t n_rf = rf->ne[0];
     int32_t max_half = 0;
     for (const auto& L : hp.layers)
@@ -413,82 +435,124 @@ void Model::load_tensors(const LoadOptions& opts) {
     if (n_rf < max_half)
       throw gguf::Error(g->path() + ": tensor 'rope_freqs.weight' has " + std::to_string(n_rf) +
                         " entries (expected at least " + std::to_string(max_half) + ")");
-    from = g;
-    rope_freqs_ = vec("rope_freqs.weight", n_rf, true);
-    from = file_.get();
+    bind.read_from(*g);
+    freqs = bind.vec("rope_freqs.weight", n_rf, true);
+    bind.read_from(model);
   }
+  return freqs;
+}
 
-  layers_.resize(hp.layers.size());
-  for (int il = 0; il < int(hp.layers.size()); ++il) {
-    const LayerHParams& L = hp.layers[size_t(il)];
+void bind_attention(TensorBinder& bind, const HParams& hp, int il, LayerWeights& W) {
+  const LayerHParams& L = hp.layers[size_t(il)];
+  const int64_t E = hp.n_embd, D = hp.head_dim_k, Dv = hp.head_dim_v, H = L.n_head, G = L.n_head_kv;
+  W.attn_norm = bind.vec(block_tensor_name(il, "attn_norm.weight"), E, true);
+  if (bind.file().find_tensor(block_tensor_name(il, "attn_qkv.weight"))) {
+    // Fused Q‖K‖V: three consecutive row ranges of one matrix.
+    WeightMatrix qkv = bind.matrix(block_tensor_name(il, "attn_qkv.weight"), {E, H * D + G * D + G * Dv}, true);
+    W.attn_q = qkv, W.attn_q.n_out = H * D;
+    W.attn_k = qkv, W.attn_k.n_out = G * D, W.attn_k.data = qkv.row(H * D);
+    W.attn_v = qkv, W.attn_v.n_out = G * Dv, W.attn_v.data = qkv.row(H * D + G * D);
+  } else {
+    W.attn_q = bind.matrix(block_tensor_name(il, "attn_q.weight"), {E, H * D}, true);
+    W.attn_k = bind.matrix(block_tensor_name(il, "attn_k.weight"), {E, G * D}, true);
+    W.attn_v = bind.matrix(block_tensor_name(il, "attn_v.weight"), {E, G * Dv}, true);
+  }
+  W.attn_q_norm = bind.vec(block_tensor_name(il, "attn_q_norm.weight"), D, false);
+  W.attn_k_norm = bind.vec(block_tensor_name(il, "attn_k_norm.weight"), D, false);
+  W.attn_gate = bind.matrix(block_tensor_name(il, "attn_gate.weight"), {E, H}, false);
+  W.attn_output = bind.matrix(block_tensor_name(il, "attn_output.weight"), {H * Dv, E}, true);
+}
+
+void bind_moe(TensorBinder& bind, const HParams& hp, int il, LayerWeights& W) {
+  const int64_t E = hp.n_embd, X = hp.n_expert, F = hp.layers[size_t(il)].n_ff_exp;
+  W.ffn_gate_inp = bind.matrix(block_tensor_name(il, "ffn_gate_inp.weight"), {E, X}, true);
+  W.exp_probs_b = bind.vec(block_tensor_name(il, "exp_probs_b.bias"), X, false);
+  W.ffn_gate_exps = bind.matrix(block_tensor_name(il, "ffn_gate_exps.weight"), {E, F, X}, true);
+  W.ffn_up_exps = bind.matrix(block_tensor_name(il, "ffn_up_exps.weight"), {E, F, X}, true);
+  W.ffn_down_exps = bind.matrix(block_tensor_name(il, "ffn_down_exps.weight"), {F, E, X}, true);
+  if (const gguf::TensorInfo* sh = bind.file().find_tensor(block_tensor_name(il, "ffn_up_shexp.weight"))) {
+    const int64_t FS = hp.n_ff_shexp > 0 ? hp.n_ff_shexp : sh->ne[1];
+    W.ffn_gate_shexp = bind.matrix(block_tensor_name(il, "ffn_gate_shexp.weight"), {E, FS}, true);
+    W.ffn_up_shexp = bind.matrix(block_tensor_name(il, "ffn_up_shexp.weight"), {E, FS}, true);
+    W.ffn_down_shexp = bind.matrix(block_tensor_name(il, "ffn_down_shexp.weight"), {FS, E}, true);
+  }
+}
+
+void bind_dense(TensorBinder& bind, const HParams& hp, int il, const std::string& model_path, LayerWeights& W) {
+  const LayerHParams& L = hp.layers[size_t(il)];
+  const int64_t E = hp.n_embd;
+  if (L.n_ff <= 0)
+    throw gguf::Error(model_path + ": layer " + std::to_string(il) + ": dense layer but key '" +
+                      key("feed_forward_length") + "' is missing or 0");
+  W.ffn_gate = bind.matrix(block_tensor_name(il, "ffn_gate.weight"), {E, L.n_ff}, true);
+  W.ffn_up = bind.matrix(block_tensor_name(il, "ffn_up.weight"), {E, L.n_ff}, true);
+  W.ffn_down = bind.matrix(block_tensor_name(il, "ffn_down.weight"), {L.n_ff, E}, true);
+}
+
+void bind_mtp_head(TensorBinder& bind, const HParams& hp, int il, LayerWeights& W) {
+  const int64_t E = hp.n_embd, V = hp.n_vocab;
+  W.nextn_eh_proj = bind.matrix(block_tensor_name(il, "nextn.eh_proj.weight"), {2 * E, E}, true);
+  W.nextn_enorm = bind.vec(block_tensor_name(il, "nextn.enorm.weight"), E, true);
+  W.nextn_hnorm = bind.vec(block_tensor_name(il, "nextn.hnorm.weight"), E, true);
+  W.nextn_shared_head_norm = bind.vec(block_tensor_name(il, "nextn.shared_head_norm.weight"), E, false);
+  W.nextn_shared_head_head = bind.matrix(block_tensor_name(il, "nextn.shared_head_head.weight"), {E, V}, false);
+  W.nextn_embed_tokens = bind.matrix(block_tensor_name(il, "nextn.embed_tokens.weight"), {E, V}, false);
+}
+
+// The sidecar's copies of the embedding and output must be the model's (shape and type;
+// the bytes are not read: on a released model they are gigabytes).
+void check_sidecar_shares_head(const gguf::File& model, const gguf::File& sidecar) {
+  for (const char* name : {"token_embd.weight", "output.weight"}) {
+    const gguf::TensorInfo *a = model.find_tensor(name), *b = sidecar.find_tensor(name);
+    if (a && b && (a->type != b->type || a->ne[0] != b->ne[0] || a->ne[1] != b->ne[1]))
+      throw gguf::Error(sidecar.path() + " does not fit " + model.path() + " as its MTP sidecar: tensor '" + name +
+                        "' has another type or shape there");
+  }
+}
+
+}  // namespace
+
+void Model::load_tensors(const LoadOptions& opts) {
+  const gguf::File& f = *file_;
+  const std::string& path = f.path();
+  const size_t n_total = f.tensors().size() + (mtp_file_ ? mtp_file_->tensors().size() : 0);
+  TensorBinder bind(f, n_total, opts.progress && isatty(2), weight_bytes_);
+
+  const gguf::TensorInfo* te = f.find_tensor("token_embd.weight");
+  if (!te) throw gguf::Error(path + ": missing tensor 'token_embd.weight'");
+  if (te->ne[1] <= 0 || te->ne[1] > (int64_t(1) << 31) - 1)
+    throw gguf::Error(path + ": tensor 'token_embd.weight' has an invalid vocabulary size");
+  hp_.n_vocab = int32_t(te->ne[1]);
+  const int64_t E = hp_.n_embd, V = hp_.n_vocab;
+  token_embd_ = bind.matrix("token_embd.weight", {E, V}, true);
+  output_norm_ = bind.vec("output_norm.weight", E, true);
+  output_ = bind.matrix("output.weight", {E, V}, true);
+  rope_freqs_ = bind_rope_freqs(bind, f, mtp_file_.get(), hp_);
+
+  // The blocks; the MTP blocks from the sidecar when there is one.
+  layers_.resize(hp_.layers.size());
+  for (int il = 0; il < int(hp_.layers.size()); ++il) {
     LayerWeights& W = layers_[size_t(il)];
-    const bool is_mtp = il >= hp.n_layer;
-    if (is_mtp && mtp_file_) from = mtp_file_.get();
-    if (is_mtp && !from->find_tensor(block_tensor_name(il, "nextn.eh_proj.weight"))) continue;  // MTP tensors absent
-    const int64_t D = hp.head_dim_k, Dv = hp.head_dim_v, H = L.n_head, G = L.n_head_kv;
-    W.attn_norm = vec(block_tensor_name(il, "attn_norm.weight"), E, true);
-    if (from->find_tensor(block_tensor_name(il, "attn_qkv.weight"))) {
-      // Fused Q‖K‖V: three consecutive row ranges of one matrix.
-      WeightMatrix qkv = get(block_tensor_name(il, "attn_qkv.weight"), {E, H * D + G * D + G * Dv}, true);
-      W.attn_q = qkv, W.attn_q.n_out = H * D;
-      W.attn_k = qkv, W.attn_k.n_out = G * D, W.attn_k.data = qkv.row(H * D);
-      W.attn_v = qkv, W.attn_v.n_out = G * Dv, W.attn_v.data = qkv.row(H * D + G * D);
-    } else {
-      W.attn_q = get(block_tensor_name(il, "attn_q.weight"), {E, H * D}, true);
-      W.attn_k = get(block_tensor_name(il, "attn_k.weight"), {E, G * D}, true);
-      W.attn_v = get(block_tensor_name(il, "attn_v.weight"), {E, G * Dv}, true);
-    }
-    W.attn_q_norm = vec(block_tensor_name(il, "attn_q_norm.weight"), D, false);
-    W.attn_k_norm = vec(block_tensor_name(il, "attn_k_norm.weight"), D, false);
-    W.attn_gate = get(block_tensor_name(il, "attn_gate.weight"), {E, H}, false);
-    W.attn_output = get(block_tensor_name(il, "attn_output.weight"), {H * Dv, E}, true);
-    W.ffn_norm = vec(block_tensor_name(il, "ffn_norm.weight"), E, true);
-    if (L.is_moe) {
-      const int64_t X = hp.n_expert, F = L.n_ff_exp;
-      W.ffn_gate_inp = get(block_tensor_name(il, "ffn_gate_inp.weight"), {E, X}, true);
-      W.exp_probs_b = vec(block_tensor_name(il, "exp_probs_b.bias"), X, false);
-      W.ffn_gate_exps = get(block_tensor_name(il, "ffn_gate_exps.weight"), {E, F, X}, true);
-      W.ffn_up_exps = get(block_tensor_name(il, "ffn_up_exps.weight"), {E, F, X}, true);
-      W.ffn_down_exps = get(block_tensor_name(il, "ffn_down_exps.weight"), {F, E, X}, true);
-      if (from->find_tensor(block_tensor_name(il, "ffn_up_shexp.weight"))) {
-        const gguf::TensorInfo* sh = from->find_tensor(block_tensor_name(il, "ffn_up_shexp.weight"));
-        const int64_t FS = hp.n_ff_shexp > 0 ? hp.n_ff_shexp : sh->ne[1];
-        W.ffn_gate_shexp = get(block_tensor_name(il, "ffn_gate_shexp.weight"), {E, FS}, true);
-        W.ffn_up_shexp = get(block_tensor_name(il, "ffn_up_shexp.weight"), {E, FS}, true);
-        W.ffn_down_shexp = get(block_tensor_name(il, "ffn_down_shexp.weight"), {FS, E}, true);
-      }
-    } else {
-      if (L.n_ff <= 0)
-        throw gguf::Error(path + ": layer " + std::to_string(il) + ": dense layer but key '" +
-                          key("feed_forward_length") + "' is missing or 0");
-      W.ffn_gate = get(block_tensor_name(il, "ffn_gate.weight"), {E, L.n_ff}, true);
-      W.ffn_up = get(block_tensor_name(il, "ffn_up.weight"), {E, L.n_ff}, true);
-      W.ffn_down = get(block_tensor_name(il, "ffn_down.weight"), {L.n_ff, E}, true);
-    }
+    const bool is_mtp = il >= hp_.n_layer;
+    if (is_mtp && mtp_file_) bind.read_from(*mtp_file_);
+    if (is_mtp && !bind.file().find_tensor(block_tensor_name(il, "nextn.eh_proj.weight")))
+      continue;  // MTP tensors absent
+    bind_attention(bind, hp_, il, W);
+    W.ffn_norm = bind.vec(block_tensor_name(il, "ffn_norm.weight"), E, true);
+    if (hp_.layers[size_t(il)].is_moe)
+      bind_moe(bind, hp_, il, W);
+    else
+      bind_dense(bind, hp_, il, path, W);
     if (is_mtp) {
-      W.nextn_eh_proj = get(block_tensor_name(il, "nextn.eh_proj.weight"), {2 * E, E}, true);
-      W.nextn_enorm = vec(block_tensor_name(il, "nextn.enorm.weight"), E, true);
-      W.nextn_hnorm = vec(block_tensor_name(il, "nextn.hnorm.weight"), E, true);
-      W.nextn_shared_head_norm = vec(block_tensor_name(il, "nextn.shared_head_norm.weight"), E, false);
-      W.nextn_shared_head_head = get(block_tensor_name(il, "nextn.shared_head_head.weight"), {E, V}, false);
-      W.nextn_embed_tokens = get(block_tensor_name(il, "nextn.embed_tokens.weight"), {E, V}, false);
+      bind_mtp_head(bind, hp_, il, W);
       ++n_mtp_loaded_;
     }
   }
   if (mtp_file_ && n_mtp_loaded_ == 0)
     throw gguf::Error(mtp_file_->path() + ": MTP sidecar without MTP block tensors (blk." +
-                      std::to_string(hp.n_layer) + ".nextn.eh_proj.weight)");
-  if (mtp_file_) {
-    // Its copies of the embedding and output must be the model's (shape and type; the bytes
-    // are not read: on a released model they are gigabytes).
-    for (const char* name : {"token_embd.weight", "output.weight"}) {
-      const gguf::TensorInfo *a = f.find_tensor(name), *b = mtp_file_->find_tensor(name);
-      if (a && b && (a->type != b->type || a->ne[0] != b->ne[0] || a->ne[1] != b->ne[1]))
-        throw gguf::Error(mtp_file_->path() + " does not fit " + path + " as its MTP sidecar: tensor '" + name +
-                          "' has another type or shape there");
-    }
-  }
-  if (show_progress) std::fprintf(stderr, "\n");
+                      std::to_string(hp_.n_layer) + ".nextn.eh_proj.weight)");
+  if (mtp_file_) check_sidecar_shares_head(f, *mtp_file_);
+  bind.end_progress();
 }
 
 std::vector<KvLayerShape> Model::kv_layers(bool with_mtp) const {

@@ -365,13 +365,25 @@ struct TrainingModel::State {
   // MoE (architecture.md "MoE routing and the shared expert") on f; writes y. Records routing
   // statistics into `stats` when given.
   void moe_forward(int il, LossStats* stats) {
+    route_tokens(il);
+    group_by_expert(il);
+    if (stats) record_routing(il, stats);
+    routed_experts_forward(il);
+    const float* ps = shared_expert_forward(il);
+    dump("ffn_moe_weights_scaled", il, w.v.data(), T * hp.layers[size_t(il)].n_expert_used);
+    if (ps) dump("ffn_shared_out", il, ps, T * hp.n_embd);
+    combine_experts(il, ps);
+  }
+
+  // The router on f: logits z, probabilities p, and per token its top-k experts (ids) and
+  // their weights (w).
+  void route_tokens(int il) {
     const LayerHParams& L = hp.layers[size_t(il)];
     const LayerWeights& W = m.layer(il);
-    const int64_t E = hp.n_embd, X = hp.n_expert, K = L.n_expert_used, F = L.n_ff_exp;
+    const int64_t E = hp.n_embd, X = hp.n_expert, K = L.n_expert_used;
     const RouterConfig rc = router_config(L);
-    const float* pf = f.v.data();
     float* pz = z.get(T * X);
-    linear_forward(router_matrix(il), pf, E, T, pz, X, &pool, opts.precision);
+    linear_forward(router_matrix(il), f.v.data(), E, T, pz, X, &pool, opts.precision);
     float* pp = p.get(T * X);
     ids.resize(size_t(T * K));
     float* pw = w.get(T * K);
@@ -379,41 +391,54 @@ struct TrainingModel::State {
     for_rows(T, pool, double(X) * 8, [&](int64_t b, int64_t e) {
       for (int64_t t = b; t < e; ++t) router_forward(rc, pz + t * X, bias, pp + t * X, ids.data() + t * K, pw + t * K);
     });
-    // Rows grouped by expert, tokens in order within an expert (as the forward pass does).
+  }
+
+  // The (token, slot) rows grouped by expert, tokens in order within an expert (as the
+  // forward pass does): expert_first, row_token, row_slot, slot_row and active_experts.
+  void group_by_expert(int il) {
+    const int64_t X = hp.n_expert, K = hp.layers[size_t(il)].n_expert_used, R = T * K;
     expert_first.assign(size_t(X + 1), 0);
     for (int64_t i = 0; i < T * K; ++i) ++expert_first[size_t(ids[size_t(i)] + 1)];
     for (int64_t e = 0; e < X; ++e) expert_first[size_t(e + 1)] += expert_first[size_t(e)];
-    const int64_t R = T * K;
     row_token.resize(size_t(R));
     row_slot.resize(size_t(R));
     slot_row.resize(size_t(R));
-    {
-      std::vector<int64_t> fill(expert_first.begin(), expert_first.end() - 1);
-      for (int64_t t = 0; t < T; ++t)
-        for (int64_t kk = 0; kk < K; ++kk) {
-          const int32_t e = ids[size_t(t * K + kk)];
-          const int64_t r = fill[size_t(e)]++;
-          row_token[size_t(r)] = int32_t(t);
-          row_slot[size_t(r)] = int32_t(t * K + kk);
-          slot_row[size_t(t * K + kk)] = int32_t(r);
-        }
-    }
+    std::vector<int64_t> fill(expert_first.begin(), expert_first.end() - 1);
+    for (int64_t t = 0; t < T; ++t)
+      for (int64_t kk = 0; kk < K; ++kk) {
+        const int32_t e = ids[size_t(t * K + kk)];
+        const int64_t r = fill[size_t(e)]++;
+        row_token[size_t(r)] = int32_t(t);
+        row_slot[size_t(r)] = int32_t(t * K + kk);
+        slot_row[size_t(t * K + kk)] = int32_t(r);
+      }
     active_experts.clear();
     for (int64_t e = 0; e < X; ++e)
       if (expert_first[size_t(e + 1)] > expert_first[size_t(e)]) active_experts.push_back(int32_t(e));
-    if (stats) {
-      auto& counts = stats->expert_counts[size_t(il)];
-      counts.assign(size_t(X), 0);
-      for (int64_t e = 0; e < X; ++e) counts[size_t(e)] = expert_first[size_t(e + 1)] - expert_first[size_t(e)];
-      if (opts.record_topk) stats->topk[size_t(il)].assign(ids.begin(), ids.end());
-      if (params && params->layer_has_experts(il))
-        for (int64_t t = 0; t < T; ++t)
-          for (int64_t kk = 0; kk < K; ++kk)
-            if (params->is_trained_expert(il, ids[size_t(t * K + kk)])) routed[size_t(t)] = 1;
-      if (params && params->router(il))
-        stats->balance_loss += balance_loss(rc, balance_groups(), pp, ids.data(), T, 0.0f, nullptr);
-    }
-    // Routed experts: gate/up, SwiGLU, down, per expert on the pool.
+  }
+
+  // Expert counts, the top-k choices when asked for, the tokens routed to a trained expert
+  // and the balance loss at a trained router.
+  void record_routing(int il, LossStats* stats) {
+    const LayerHParams& L = hp.layers[size_t(il)];
+    const int64_t X = hp.n_expert, K = L.n_expert_used;
+    auto& counts = stats->expert_counts[size_t(il)];
+    counts.assign(size_t(X), 0);
+    for (int64_t e = 0; e < X; ++e) counts[size_t(e)] = expert_first[size_t(e + 1)] - expert_first[size_t(e)];
+    if (opts.record_topk) stats->topk[size_t(il)].assign(ids.begin(), ids.end());
+    if (params && params->layer_has_experts(il))
+      for (int64_t t = 0; t < T; ++t)
+        for (int64_t kk = 0; kk < K; ++kk)
+          if (params->is_trained_expert(il, ids[size_t(t * K + kk)])) routed[size_t(t)] = 1;
+    if (params && params->router(il))
+      stats->balance_loss += balance_loss(router_config(L), balance_groups(), p.v.data(), ids.data(), T, 0.0f, nullptr);
+  }
+
+  // Routed experts: gate/up, SwiGLU, down, per expert on the pool (rows of rgate, rup, ract, rdown).
+  void routed_experts_forward(int il) {
+    const LayerHParams& L = hp.layers[size_t(il)];
+    const int64_t E = hp.n_embd, F = L.n_ff_exp, R = T * L.n_expert_used;
+    const float* pf = f.v.data();
     float* prg = rgate.get(R * F);
     float* pru = rup.get(R * F);
     float* pra = ract.get(R * F);
@@ -431,25 +456,34 @@ struct TrainingModel::State {
       swiglu_forward(prg + r0 * F, pru + r0 * F, F, L.clamp_exp, n, F, pra + r0 * F);
       linear_forward(expert_matrix(il, e, TrainedParams::Down), pra + r0 * F, F, n, prd + r0 * E, E, nullptr, pr);
     });
-    // Shared expert.
-    const bool has_shared = W.ffn_up_shexp.present();
-    float* ps = nullptr;
-    if (has_shared) {
-      const int64_t FS = W.ffn_up_shexp.n_out;
-      float* psg = sgate.get(T * FS);
-      float* psu = sup.get(T * FS);
-      linear_forward(shared_matrix(il, TrainedParams::Gate), pf, E, T, psg, FS, &pool, opts.precision);
-      linear_forward(shared_matrix(il, TrainedParams::Up), pf, E, T, psu, FS, &pool, opts.precision);
-      float* psa = sact.get(T * FS);
-      for_rows(T, pool, double(FS) * 8, [&](int64_t b, int64_t e) {
-        swiglu_forward(psg + b * FS, psu + b * FS, FS, L.clamp_shexp, e - b, FS, psa + b * FS);
-      });
-      ps = sout.get(T * E);
-      linear_forward(shared_matrix(il, TrainedParams::Down), psa, FS, T, ps, E, &pool, opts.precision);
-    }
-    dump("ffn_moe_weights_scaled", il, pw, T * K);
-    if (ps) dump("ffn_shared_out", il, ps, T * E);
-    // Weighted sum in top-k order, then the shared expert (the forward pass's order).
+  }
+
+  // The shared expert on f (sgate, sup, sact, sout): its output, or null where the layer has none.
+  const float* shared_expert_forward(int il) {
+    const LayerHParams& L = hp.layers[size_t(il)];
+    const LayerWeights& W = m.layer(il);
+    if (!W.ffn_up_shexp.present()) return nullptr;
+    const int64_t E = hp.n_embd, FS = W.ffn_up_shexp.n_out;
+    const float* pf = f.v.data();
+    float* psg = sgate.get(T * FS);
+    float* psu = sup.get(T * FS);
+    linear_forward(shared_matrix(il, TrainedParams::Gate), pf, E, T, psg, FS, &pool, opts.precision);
+    linear_forward(shared_matrix(il, TrainedParams::Up), pf, E, T, psu, FS, &pool, opts.precision);
+    float* psa = sact.get(T * FS);
+    for_rows(T, pool, double(FS) * 8, [&](int64_t b, int64_t e) {
+      swiglu_forward(psg + b * FS, psu + b * FS, FS, L.clamp_shexp, e - b, FS, psa + b * FS);
+    });
+    float* ps = sout.get(T * E);
+    linear_forward(shared_matrix(il, TrainedParams::Down), psa, FS, T, ps, E, &pool, opts.precision);
+    return ps;
+  }
+
+  // y: the routed experts' rows weighted in top-k order, then the shared expert's output
+  // `ps` when there is one (the forward pass's order).
+  void combine_experts(int il, const float* ps) {
+    const int64_t E = hp.n_embd, K = hp.layers[size_t(il)].n_expert_used;
+    const float* pw = w.v.data();
+    const float* prd = rdown.v.data();
     float* py = y.get(T * E);
     for_rows(T, pool, double(E * K), [&](int64_t b, int64_t e) {
       for (int64_t t = b; t < e; ++t) {
@@ -529,111 +563,135 @@ struct TrainingModel::State {
     linear_backward_input(W.ffn_up, pdu, F, T, df_out, E, &pool);
   }
 
+  // What an MoE layer's backward is given and asked for.
+  struct MoeGrad {
+    const float* dy;       // gradient of the FFN's output
+    float* df_out;         // += gradient of its input f; null when not needed
+    TrainedParams* grads;  // += the trained tensors' gradients; null when none
+    bool need_router;      // the router's backward runs (for df_out or a trained router)
+  };
+
   void moe_backward(int il, const float* dy, float* df_out, TrainedParams* grads) {
+    const bool router_trained = grads && grads->router(il);
+    const MoeGrad g{dy, df_out, grads, df_out || router_trained};
+    if (m.layer(il).ffn_up_shexp.present()) shared_expert_backward(il, g);
+    routed_experts_backward(il, g);
+    if (g.need_router) moe_router_backward(il, g);
+  }
+
+  void shared_expert_backward(int il, const MoeGrad& g) {
     const LayerHParams& L = hp.layers[size_t(il)];
     const LayerWeights& W = m.layer(il);
-    const int64_t E = hp.n_embd, X = hp.n_expert, K = L.n_expert_used, F = L.n_ff_exp, R = T * K;
+    TrainedTensor* tg = g.grads ? g.grads->shared(il, TrainedParams::Gate) : nullptr;
+    TrainedTensor* tu = g.grads ? g.grads->shared(il, TrainedParams::Up) : nullptr;
+    TrainedTensor* td = g.grads ? g.grads->shared(il, TrainedParams::Down) : nullptr;
+    if (!g.df_out && !tg && !tu && !td) return;
+    const int64_t E = hp.n_embd, FS = W.ffn_up_shexp.n_out;
     const float* pf = f.v.data();
-    const bool router_trained = grads && grads->router(il);
-    const bool need_router = df_out || router_trained;
-
-    // Shared expert.
-    if (W.ffn_up_shexp.present()) {
-      TrainedTensor* tg = grads ? grads->shared(il, TrainedParams::Gate) : nullptr;
-      TrainedTensor* tu = grads ? grads->shared(il, TrainedParams::Up) : nullptr;
-      TrainedTensor* td = grads ? grads->shared(il, TrainedParams::Down) : nullptr;
-      if (df_out || tg || tu || td) {
-        const int64_t FS = W.ffn_up_shexp.n_out;
-        float* pda = dsact.zero(T * FS);
-        linear_backward_input(shared_matrix(il, TrainedParams::Down), dy, E, T, pda, FS, &pool);
-        if (td) linear_backward_weight(sact.v.data(), FS, dy, E, T, FS, E, td->grad.data(), &pool);
-        float* pdg = dsg.get(T * FS);
-        float* pdu = dsu.get(T * FS);
-        for_rows(T, pool, double(FS) * 10, [&](int64_t b, int64_t e) {
-          swiglu_backward(sgate.v.data() + b * FS, sup.v.data() + b * FS, FS, L.clamp_shexp, e - b, FS, pda + b * FS,
-                          pdg + b * FS, pdu + b * FS);
-        });
-        if (tg) linear_backward_weight(pf, E, pdg, FS, T, E, FS, tg->grad.data(), &pool);
-        if (tu) linear_backward_weight(pf, E, pdu, FS, T, E, FS, tu->grad.data(), &pool);
-        if (df_out) {
-          linear_backward_input(shared_matrix(il, TrainedParams::Gate), pdg, FS, T, df_out, E, &pool);
-          linear_backward_input(shared_matrix(il, TrainedParams::Up), pdu, FS, T, df_out, E, &pool);
-        }
-      }
+    float* pda = dsact.zero(T * FS);
+    linear_backward_input(shared_matrix(il, TrainedParams::Down), g.dy, E, T, pda, FS, &pool);
+    if (td) linear_backward_weight(sact.v.data(), FS, g.dy, E, T, FS, E, td->grad.data(), &pool);
+    float* pdg = dsg.get(T * FS);
+    float* pdu = dsu.get(T * FS);
+    for_rows(T, pool, double(FS) * 10, [&](int64_t b, int64_t e) {
+      swiglu_backward(sgate.v.data() + b * FS, sup.v.data() + b * FS, FS, L.clamp_shexp, e - b, FS, pda + b * FS,
+                      pdg + b * FS, pdu + b * FS);
+    });
+    if (tg) linear_backward_weight(pf, E, pdg, FS, T, E, FS, tg->grad.data(), &pool);
+    if (tu) linear_backward_weight(pf, E, pdu, FS, T, E, FS, tu->grad.data(), &pool);
+    if (g.df_out) {
+      linear_backward_input(shared_matrix(il, TrainedParams::Gate), pdg, FS, T, g.df_out, E, &pool);
+      linear_backward_input(shared_matrix(il, TrainedParams::Up), pdu, FS, T, g.df_out, E, &pool);
     }
+  }
 
-    // Routed experts, one job per expert: dL/d act_r = w_r · W_down^T dy_t and
-    // dL/dw_r = (W_down^T dy_t) · act_r for each row r = (token t, slot).
-    float* pdw = dw.zero(R);
-    float* pdrow = df_out ? drow.get(R * E) : nullptr;
-    const float* pw = w.v.data();
-    bool any_expert_work = df_out || need_router;
-    if (grads)
-      for (int32_t e : active_experts) any_expert_work = any_expert_work || grads->is_trained_expert(il, e);
+  // Routed experts, one job per expert (expert_backward): the routing weights' gradients
+  // into dw, the trained experts' gradients, and each row's input gradient into drow, added
+  // to df_out per token.
+  void routed_experts_backward(int il, const MoeGrad& g) {
+    const LayerHParams& L = hp.layers[size_t(il)];
+    const int64_t E = hp.n_embd, K = L.n_expert_used, F = L.n_ff_exp, R = T * K;
+    dw.zero(R);
+    float* pdrow = g.df_out ? drow.get(R * E) : nullptr;
+    bool any_expert_work = g.df_out || g.need_router;
+    if (g.grads)
+      for (int32_t e : active_experts) any_expert_work = any_expert_work || g.grads->is_trained_expert(il, e);
     if (any_expert_work)
-      for_each(int64_t(active_experts.size()), pool, double(R) * double(F) * double(E) * 6, [&](int64_t i) {
-        const int32_t e = active_experts[size_t(i)];
-        TrainedTensor* tg = grads ? grads->expert(il, e, TrainedParams::Gate) : nullptr;
-        TrainedTensor* tu = grads ? grads->expert(il, e, TrainedParams::Up) : nullptr;
-        TrainedTensor* td = grads ? grads->expert(il, e, TrainedParams::Down) : nullptr;
-        if (!df_out && !need_router && !tg) return;
-        const int64_t r0 = expert_first[size_t(e)], n = expert_first[size_t(e + 1)] - r0;
-        thread_local std::vector<float> dys, gdown, dgs, dus, xs;
-        dys.resize(size_t(n * E));
-        for (int64_t j = 0; j < n; ++j) {
-          const int64_t t = row_token[size_t(r0 + j)];
-          std::memcpy(dys.data() + j * E, dy + t * E, size_t(E) * sizeof(float));
-        }
-        gdown.assign(size_t(n * F), 0.0f);
-        linear_backward_input(expert_matrix(il, e, TrainedParams::Down), dys.data(), E, n, gdown.data(), F, nullptr);
-        const float* pa = ract.v.data() + r0 * F;
-        for (int64_t j = 0; j < n; ++j) {
-          const int32_t slot = row_slot[size_t(r0 + j)];
-          pdw[slot] = kernels::dot_f32(gdown.data() + j * F, pa + j * F, F);
-        }
-        if (!df_out && !tg) return;  // only the router needed this expert
-        if (td) {
-          for (int64_t j = 0; j < n; ++j) kernels::scale_f32(pw[row_slot[size_t(r0 + j)]], dys.data() + j * E, E);
-          linear_backward_weight(pa, F, dys.data(), E, n, F, E, td->grad.data(), nullptr);
-        }
-        for (int64_t j = 0; j < n; ++j) kernels::scale_f32(pw[row_slot[size_t(r0 + j)]], gdown.data() + j * F, F);
-        dgs.resize(size_t(n * F));
-        dus.resize(size_t(n * F));
-        swiglu_backward(rgate.v.data() + r0 * F, rup.v.data() + r0 * F, F, L.clamp_exp, n, F, gdown.data(), dgs.data(),
-                        dus.data());
-        if (tg || tu) {
-          xs.resize(size_t(n * E));
-          for (int64_t j = 0; j < n; ++j)
-            std::memcpy(xs.data() + j * E, pf + int64_t(row_token[size_t(r0 + j)]) * E, size_t(E) * sizeof(float));
-          if (tg) linear_backward_weight(xs.data(), E, dgs.data(), F, n, E, F, tg->grad.data(), nullptr);
-          if (tu) linear_backward_weight(xs.data(), E, dus.data(), F, n, E, F, tu->grad.data(), nullptr);
-        }
-        if (pdrow) {
-          float* dr = pdrow + r0 * E;
-          std::fill(dr, dr + n * E, 0.0f);
-          linear_backward_input(expert_matrix(il, e, TrainedParams::Gate), dgs.data(), F, n, dr, E, nullptr);
-          linear_backward_input(expert_matrix(il, e, TrainedParams::Up), dus.data(), F, n, dr, E, nullptr);
-        }
-      });
-    if (df_out)
+      for_each(int64_t(active_experts.size()), pool, double(R) * double(F) * double(E) * 6,
+               [&](int64_t i) { expert_backward(il, active_experts[size_t(i)], g); });
+    if (g.df_out)
       for_rows(T, pool, double(E * K), [&](int64_t b, int64_t e) {
         for (int64_t t = b; t < e; ++t)
           for (int64_t kk = 0; kk < K; ++kk)
-            kernels::axpy_f32(1.0f, pdrow + int64_t(slot_row[size_t(t * K + kk)]) * E, df_out + t * E, E);
+            kernels::axpy_f32(1.0f, pdrow + int64_t(slot_row[size_t(t * K + kk)]) * E, g.df_out + t * E, E);
       });
+  }
 
-    // Router: weights -> probabilities -> logits, plus the balance loss at trained routers.
-    if (!need_router) return;
+  // Expert e's rows r = (token t, slot): dL/d act_r = w_r · W_down^T dy_t and
+  // dL/dw_r = (W_down^T dy_t) · act_r.
+  void expert_backward(int il, int32_t e, const MoeGrad& g) {
+    const LayerHParams& L = hp.layers[size_t(il)];
+    const int64_t E = hp.n_embd, F = L.n_ff_exp;
+    TrainedTensor* tg = g.grads ? g.grads->expert(il, e, TrainedParams::Gate) : nullptr;
+    TrainedTensor* tu = g.grads ? g.grads->expert(il, e, TrainedParams::Up) : nullptr;
+    TrainedTensor* td = g.grads ? g.grads->expert(il, e, TrainedParams::Down) : nullptr;
+    if (!g.df_out && !g.need_router && !tg) return;
+    const int64_t r0 = expert_first[size_t(e)], n = expert_first[size_t(e + 1)] - r0;
+    const float* pw = w.v.data();
+    thread_local std::vector<float> dys, gdown, dgs, dus, xs;
+    dys.resize(size_t(n * E));
+    for (int64_t j = 0; j < n; ++j) {
+      const int64_t t = row_token[size_t(r0 + j)];
+      std::memcpy(dys.data() + j * E, g.dy + t * E, size_t(E) * sizeof(float));
+    }
+    gdown.assign(size_t(n * F), 0.0f);
+    linear_backward_input(expert_matrix(il, e, TrainedParams::Down), dys.data(), E, n, gdown.data(), F, nullptr);
+    const float* pa = ract.v.data() + r0 * F;
+    for (int64_t j = 0; j < n; ++j) {
+      const int32_t slot = row_slot[size_t(r0 + j)];
+      dw.v[size_t(slot)] = kernels::dot_f32(gdown.data() + j * F, pa + j * F, F);
+    }
+    if (!g.df_out && !tg) return;  // only the router needed this expert
+    if (td) {
+      for (int64_t j = 0; j < n; ++j) kernels::scale_f32(pw[row_slot[size_t(r0 + j)]], dys.data() + j * E, E);
+      linear_backward_weight(pa, F, dys.data(), E, n, F, E, td->grad.data(), nullptr);
+    }
+    for (int64_t j = 0; j < n; ++j) kernels::scale_f32(pw[row_slot[size_t(r0 + j)]], gdown.data() + j * F, F);
+    dgs.resize(size_t(n * F));
+    dus.resize(size_t(n * F));
+    swiglu_backward(rgate.v.data() + r0 * F, rup.v.data() + r0 * F, F, L.clamp_exp, n, F, gdown.data(), dgs.data(),
+                    dus.data());
+    if (tg || tu) {
+      xs.resize(size_t(n * E));
+      for (int64_t j = 0; j < n; ++j)
+        std::memcpy(xs.data() + j * E, f.v.data() + int64_t(row_token[size_t(r0 + j)]) * E, size_t(E) * sizeof(float));
+      if (tg) linear_backward_weight(xs.data(), E, dgs.data(), F, n, E, F, tg->grad.data(), nullptr);
+      if (tu) linear_backward_weight(xs.data(), E, dus.data(), F, n, E, F, tu->grad.data(), nullptr);
+    }
+    if (g.df_out) {
+      float* dr = drow.v.data() + r0 * E;
+      std::fill(dr, dr + n * E, 0.0f);
+      linear_backward_input(expert_matrix(il, e, TrainedParams::Gate), dgs.data(), F, n, dr, E, nullptr);
+      linear_backward_input(expert_matrix(il, e, TrainedParams::Up), dus.data(), F, n, dr, E, nullptr);
+    }
+  }
+
+  // Router: weights -> probabilities -> logits, plus the balance loss at trained routers.
+  void moe_router_backward(int il, const MoeGrad& g) {
+    const LayerHParams& L = hp.layers[size_t(il)];
+    const int64_t E = hp.n_embd, X = hp.n_expert, K = L.n_expert_used;
+    const bool router_trained = g.grads && g.grads->router(il);
     const RouterConfig rc = router_config(L);
     float* pdz = dz.zero(T * X);
     const float* pp = p.v.data();
+    const float* pdw = dw.v.data();
     for_rows(T, pool, double(X) * 4, [&](int64_t b, int64_t e) {
       for (int64_t t = b; t < e; ++t) router_backward(rc, pp + t * X, ids.data() + t * K, pdw + t * K, pdz + t * X);
     });
     if (router_trained && opts.balance_weight > 0)
       balance_loss(rc, balance_groups(), pp, ids.data(), T, opts.balance_weight, pdz);
-    if (router_trained) linear_backward_weight(pf, E, pdz, X, T, E, X, grads->router(il)->grad.data(), &pool);
-    if (df_out) linear_backward_input(router_matrix(il), pdz, X, T, df_out, E, &pool);
+    if (router_trained) linear_backward_weight(f.v.data(), E, pdz, X, T, E, X, g.grads->router(il)->grad.data(), &pool);
+    if (g.df_out) linear_backward_input(router_matrix(il), pdz, X, T, g.df_out, E, &pool);
   }
 
   // dh1 -> gradient of the layer input x (the residual path plus the attention branch).

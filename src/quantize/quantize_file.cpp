@@ -18,7 +18,7 @@
 #include "gguf/gguf.h"
 #include "exec/clock.h"
 #include "gguf/gguf_writer.h"
-#include "model/quantize.h"
+#include "quantize/quantize.h"
 #include "exec/thread_pool.h"
 #include "tensor/quants.h"
 #include "tensor/quants_kquant_encode.h"
@@ -118,6 +118,68 @@ void copy_tensor(const gguf::File& in, const gguf::TensorInfo& t, gguf::OutputFi
   }
 }
 
+// The recipe's view of the input's tensors.
+std::vector<TensorDesc> describe_tensors(const gguf::File& in) {
+  std::vector<TensorDesc> descs;
+  descs.reserve(in.tensors().size());
+  for (const gguf::TensorInfo& t : in.tensors()) {
+    TensorDesc d;
+    d.name = t.name;
+    d.type = DType(t.type);  // the reader accepts only types dtype_info knows
+    for (int k = 0; k < 4; ++k) d.ne[k] = t.ne[k];
+    descs.push_back(std::move(d));
+  }
+  return descs;
+}
+
+// Warns (through `log`) about the tensors that are quantized already and get another
+// type, and returns how many there are.
+size_t report_requantized(const std::vector<TensorDesc>& descs, const std::vector<TensorChoice>& choices,
+                          const std::function<void(const std::string&)>& log) {
+  size_t n_requantized = 0;
+  std::map<std::string, size_t> requantized_from;
+  for (size_t i = 0; i < descs.size(); ++i) {
+    if (choices[i].type == descs[i].type) continue;
+    if (dtype_info(descs[i].type).block_elems > 1) {
+      ++requantized_from[dtype_name(descs[i].type)];
+      ++n_requantized;
+    }
+  }
+  if (n_requantized > 0) {
+    std::string from;
+    for (const auto& [name, n] : requantized_from) from += (from.empty() ? "" : ", ") + std::to_string(n) + " " + name;
+    log("warning: " + std::to_string(n_requantized) + " tensors are already quantized (" + from +
+        "): they are dequantized and quantized again, which loses more precision than quantizing "
+        "the F32/F16/BF16 original");
+  }
+  return n_requantized;
+}
+
+// The output's header: everything but the split keys, plus the two keys llama-quantize
+// sets, and every tensor with its new type.
+void describe_output(const gguf::File& in, const std::vector<TensorChoice>& choices, FileType type, gguf::Writer& w) {
+  for (const auto& [key, value] : in.metadata()) {
+    if (key == "split.no" || key == "split.count" || key == "split.tensors.count") continue;
+    w.set(key, value);
+  }
+  w.set_u32("general.quantization_version", kQuantizationVersion);
+  w.set_u32("general.file_type", uint32_t(type));
+  for (size_t i = 0; i < choices.size(); ++i) {
+    const gguf::TensorInfo& t = in.tensors()[i];
+    w.add_tensor_info(t.name, uint32_t(choices[i].type), std::vector<int64_t>(t.ne, t.ne + t.n_dims));
+  }
+}
+
+void add_to_summary(const gguf::TensorInfo& t, DType to, uint64_t out_bytes, QuantizeSummary& sum) {
+  auto& per = sum.by_type[dtype_name(to)];
+  per.tensors++;
+  per.bytes += out_bytes;
+  per.elements += uint64_t(t.n_elements());
+  sum.n_elements += uint64_t(t.n_elements());
+  sum.input_bytes += t.nbytes;
+  sum.output_bytes += out_bytes;
+}
+
 }  // namespace
 
 QuantizeSummary quantize_gguf(const std::string& in_path, const std::string& out_path, const QuantizeOptions& opts) {
@@ -131,48 +193,14 @@ QuantizeSummary quantize_gguf(const std::string& in_path, const std::string& out
   std::unique_ptr<gguf::File> in = gguf::File::open(in_path);
   check_output_is_not_input(*in, out_path);
   const QuantizeModelInfo info = quantize_model_info(*in);
-
-  std::vector<TensorDesc> descs;
-  descs.reserve(in->tensors().size());
-  for (const gguf::TensorInfo& t : in->tensors()) {
-    TensorDesc d;
-    d.name = t.name;
-    d.type = DType(t.type);  // the reader accepts only types dtype_info knows
-    for (int k = 0; k < 4; ++k) d.ne[k] = t.ne[k];
-    descs.push_back(std::move(d));
-  }
+  const std::vector<TensorDesc> descs = describe_tensors(*in);
   const std::vector<TensorChoice> choices = choose_tensor_types(descs, info, opts.type);
 
   QuantizeSummary sum;
   sum.n_tensors = descs.size();
-  std::map<std::string, size_t> requantized_from;
-  for (size_t i = 0; i < descs.size(); ++i) {
-    if (choices[i].type == descs[i].type) continue;
-    if (dtype_info(descs[i].type).block_elems > 1) {
-      ++requantized_from[dtype_name(descs[i].type)];
-      ++sum.n_requantized;
-    }
-  }
-  if (sum.n_requantized > 0) {
-    std::string from;
-    for (const auto& [name, n] : requantized_from) from += (from.empty() ? "" : ", ") + std::to_string(n) + " " + name;
-    log("warning: " + std::to_string(sum.n_requantized) + " tensors are already quantized (" + from +
-        "): they are dequantized and quantized again, which loses more precision than quantizing "
-        "the F32/F16/BF16 original");
-  }
-
-  // Metadata: everything but the split keys, plus the two keys llama-quantize sets.
+  sum.n_requantized = report_requantized(descs, choices, log);
   gguf::Writer w(in->alignment());
-  for (const auto& [key, value] : in->metadata()) {
-    if (key == "split.no" || key == "split.count" || key == "split.tensors.count") continue;
-    w.set(key, value);
-  }
-  w.set_u32("general.quantization_version", kQuantizationVersion);
-  w.set_u32("general.file_type", uint32_t(opts.type));
-  for (size_t i = 0; i < descs.size(); ++i) {
-    const gguf::TensorInfo& t = in->tensors()[i];
-    w.add_tensor_info(t.name, uint32_t(choices[i].type), std::vector<int64_t>(t.ne, t.ne + t.n_dims));
-  }
+  describe_output(*in, choices, opts.type, w);
 
   log(format("quantizing %s (%zu tensors, %zu file%s) to %s (base type %s) with %d thread%s", in_path.c_str(),
              descs.size(), in->n_files(), in->n_files() > 1 ? "s" : "", file_type_name(opts.type), dtype_name(base),
@@ -195,14 +223,7 @@ QuantizeSummary quantize_gguf(const std::string& in_path, const std::string& out
     }
     out.write_zeros(w.padding_after(out_bytes));
     if (choices[i].fallback) ++sum.n_fallback;
-
-    auto& per = sum.by_type[dtype_name(to)];
-    per.tensors++;
-    per.bytes += out_bytes;
-    per.elements += uint64_t(t.n_elements());
-    sum.n_elements += uint64_t(t.n_elements());
-    sum.input_bytes += t.nbytes;
-    sum.output_bytes += out_bytes;
+    add_to_summary(t, to, out_bytes, sum);
     log(format("[%4zu/%4zu] %-40s %-20s %-5s -> %-5s %9.2f MiB -> %8.2f MiB  %6.2f s%s%s", i + 1, descs.size(),
                t.name.c_str(), shape_text(t).c_str(), dtype_name(from), dtype_name(to), mib(t.nbytes), mib(out_bytes),
                steady_seconds() - ts, choices[i].fallback ? "  fallback: " : "", choices[i].note.c_str()));

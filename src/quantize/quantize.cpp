@@ -11,7 +11,7 @@
 //
 // Step 3 keeps counters across tensors, so tensors are visited in llama-quantize's order:
 // by block number (tensors outside blk.N first), then by name.
-#include "model/quantize.h"
+#include "quantize/quantize.h"
 
 #include <algorithm>
 #include <charconv>

@@ -8,7 +8,7 @@
 // so tensors do not depend on each other's order or size, and an F32 / F16 / BF16 / Q8_0
 // file of one preset and seed hold the same underlying values (rounded to the storage
 // type from the same F32 numbers).
-#include "model/make_tiny.h"
+#include "tinymodel/make_tiny.h"
 
 #include <algorithm>
 #include <atomic>
@@ -280,56 +280,75 @@ struct Vocab {
 // Token types (architecture.md "GGUF: keys and tensors").
 constexpr int32_t kTokNormal = 1, kTokControl = 3, kTokUserDefined = 4, kTokUnused = 5;
 
-Vocab build_vocab(int32_t n_merges, int32_t vocab_pad) {
-  // Symbols are small ints naming strings; the same string is always the same symbol
-  // (two merge paths can produce one string, and later merges must see it as one).
-  std::vector<std::string> sym_str;
-  std::map<std::string, int32_t> sym_id;
-  auto symbol = [&](const std::string& s) {
-    auto it = sym_id.find(s);
-    if (it != sym_id.end()) return it->second;
-    sym_str.push_back(s);
-    return sym_id[s] = int32_t(sym_str.size() - 1);
-  };
-  // Distinct pre-tokens as symbol sequences, with their counts (std::map: deterministic).
-  std::map<std::vector<int32_t>, int64_t> word_counts;
-  for (const std::string& piece : pre_split(kTrainText)) {
-    std::vector<int32_t> syms;
-    for (unsigned char b : piece) syms.push_back(symbol(byte_level_text(b)));
-    word_counts[syms]++;
+// Byte-level BPE trained on kTrainText. Symbols are small ints naming strings; the same
+// string is always the same symbol (two merge paths can produce one string, and later
+// merges must see it as one).
+class BpeTrainer {
+ public:
+  BpeTrainer() {
+    // Distinct pre-tokens as symbol sequences, with their counts (std::map: deterministic).
+    std::map<std::vector<int32_t>, int64_t> word_counts;
+    for (const std::string& piece : pre_split(kTrainText)) {
+      std::vector<int32_t> syms;
+      for (unsigned char b : piece) syms.push_back(symbol(byte_level_text(b)));
+      word_counts[syms]++;
+    }
+    words_.assign(word_counts.begin(), word_counts.end());
+    for (const auto& [syms, count] : words_) count_pairs(syms, count);
   }
-  std::vector<std::pair<std::vector<int32_t>, int64_t>> words(word_counts.begin(), word_counts.end());
+
+  // Up to n_merges merges, in rank order, as (left, right) strings.
+  std::vector<std::pair<std::string, std::string>> train(int32_t n_merges) {
+    std::vector<std::pair<std::string, std::string>> merges;
+    for (int32_t m = 0; m < n_merges; ++m) {
+      const auto best = most_frequent_pair();
+      if (best == pair_counts_.end()) break;  // every word is one symbol
+      const int32_t left = best->first.first, right = best->first.second;
+      merges.push_back({sym_str_[size_t(left)], sym_str_[size_t(right)]});
+      merge(left, right);
+    }
+    return merges;
+  }
+
+ private:
+  using PairCounts = std::map<std::pair<int32_t, int32_t>, int64_t>;
+
+  int32_t symbol(const std::string& s) {
+    auto it = sym_id_.find(s);
+    if (it != sym_id_.end()) return it->second;
+    sym_str_.push_back(s);
+    return sym_id_[s] = int32_t(sym_str_.size() - 1);
+  }
 
   // Pair counts are kept up to date incrementally: a merge only revisits the words that
   // contain the merged pair.
-  std::map<std::pair<int32_t, int32_t>, int64_t> pair_counts;
-  auto count_pairs = [&](const std::vector<int32_t>& syms, int64_t count) {
-    for (size_t k = 0; k + 1 < syms.size(); ++k) pair_counts[{syms[k], syms[k + 1]}] += count;
-  };
-  for (const auto& [syms, count] : words) count_pairs(syms, count);
+  void count_pairs(const std::vector<int32_t>& syms, int64_t count) {
+    for (size_t k = 0; k + 1 < syms.size(); ++k) pair_counts_[{syms[k], syms[k + 1]}] += count;
+  }
 
-  std::vector<std::pair<std::string, std::string>> merges;
-  for (int32_t m = 0; m < n_merges; ++m) {
-    // The most frequent pair; ties go to the smallest (left, right) string pair.
-    auto best = pair_counts.end();
-    for (auto it = pair_counts.begin(); it != pair_counts.end();) {
+  // The most frequent pair; ties go to the smallest (left, right) string pair. Drops the
+  // pairs no word holds any more on the way.
+  PairCounts::iterator most_frequent_pair() {
+    auto best = pair_counts_.end();
+    for (auto it = pair_counts_.begin(); it != pair_counts_.end();) {
       if (it->second <= 0) {
-        it = pair_counts.erase(it);
+        it = pair_counts_.erase(it);
         continue;
       }
-      if (best == pair_counts.end() || it->second > best->second ||
+      if (best == pair_counts_.end() || it->second > best->second ||
           (it->second == best->second &&
-           std::tie(sym_str[size_t(it->first.first)], sym_str[size_t(it->first.second)]) <
-               std::tie(sym_str[size_t(best->first.first)], sym_str[size_t(best->first.second)])))
+           std::tie(sym_str_[size_t(it->first.first)], sym_str_[size_t(it->first.second)]) <
+               std::tie(sym_str_[size_t(best->first.first)], sym_str_[size_t(best->first.second)])))
         best = it;
       ++it;
     }
-    if (best == pair_counts.end()) break;  // every word is one symbol
-    const int32_t left = best->first.first, right = best->first.second;
-    const std::string left_str = sym_str[size_t(left)], right_str = sym_str[size_t(right)];
-    merges.push_back({left_str, right_str});
-    const int32_t joined = symbol(left_str + right_str);
-    for (auto& [syms, count] : words) {
+    return best;
+  }
+
+  // Replaces every (left, right) in the words by the symbol of their concatenation.
+  void merge(int32_t left, int32_t right) {
+    const int32_t joined = symbol(sym_str_[size_t(left)] + sym_str_[size_t(right)]);
+    for (auto& [syms, count] : words_) {
       bool has = false;
       for (size_t k = 0; k + 1 < syms.size() && !has; ++k) has = syms[k] == left && syms[k + 1] == right;
       if (!has) continue;
@@ -348,6 +367,14 @@ Vocab build_vocab(int32_t n_merges, int32_t vocab_pad) {
     }
   }
 
+  std::vector<std::string> sym_str_;
+  std::map<std::string, int32_t> sym_id_;
+  std::vector<std::pair<std::vector<int32_t>, int64_t>> words_;
+  PairCounts pair_counts_;
+};
+
+// The vocabulary around the trained merges.
+Vocab assemble_vocab(const std::vector<std::pair<std::string, std::string>>& merges, int32_t vocab_pad) {
   Vocab v;
   auto add = [&](const std::string& tok, int32_t type) {
     v.tokens.push_back(tok);
@@ -376,6 +403,10 @@ Vocab build_vocab(int32_t n_merges, int32_t vocab_pad) {
   // Padding as the converter writes ids without a token (architecture.md "GGUF: keys and tensors").
   while (int32_t(v.tokens.size()) < vocab_pad) add("[PAD" + std::to_string(v.tokens.size()) + "]", kTokUnused);
   return v;
+}
+
+Vocab build_vocab(int32_t n_merges, int32_t vocab_pad) {
+  return assemble_vocab(BpeTrainer().train(n_merges), vocab_pad);
 }
 
 // ChatML, so the chat renderer uses plain ChatML (the same text as the reference
@@ -554,142 +585,173 @@ std::string default_name(const std::string& path) {
   return name.empty() ? "step35-tiny" : name;
 }
 
+Shape preset_shape(const std::string& preset) {
+  if (preset == "tiny") return kTiny;
+  if (preset == "bench") return kBench;
+  throw std::invalid_argument("make-tiny: unknown preset '" + preset + "' (expected tiny or bench)");
+}
+
+// Fails on an unwritable path before seconds (bench: a minute) go into weights.
+void check_writable(const std::string& path) {
+  std::FILE* probe = std::fopen(path.c_str(), "wb");
+  if (!probe) throw std::runtime_error("cannot create '" + path + "': " + std::strerror(errno));
+  std::fclose(probe);
+}
+
+// The per-block layout of a shape, trunk then MTP blocks (architecture.md "Per-layer schedule").
+struct BlockSchedule {
+  std::vector<bool> is_swa, is_moe;
+  std::vector<int32_t> n_head, n_head_kv;
+  std::vector<float> clamp_exp, clamp_shexp;
+};
+
+BlockSchedule block_schedule(const Shape& S) {
+  const size_t n_blocks = static_cast<size_t>(S.n_layer + S.n_mtp);
+  BlockSchedule b;
+  b.is_swa.resize(n_blocks);
+  b.is_moe.resize(n_blocks);
+  b.n_head.resize(n_blocks);
+  b.n_head_kv.assign(n_blocks, S.n_head_kv);
+  b.clamp_exp.assign(n_blocks, 0.0f);
+  b.clamp_shexp.assign(n_blocks, 0.0f);
+  for (int32_t il = 0; il < S.n_layer + S.n_mtp; ++il) {
+    const bool mtp = il >= S.n_layer;
+    const bool swa = (mtp && S.mtp_swa) || (S.swa_period > 0 && il % S.swa_period != 0);
+    b.is_swa[size_t(il)] = swa;
+    b.is_moe[size_t(il)] = mtp ? !S.mtp_dense : il >= S.n_dense;
+    b.n_head[size_t(il)] = swa ? S.n_head_swa : S.n_head_full;
+    // The release clamps the routed experts of its last two trunk layers and the shared
+    // expert of the last one (architecture.md "Hyperparameters"); MTP blocks have none.
+    if (!mtp && b.is_moe[size_t(il)]) {
+      if (il >= S.n_layer - 2) b.clamp_exp[size_t(il)] = kClampExp;
+      if (il == S.n_layer - 1) b.clamp_shexp[size_t(il)] = kClampShexp;
+    }
+  }
+  return b;
+}
+
+void set_general_keys(gguf::Writer& w, const TinyModelOptions& options, const std::string& name, uint32_t file_type) {
+  w.set_str("general.architecture", "step35");
+  w.set_str("general.type", "model");
+  w.set_str("general.name", name);
+  w.set_str("general.description", "synthetic random-weight step35 model (step35 make-tiny --preset " +
+                                       options.preset + " --seed " + std::to_string(options.seed) + " --type " +
+                                       dtype_name(options.weight_type) + ")");
+  w.set_u32("general.alignment", 32);
+  w.set_u32("general.file_type", file_type);
+  w.set_u32("general.quantization_version", 2);
+}
+
+// The step35.* keys (architecture.md "Hyperparameters").
+void set_hparam_keys(gguf::Writer& w, const Shape& S, const BlockSchedule& blocks) {
+  auto K = [](const char* k) { return std::string("step35.") + k; };
+  w.set_u32(K("context_length"), uint32_t(S.n_ctx));
+  w.set_u32(K("embedding_length"), uint32_t(S.n_embd));
+  w.set_u32(K("block_count"), uint32_t(S.n_layer + S.n_mtp));
+  w.set_u32(K("nextn_predict_layers"), uint32_t(S.n_mtp));
+  w.set_u32(K("feed_forward_length"), uint32_t(S.n_ff));
+  w.set_arr_i32(K("attention.head_count"), blocks.n_head);
+  w.set_arr_i32(K("attention.head_count_kv"), blocks.n_head_kv);
+  w.set_u32(K("attention.key_length"), uint32_t(S.head_dim));
+  w.set_u32(K("attention.value_length"), uint32_t(S.head_dim));
+  w.set_f32(K("attention.layer_norm_rms_epsilon"), kRmsEps);
+  w.set_u32(K("attention.sliding_window"), uint32_t(S.swa_window));
+  w.set_arr_bool(K("attention.sliding_window_pattern"), blocks.is_swa);
+  w.set_f32(K("rope.freq_base"), kRopeBase);
+  w.set_f32(K("rope.freq_base_swa"), kRopeBaseSwa);
+  w.set_u32(K("expert_count"), uint32_t(S.n_expert));
+  w.set_u32(K("expert_used_count"), uint32_t(S.n_expert_used));
+  w.set_u32(K("expert_feed_forward_length"), uint32_t(S.n_ff_exp));
+  w.set_u32(K("expert_shared_feed_forward_length"), uint32_t(S.n_ff_shexp));
+  w.set_u32(K("expert_gating_func"), 2);  // sigmoid
+  w.set_f32(K("expert_weights_scale"), kExpertWeightsScale);
+  w.set_bool(K("expert_weights_norm"), true);
+  w.set_arr_f32(K("swiglu_clamp_exp"), blocks.clamp_exp);
+  w.set_arr_f32(K("swiglu_clamp_shexp"), blocks.clamp_shexp);
+  w.set_u32(K("leading_dense_block_count"), uint32_t(S.n_dense));
+  w.set_u32(K("moe_every_n_layers"), 1);
+}
+
+void set_tokenizer_keys(gguf::Writer& w, const Vocab& vocab) {
+  w.set_str("tokenizer.ggml.model", "gpt2");
+  w.set_str("tokenizer.ggml.pre", "deepseek-v3");
+  w.set_arr_str("tokenizer.ggml.tokens", vocab.tokens);
+  w.set_arr_i32("tokenizer.ggml.token_type", vocab.types);
+  w.set_arr_str("tokenizer.ggml.merges", vocab.merges);
+  w.set_u32("tokenizer.ggml.bos_token_id", uint32_t(vocab.bos));
+  w.set_u32("tokenizer.ggml.eos_token_id", uint32_t(vocab.eos));
+  w.set_u32("tokenizer.ggml.eot_token_id", uint32_t(vocab.im_end));
+  w.set_u32("tokenizer.ggml.padding_token_id", uint32_t(vocab.pad));
+  w.set_bool("tokenizer.ggml.add_bos_token", true);
+  w.set_bool("tokenizer.ggml.add_eos_token", false);
+  w.set_str("tokenizer.chat_template", kChatTemplate);
+}
+
+// Block il's tensors (architecture.md "GGUF: keys and tensors"); V: the vocabulary size.
+void declare_block_tensors(TensorEmitter& T, const Shape& S, const BlockSchedule& blocks, int32_t il, int64_t V) {
+  const int64_t E = S.n_embd, D = S.head_dim;
+  const int64_t H = blocks.n_head[size_t(il)], G = blocks.n_head_kv[size_t(il)];
+  T.norm(block_tensor_name(il, "attn_norm.weight"), E);
+  T.matrix(block_tensor_name(il, "attn_q.weight"), {E, H * D}, fan_std(E));
+  T.matrix(block_tensor_name(il, "attn_k.weight"), {E, G * D}, fan_std(E));
+  T.matrix(block_tensor_name(il, "attn_v.weight"), {E, G * D}, fan_std(E));
+  T.norm(block_tensor_name(il, "attn_q_norm.weight"), D);
+  T.norm(block_tensor_name(il, "attn_k_norm.weight"), D);
+  T.matrix(block_tensor_name(il, "attn_gate.weight"), {E, H}, fan_std(E));
+  T.matrix(block_tensor_name(il, "attn_output.weight"), {H * D, E}, fan_std(H * D, kResidGain));
+  T.norm(block_tensor_name(il, "ffn_norm.weight"), E);
+  if (blocks.is_moe[size_t(il)]) {
+    const int64_t X = S.n_expert, F = S.n_ff_exp, FS = S.n_ff_shexp;
+    T.f32(block_tensor_name(il, "ffn_gate_inp.weight"), {E, X}, 0.0, fan_std(E, kRouterGain));
+    T.f32(block_tensor_name(il, "exp_probs_b.bias"), {X}, 0.0, kRouterBiasStd);
+    T.matrix(block_tensor_name(il, "ffn_gate_exps.weight"), {E, F, X}, fan_std(E), true);
+    T.matrix(block_tensor_name(il, "ffn_up_exps.weight"), {E, F, X}, fan_std(E), true);
+    T.matrix(block_tensor_name(il, "ffn_down_exps.weight"), {F, E, X}, fan_std(F, kResidGain), true);
+    T.matrix(block_tensor_name(il, "ffn_gate_shexp.weight"), {E, FS}, fan_std(E));
+    T.matrix(block_tensor_name(il, "ffn_up_shexp.weight"), {E, FS}, fan_std(E));
+    T.matrix(block_tensor_name(il, "ffn_down_shexp.weight"), {FS, E}, fan_std(FS, kResidGain));
+  } else {
+    T.matrix(block_tensor_name(il, "ffn_gate.weight"), {E, S.n_ff}, fan_std(E));
+    T.matrix(block_tensor_name(il, "ffn_up.weight"), {E, S.n_ff}, fan_std(E));
+    T.matrix(block_tensor_name(il, "ffn_down.weight"), {S.n_ff, E}, fan_std(S.n_ff, kResidGain));
+  }
+  if (il >= S.n_layer) {  // MTP block (architecture.md "MTP heads")
+    T.matrix(block_tensor_name(il, "nextn.eh_proj.weight"), {2 * E, E}, fan_std(2 * E));
+    T.norm(block_tensor_name(il, "nextn.enorm.weight"), E);
+    T.norm(block_tensor_name(il, "nextn.hnorm.weight"), E);
+    T.norm(block_tensor_name(il, "nextn.shared_head_norm.weight"), E);
+    T.matrix(block_tensor_name(il, "nextn.shared_head_head.weight"), {E, V}, fan_std(E, kOutGain));
+  }
+}
+
+// All tensors: globals first, then each block, then the output head.
+void declare_tensors(TensorEmitter& T, const Shape& S, const BlockSchedule& blocks, int64_t V) {
+  const int64_t E = S.n_embd;
+  T.matrix("token_embd.weight", {E, V}, kEmbdStd);
+  T.values("rope_freqs.weight", llama3_rope_factors(S.head_dim, kRopeBase, S.rope_orig_ctx));
+  for (int32_t il = 0; il < S.n_layer + S.n_mtp; ++il) declare_block_tensors(T, S, blocks, il, V);
+  T.norm("output_norm.weight", E);
+  T.matrix("output.weight", {E, V}, fan_std(E, kOutGain));
+}
+
 }  // namespace
 
 void make_tiny_model(const TinyModelOptions& options, const std::string& path, TinyModelSummary* summary) {
-  Shape S;
-  if (options.preset == "tiny") {
-    S = kTiny;
-  } else if (options.preset == "bench") {
-    S = kBench;
-  } else {
-    throw std::invalid_argument("make-tiny: unknown preset '" + options.preset + "' (expected tiny or bench)");
-  }
+  const Shape S = preset_shape(options.preset);
   const uint32_t file_type = file_type_of(options.weight_type);
   if (path.empty()) throw std::invalid_argument("make-tiny: empty output path");
-
-  // Fail on an unwritable path before spending seconds (bench: a minute) on weights.
-  {
-    std::FILE* probe = std::fopen(path.c_str(), "wb");
-    if (!probe) throw std::runtime_error("cannot create '" + path + "': " + std::strerror(errno));
-    std::fclose(probe);
-  }
+  check_writable(path);
   try {
-    const int32_t n_all = S.n_layer + S.n_mtp;
-    const size_t n_blocks = static_cast<size_t>(n_all);
-    std::vector<bool> is_swa(n_blocks), is_moe(n_blocks);
-    std::vector<int32_t> n_head(n_blocks), n_head_kv(n_blocks, S.n_head_kv);
-    std::vector<float> clamp_exp(n_blocks, 0.0f), clamp_shexp(n_blocks, 0.0f);
-    for (int32_t il = 0; il < n_all; ++il) {
-      const bool mtp = il >= S.n_layer;
-      const bool swa = (mtp && S.mtp_swa) || (S.swa_period > 0 && il % S.swa_period != 0);
-      is_swa[size_t(il)] = swa;
-      is_moe[size_t(il)] = mtp ? !S.mtp_dense : il >= S.n_dense;
-      n_head[size_t(il)] = swa ? S.n_head_swa : S.n_head_full;
-      // The release clamps the routed experts of its last two trunk layers and the shared
-      // expert of the last one (architecture.md "Hyperparameters"); MTP blocks have none.
-      if (!mtp && is_moe[size_t(il)]) {
-        if (il >= S.n_layer - 2) clamp_exp[size_t(il)] = kClampExp;
-        if (il == S.n_layer - 1) clamp_shexp[size_t(il)] = kClampShexp;
-      }
-    }
+    const BlockSchedule blocks = block_schedule(S);
     const Vocab vocab = build_vocab(S.n_merges, S.vocab_pad);
-    const int64_t V = int64_t(vocab.tokens.size());
-    const int64_t E = S.n_embd, D = S.head_dim;
     const std::string name = options.name.empty() ? default_name(path) : options.name;
 
     gguf::Writer w(32);
-    auto K = [](const char* k) { return std::string("step35.") + k; };
-    w.set_str("general.architecture", "step35");
-    w.set_str("general.type", "model");
-    w.set_str("general.name", name);
-    w.set_str("general.description", "synthetic random-weight step35 model (step35 make-tiny --preset " +
-                                         options.preset + " --seed " + std::to_string(options.seed) + " --type " +
-                                         dtype_name(options.weight_type) + ")");
-    w.set_u32("general.alignment", 32);
-    w.set_u32("general.file_type", file_type);
-    w.set_u32("general.quantization_version", 2);
-
-    w.set_u32(K("context_length"), uint32_t(S.n_ctx));
-    w.set_u32(K("embedding_length"), uint32_t(E));
-    w.set_u32(K("block_count"), uint32_t(n_all));
-    w.set_u32(K("nextn_predict_layers"), uint32_t(S.n_mtp));
-    w.set_u32(K("feed_forward_length"), uint32_t(S.n_ff));
-    w.set_arr_i32(K("attention.head_count"), n_head);
-    w.set_arr_i32(K("attention.head_count_kv"), n_head_kv);
-    w.set_u32(K("attention.key_length"), uint32_t(D));
-    w.set_u32(K("attention.value_length"), uint32_t(D));
-    w.set_f32(K("attention.layer_norm_rms_epsilon"), kRmsEps);
-    w.set_u32(K("attention.sliding_window"), uint32_t(S.swa_window));
-    w.set_arr_bool(K("attention.sliding_window_pattern"), is_swa);
-    w.set_f32(K("rope.freq_base"), kRopeBase);
-    w.set_f32(K("rope.freq_base_swa"), kRopeBaseSwa);
-    w.set_u32(K("expert_count"), uint32_t(S.n_expert));
-    w.set_u32(K("expert_used_count"), uint32_t(S.n_expert_used));
-    w.set_u32(K("expert_feed_forward_length"), uint32_t(S.n_ff_exp));
-    w.set_u32(K("expert_shared_feed_forward_length"), uint32_t(S.n_ff_shexp));
-    w.set_u32(K("expert_gating_func"), 2);  // sigmoid
-    w.set_f32(K("expert_weights_scale"), kExpertWeightsScale);
-    w.set_bool(K("expert_weights_norm"), true);
-    w.set_arr_f32(K("swiglu_clamp_exp"), clamp_exp);
-    w.set_arr_f32(K("swiglu_clamp_shexp"), clamp_shexp);
-    w.set_u32(K("leading_dense_block_count"), uint32_t(S.n_dense));
-    w.set_u32(K("moe_every_n_layers"), 1);
-
-    w.set_str("tokenizer.ggml.model", "gpt2");
-    w.set_str("tokenizer.ggml.pre", "deepseek-v3");
-    w.set_arr_str("tokenizer.ggml.tokens", vocab.tokens);
-    w.set_arr_i32("tokenizer.ggml.token_type", vocab.types);
-    w.set_arr_str("tokenizer.ggml.merges", vocab.merges);
-    w.set_u32("tokenizer.ggml.bos_token_id", uint32_t(vocab.bos));
-    w.set_u32("tokenizer.ggml.eos_token_id", uint32_t(vocab.eos));
-    w.set_u32("tokenizer.ggml.eot_token_id", uint32_t(vocab.im_end));
-    w.set_u32("tokenizer.ggml.padding_token_id", uint32_t(vocab.pad));
-    w.set_bool("tokenizer.ggml.add_bos_token", true);
-    w.set_bool("tokenizer.ggml.add_eos_token", false);
-    w.set_str("tokenizer.chat_template", kChatTemplate);
-
-    // Tensors (architecture.md "GGUF: keys and tensors"), globals first, then each block, then the
-    // output head.
+    set_general_keys(w, options, name, file_type);
+    set_hparam_keys(w, S, blocks);
+    set_tokenizer_keys(w, vocab);
     TensorEmitter T(options.seed, options.weight_type);
-    T.matrix("token_embd.weight", {E, V}, kEmbdStd);
-    T.values("rope_freqs.weight", llama3_rope_factors(S.head_dim, kRopeBase, S.rope_orig_ctx));
-    for (int32_t il = 0; il < n_all; ++il) {
-      const int64_t H = n_head[size_t(il)], G = n_head_kv[size_t(il)];
-      T.norm(block_tensor_name(il, "attn_norm.weight"), E);
-      T.matrix(block_tensor_name(il, "attn_q.weight"), {E, H * D}, fan_std(E));
-      T.matrix(block_tensor_name(il, "attn_k.weight"), {E, G * D}, fan_std(E));
-      T.matrix(block_tensor_name(il, "attn_v.weight"), {E, G * D}, fan_std(E));
-      T.norm(block_tensor_name(il, "attn_q_norm.weight"), D);
-      T.norm(block_tensor_name(il, "attn_k_norm.weight"), D);
-      T.matrix(block_tensor_name(il, "attn_gate.weight"), {E, H}, fan_std(E));
-      T.matrix(block_tensor_name(il, "attn_output.weight"), {H * D, E}, fan_std(H * D, kResidGain));
-      T.norm(block_tensor_name(il, "ffn_norm.weight"), E);
-      if (is_moe[size_t(il)]) {
-        const int64_t X = S.n_expert, F = S.n_ff_exp, FS = S.n_ff_shexp;
-        T.f32(block_tensor_name(il, "ffn_gate_inp.weight"), {E, X}, 0.0, fan_std(E, kRouterGain));
-        T.f32(block_tensor_name(il, "exp_probs_b.bias"), {X}, 0.0, kRouterBiasStd);
-        T.matrix(block_tensor_name(il, "ffn_gate_exps.weight"), {E, F, X}, fan_std(E), true);
-        T.matrix(block_tensor_name(il, "ffn_up_exps.weight"), {E, F, X}, fan_std(E), true);
-        T.matrix(block_tensor_name(il, "ffn_down_exps.weight"), {F, E, X}, fan_std(F, kResidGain), true);
-        T.matrix(block_tensor_name(il, "ffn_gate_shexp.weight"), {E, FS}, fan_std(E));
-        T.matrix(block_tensor_name(il, "ffn_up_shexp.weight"), {E, FS}, fan_std(E));
-        T.matrix(block_tensor_name(il, "ffn_down_shexp.weight"), {FS, E}, fan_std(FS, kResidGain));
-      } else {
-        T.matrix(block_tensor_name(il, "ffn_gate.weight"), {E, S.n_ff}, fan_std(E));
-        T.matrix(block_tensor_name(il, "ffn_up.weight"), {E, S.n_ff}, fan_std(E));
-        T.matrix(block_tensor_name(il, "ffn_down.weight"), {S.n_ff, E}, fan_std(S.n_ff, kResidGain));
-      }
-      if (il >= S.n_layer) {  // MTP block (architecture.md "MTP heads")
-        T.matrix(block_tensor_name(il, "nextn.eh_proj.weight"), {2 * E, E}, fan_std(2 * E));
-        T.norm(block_tensor_name(il, "nextn.enorm.weight"), E);
-        T.norm(block_tensor_name(il, "nextn.hnorm.weight"), E);
-        T.norm(block_tensor_name(il, "nextn.shared_head_norm.weight"), E);
-        T.matrix(block_tensor_name(il, "nextn.shared_head_head.weight"), {E, V}, fan_std(E, kOutGain));
-      }
-    }
-    T.norm("output_norm.weight", E);
-    T.matrix("output.weight", {E, V}, fan_std(E, kOutGain));
+    declare_tensors(T, S, blocks, int64_t(vocab.tokens.size()));
 
     T.emit(w, summary);
     w.write(path);
@@ -697,7 +759,7 @@ void make_tiny_model(const TinyModelOptions& options, const std::string& path, T
       summary->bytes = std::filesystem::file_size(path);
       summary->n_layer = S.n_layer;
       summary->n_mtp = S.n_mtp;
-      summary->n_vocab = int32_t(V);
+      summary->n_vocab = int32_t(vocab.tokens.size());
       summary->n_merges = int32_t(vocab.merges.size());
     }
   } catch (...) {
