@@ -10,6 +10,7 @@
 #include <condition_variable>
 #include <memory>
 #include <mutex>
+#include <optional>
 #include <random>
 
 #include <nlohmann/json.hpp>
@@ -210,9 +211,7 @@ struct BenchSettings {
   KvTypes kv_types;
 };
 
-}  // namespace
-
-static int bench_main(const Args& args) {
+ArgParser bench_parser(BenchSettings& bs) {
   ArgParser p("bench",
               "Measures prompt processing (ppN: N prompt tokens in one batch) and text generation (tgN: N\n"
               "tokens one at a time) in tokens/s, from an empty context or, with -d, after DEPTH tokens already\n"
@@ -221,7 +220,6 @@ static int bench_main(const Args& args) {
               "the steady state of a server); prints a markdown table, or JSON with --json. With --membw it\n"
               "also measures the memory read bandwidth and reports the decode roofline (active weight bytes\n"
               "per token / bandwidth) and tg as a share of it.");
-  BenchSettings bs;
   p.option("-m,--model", "FILE", "GGUF model", bs.model, "the built-in tiny model");
   add_mtp_model_flag(p, bs.mtp_model);
   p.option("-p,--n-prompt", "N", "prompt tokens, comma list, 0 = skip pp", bs.n_prompt);
@@ -254,391 +252,534 @@ static int bench_main(const Args& args) {
            "drift against strict over 128 positions is printed", bs.expert_policy);
   add_adaptive_policy_flags(p, bs.routing.adaptive_mass, bs.routing.adaptive_min_k);
   add_ep_flags(p);
-  if (!p.parse(args)) return 0;
+  return p;
+}
 
-  const auto n_prompt_list = parse_list(bs.n_prompt, "-p", 0, 1 << 20);
-  const auto n_gen_list = parse_list(bs.n_gen, "-n", 0, 1 << 20);
-  const auto depth_list = parse_list(bs.n_depth, "-d", 0, 1 << 30);
-  const KvTypes kv_types = bs.kv_types;
-  const auto threads_list = parse_list(bs.threads, "-t", 1, 1024);
-  const int reps = bs.repetitions;
-  const int n_batch = bs.n_batch;
-  const bool json = bs.json;
-  const Precision prec = bs.exact ? Precision::Exact : Precision::Native;
-  const double synthetic = bs.synthetic_accept;
+// The settings resolved (the lists parsed, then fitted to the model): what the tests of
+// every thread count share.
+struct BenchPlan {
+  std::vector<int64_t> n_prompt_list, n_gen_list, depth_list, threads_list;
+  Precision prec = Precision::Native;
+  RoutingPolicy routing;  // the strict policy unless --expert-policy adaptive
+  std::string path;       // the model file
+  // From the model:
+  int32_t n_ctx = 0, keep_back = 0;
+  std::string label;  // the table's model column: name and type
+  uint64_t n_params = 0, active_bytes = 0;
+  MtpSetting mtp;
+  // From the command line beyond the settings:
+  bool ep = false, parallel = false;  // --ep, --parallel given
+  int ep_ranks = 1;
+};
 
-  const RoutingPolicy routing = adaptive_expert_policy(bs.expert_policy) ? bs.routing : RoutingPolicy{};
+BenchPlan bench_plan(const BenchSettings& bs) {
+  BenchPlan plan;
+  plan.n_prompt_list = parse_list(bs.n_prompt, "-p", 0, 1 << 20);
+  plan.n_gen_list = parse_list(bs.n_gen, "-n", 0, 1 << 20);
+  plan.depth_list = parse_list(bs.n_depth, "-d", 0, 1 << 30);
+  plan.threads_list = parse_list(bs.threads, "-t", 1, 1024);
+  plan.prec = bs.exact ? Precision::Exact : Precision::Native;
+  plan.routing = adaptive_expert_policy(bs.expert_policy) ? bs.routing : RoutingPolicy{};
+  plan.path = bs.model.empty() ? builtin_tiny_model_path() : bs.model;
+  return plan;
+}
 
-  std::string path = bs.model;
-  if (path.empty()) path = builtin_tiny_model_path();
-  EpSetup ep(p);
-  if (ep.is_follower()) return ep.follow(path, int(threads_list.front()), bs.mtp_model);
-  auto model = load_model(path, json, bs.mtp_model);
-  ep.attach(*model);
-  const HParams& hp = model->hparams();
-  const int64_t max_prompt = *std::max_element(n_prompt_list.begin(), n_prompt_list.end());
-  const int64_t max_gen = *std::max_element(n_gen_list.begin(), n_gen_list.end());
-  const int64_t max_depth = *std::max_element(depth_list.begin(), depth_list.end());
+// The context the tests need (UsageError beyond the model's) and the model's figures.
+void fit_plan_to_model(BenchPlan& plan, const BenchSettings& bs, const Model& model) {
+  const HParams& hp = model.hparams();
+  const int64_t max_prompt = *std::max_element(plan.n_prompt_list.begin(), plan.n_prompt_list.end());
+  const int64_t max_gen = *std::max_element(plan.n_gen_list.begin(), plan.n_gen_list.end());
+  const int64_t max_depth = *std::max_element(plan.depth_list.begin(), plan.depth_list.end());
   const int64_t need = std::max<int64_t>(
       {max_depth + max_prompt, max_depth + max_gen + 4, bs.verify_cost ? 64 + kMaxDrafts + 1 : 1});
   if (need > hp.n_ctx_train)
     throw UsageError("the test needs " + std::to_string(need) + " positions" +
                      (max_depth > 0 ? " (depth " + std::to_string(max_depth) + " + the test's tokens)" : "") +
                      " but the model's context is " + std::to_string(hp.n_ctx_train));
-  const int32_t n_ctx = int32_t(need);
+  plan.n_ctx = int32_t(need);
   // After a test at depth D the cache is cut back to D for the next one: the sliding-window
   // blocks just behind D must still be there, so the cache keeps that many positions.
-  const int32_t keep_back = max_depth > 0 ? int32_t(std::max(max_prompt, max_gen)) : 0;
+  plan.keep_back = max_depth > 0 ? int32_t(std::max(max_prompt, max_gen)) : 0;
 
-  uint64_t n_params = 0;
-  for (const auto& t : model->file().tensors()) n_params += uint64_t(t.n_elements());
-  const std::string label = model->file().opt_str("general.name").value_or("step35") + " " + model_type_label(*model);
-  const uint64_t active_bytes = model->active_weight_bytes_per_token();
-  const MtpSetting mtp = parse_mtp(bs.mtp, *model);
-  if (synthetic >= 0 && mtp.max_k == 0) throw UsageError("--mtp-synthetic-accept needs --mtp K or auto");
-  if (mtp.max_k > 0 && max_depth > 0)
+  for (const auto& t : model.file().tensors()) plan.n_params += uint64_t(t.n_elements());
+  plan.label = model.file().opt_str("general.name").value_or("step35") + " " + model_type_label(model);
+  plan.active_bytes = model.active_weight_bytes_per_token();
+  plan.mtp = parse_mtp(bs.mtp, model);
+  if (bs.synthetic_accept >= 0 && plan.mtp.max_k == 0)
+    throw UsageError("--mtp-synthetic-accept needs --mtp K or auto");
+  if (plan.mtp.max_k > 0 && max_depth > 0)
     throw UsageError("--mtp cannot be combined with -d (speculative tg runs from an empty context)");
-  std::mt19937 rng(1234);
-  std::uniform_int_distribution<int32_t> tok_dist(0, hp.n_vocab - 1);
+}
 
-  if (!json) {
+// The random tokens every test feeds the model: one fixed-seed stream through the whole run.
+struct RandomTokens {
+  explicit RandomTokens(int32_t n_vocab) : dist(0, n_vocab - 1) {}
+  int32_t operator()() { return dist(rng); }
+  std::mt19937 rng{1234};
+  std::uniform_int_distribution<int32_t> dist;
+};
+
+// Experts repacked on first use: copy the rest now, so that no timed run pays for a first
+// use (a serving process is past them after its first requests).
+void repack_remaining_experts(Model& model, ThreadPool& pool, bool quiet) {
+  const uint64_t done = model.lazy_repacked_so_far();
+  if (done >= model.lazy_repack_bytes()) return;
+  const double t0 = now_seconds();
+  model.prepare_all_experts(pool);
+  if (!quiet)
+    std::fprintf(stderr, "routed experts repacked before timing: %s in %.1f s\n",
+                 human_bytes(double(model.lazy_repack_bytes() - done)).c_str(), now_seconds() - t0);
+}
+
+// The cost model the adaptive controller learned: verify cost per K, draft cost,
+// acceptance, predicted speed-up per K.
+nlohmann::json cost_model_json(const AdaptiveK& a, int32_t max_k) {
+  const double c0 = a.verify_cost(0);
+  nlohmann::json verify = nlohmann::json::array(), rel = nlohmann::json::array(), measured = nlohmann::json::array(),
+                 expected = nlohmann::json::array(), speedup = nlohmann::json::array();
+  for (int32_t k = 0; k <= max_k; ++k) {
+    verify.push_back(a.verify_cost(k) * 1e3);
+    rel.push_back(c0 > 0 ? a.verify_cost(k) / c0 : 0.0);
+    measured.push_back(a.verify_measured(k));
+    expected.push_back(a.expected_tokens(k));
+    speedup.push_back(c0 > 0 ? a.rate(k) * c0 : 0.0);
+  }
+  return {{"verify_ms", verify},
+          {"verify_relative", rel},
+          {"verify_measured", measured},
+          {"draft_ms", a.draft_cost() * 1e3},
+          {"draft_relative", c0 > 0 ? a.draft_cost() / c0 : 0.0},
+          {"acceptance", by_draft_position([&](int32_t i) { return a.acceptance(i); })},
+          {"expected_tokens", expected},
+          {"predicted_speedup", speedup},
+          {"best_k", a.best_k()},
+          {"probe_gap", a.probe_gap()}};
+}
+
+// What the timed repetitions of a speculative tg test did, summed; the cost model is the
+// last repetition's.
+struct SpeculationTotals {
+  SpeculationStats stats;
+  uint64_t plain_steps = 0, probes = 0, paying_probes = 0;
+  nlohmann::json cost_model;
+
+  void add(Generator& gen) {
+    const SpeculationStats& st = gen.sequence().speculation_stats();
+    stats.add(st);
+    plain_steps += st.plain_steps;
+    const AdaptiveK& a = gen.speculation()->controller();
+    probes += a.probes();
+    paying_probes += a.paying_probes();
+    cost_model = cost_model_json(a, gen.max_k());
+  }
+};
+
+// The aggregate rates of --parallel for one sequence count, over the timed repetitions.
+struct ParallelStats {
+  Stat total, decode, distinct_experts;
+};
+
+// How far the adaptive policy's logits are from the strict policy's over n positions.
+struct LogitDrift {
+  double max_abs = 0, rms = 0;
+  int32_t argmax_same = 0;  // positions whose top token is the same
+};
+
+LogitDrift logit_drift(const std::vector<float>& strict_logits, const std::vector<float>& adaptive_logits, int32_t n,
+                       size_t V) {
+  LogitDrift drift;
+  double sum_sq = 0;
+  for (int32_t i = 0; i < n; ++i) {
+    const float* a = strict_logits.data() + size_t(i) * V;
+    const float* b = adaptive_logits.data() + size_t(i) * V;
+    for (size_t v = 0; v < V; ++v) {
+      const double d = double(a[v]) - double(b[v]);
+      drift.max_abs = std::max(drift.max_abs, std::abs(d));
+      sum_sq += d * d;
+    }
+    drift.argmax_same += std::max_element(a, a + V) - a == std::max_element(b, b + V) - b;
+  }
+  drift.rms = std::sqrt(sum_sq / double(size_t(n) * V));
+  return drift;
+}
+
+// The tests of one thread count, in the order they report: pp and tg at each depth, then
+// --parallel, --verify-cost, --membw and the adaptive policy's drift; with --json all of
+// them in one object printed at the end.
+class ThreadCountBench {
+ public:
+  ThreadCountBench(const BenchSettings& bs, const BenchPlan& plan, Model& model, int64_t threads,
+                   RandomTokens& tokens);
+  void run();
+
+ private:
+  void report(std::string test, int64_t n_tok, const std::vector<double>& tps, const char* key);
+  void fill_depth();
+  void restart();
+  void bench_pp(int64_t n_prompt);
+  void bench_tg(int64_t n_gen);
+  std::vector<double> time_plain_tg(int64_t n_gen);
+  std::vector<double> time_speculative_tg(int64_t n_gen, SpeculationTotals& totals);
+  void report_speculation(const SpeculationTotals& totals);
+  void bench_parallel();
+  ParallelStats time_parallel(int32_t n_seq, int32_t n_pp, int32_t n_tg);
+  void bench_verify_cost();
+  void bench_membw();
+  void bench_policy_drift();
+
+  const BenchSettings& bs_;
+  const BenchPlan& plan_;
+  Model& model_;
+  const int64_t threads_;
+  RandomTokens& tokens_;
+  ThreadPool pool_;
+  std::optional<Session> session_;  // made once the experts are repacked
+  std::vector<float> logits_;
+  nlohmann::json result_, all_tests_ = nlohmann::json::object();
+  int64_t depth_ = 0;  // the depth of the tests being run
+  double tg_mean_ = 0;  // the last tg test's, for --membw's share of the roofline
+};
+
+ThreadCountBench::ThreadCountBench(const BenchSettings& bs, const BenchPlan& plan, Model& model, int64_t threads,
+                                   RandomTokens& tokens)
+    : bs_(bs), plan_(plan), model_(model), threads_(threads), tokens_(tokens), pool_(int(threads)) {
+  repack_remaining_experts(model_, pool_, bs_.json);
+  session_.emplace(model_, plan_.n_ctx, std::min<int32_t>(bs_.n_batch, plan_.n_ctx), plan_.prec, false,
+                   plan_.keep_back, bs_.kv_types);
+  session_->set_routing(plan_.routing);
+  result_["model"] = plan_.label;
+  result_["model_path"] = plan_.path;
+  result_["threads"] = threads_;
+  result_["isa"] = kernels::isa_name(kernels::active_isa());
+  if (plan_.ep) result_["ep_ranks"] = plan_.ep_ranks;
+  result_["precision"] = plan_.prec == Precision::Native ? "native" : "exact";
+  result_["cache_type_k"] = dtype_name(bs_.kv_types.k);
+  result_["cache_type_v"] = dtype_name(bs_.kv_types.v);
+  result_["kv_cache_bytes"] = session_->cache().bytes();
+}
+
+void ThreadCountBench::run() {
+  for (int64_t d : plan_.depth_list) {
+    depth_ = d;
+    fill_depth();
+    for (int64_t n_prompt : plan_.n_prompt_list)
+      if (n_prompt > 0) bench_pp(n_prompt);
+    for (int64_t n_gen : plan_.n_gen_list)
+      if (n_gen > 0) bench_tg(n_gen);
+  }
+  depth_ = 0;
+  result_["tests"] = all_tests_;
+  if (plan_.parallel) bench_parallel();
+  if (bs_.verify_cost) bench_verify_cost();
+  if (bs_.membw) bench_membw();
+  if (plan_.routing.adaptive_mass > 0) bench_policy_drift();
+  result_["peak_rss_bytes"] = peak_rss_bytes();
+  if (bs_.json) std::printf("%s\n", result_.dump().c_str());
+}
+
+// A test's mean +- stddev: a table row, or with --json an entry of the object.
+void ThreadCountBench::report(std::string test, int64_t n_tok, const std::vector<double>& tps, const char* key) {
+  const Stat s = stats_of(tps);
+  const nlohmann::json entry = {{"tokens", n_tok}, {"tok_per_s", s.mean}, {"stddev", s.stddev}, {"samples", tps}};
+  if (depth_ > 0) test += " @ d" + std::to_string(depth_);
+  if (bs_.json) {
+    // Every test under "tests" by its llama-bench name ("pp512", "tg64 @ d8192"); the
+    // last pp / tg of the first depth also as "pp" / "tg" (as before -d existed).
+    if (depth_ == plan_.depth_list.front()) result_[key] = entry;
+    all_tests_[test] = entry;
+    return;
+  }
+  std::string ep_text = plan_.ep ? ", EP x" + std::to_string(plan_.ep_ranks) : "";
+  if (!(bs_.kv_types == KvTypes{}))  // as llama-bench, the cache types only when not the default
+    ep_text += std::string(", KV ") + dtype_name(bs_.kv_types.k) + "/" + dtype_name(bs_.kv_types.v);
+  std::printf("| %s | %s | %.2f M | CPU (%s%s) | %lld | %s | %.2f ± %.2f |\n", plan_.label.c_str(),
+              human_bytes(double(model_.weight_bytes())).c_str(), double(plan_.n_params) / 1e6,
+              kernels::isa_name(kernels::active_isa()), ep_text.c_str(), (long long)threads_, test.c_str(), s.mean,
+              s.stddev);
+  std::fflush(stdout);
+}
+
+// Fills the cache with `depth` random tokens once; each test then starts from there.
+void ThreadCountBench::fill_depth() {
+  if (depth_ <= 0) return;
+  std::vector<int32_t> depth_tokens(static_cast<size_t>(depth_));
+  for (auto& t : depth_tokens) t = tokens_();
+  session_->cache().clear();
+  const double t0 = now_seconds();
+  session_->forward(depth_tokens.data(), int32_t(depth_), false, logits_, pool_);
+  if (!bs_.json) std::fprintf(stderr, "depth %lld: filled in %.1f s\n", (long long)depth_, now_seconds() - t0);
+}
+
+// Back to the cache of the current depth.
+void ThreadCountBench::restart() {
+  if (depth_ > 0)
+    session_->cache().truncate(int32_t(depth_));
+  else
+    session_->cache().clear();
+}
+
+void ThreadCountBench::bench_pp(int64_t n_prompt) {
+  std::vector<int32_t> prompt(static_cast<size_t>(n_prompt));
+  std::vector<double> tps;
+  for (int r = 0; r <= bs_.repetitions; ++r) {  // r == 0 is the warm-up
+    for (auto& t : prompt) t = tokens_();
+    restart();
+    const double t0 = now_seconds();
+    session_->forward(prompt.data(), int32_t(n_prompt), false, logits_, pool_);
+    const double dt = now_seconds() - t0;
+    if (r > 0) tps.push_back(double(n_prompt) / dt);
+  }
+  report("pp" + std::to_string(n_prompt), n_prompt, tps, "pp");
+}
+
+void ThreadCountBench::bench_tg(int64_t n_gen) {
+  SpeculationTotals spec;
+  const std::vector<double> tps = plan_.mtp.max_k == 0 ? time_plain_tg(n_gen) : time_speculative_tg(n_gen, spec);
+  report("tg" + std::to_string(n_gen), n_gen, tps, "tg");
+  tg_mean_ = stats_of(tps).mean;
+  if (plan_.mtp.max_k > 0) report_speculation(spec);
+}
+
+std::vector<double> ThreadCountBench::time_plain_tg(int64_t n_gen) {
+  std::vector<double> tps;
+  for (int r = 0; r <= bs_.repetitions; ++r) {  // r == 0 is the warm-up
+    restart();
+    int32_t tok = tokens_();
+    const double t0 = now_seconds();
+    for (int64_t i = 0; i < n_gen; ++i) {
+      session_->forward(&tok, 1, false, logits_, pool_);
+      tok = tokens_();  // as llama-bench: the decode cost does not depend on which token
+    }
+    const double dt = now_seconds() - t0;
+    if (r > 0) tps.push_back(double(n_gen) / dt);
+  }
+  return tps;
+}
+
+// Greedy decoding from one random token (run as the first decode step, with drafts), n_gen
+// tokens produced. One generator for all repetitions (as the plain test reuses its
+// session), restarted each time.
+std::vector<double> ThreadCountBench::time_speculative_tg(int64_t n_gen, SpeculationTotals& totals) {
+  GeneratorOptions go;
+  go.n_ctx = plan_.n_ctx + 4;
+  go.n_batch = std::min<int32_t>(bs_.n_batch, plan_.n_ctx);
+  go.precision = plan_.prec;
+  go.mtp = plan_.mtp.max_k;
+  go.mtp_adaptive = plan_.mtp.adaptive;
+  go.kv_types = bs_.kv_types;
+  Generator gen(model_, go);
+  std::vector<double> tps;
+  for (int r = 0; r <= bs_.repetitions; ++r) {  // r == 0 is the warm-up
+    SequenceParams sq;
+    sq.prompt = {tokens_()};
+    sq.last_prompt_token_pending = true;
+    sq.sampling.temperature = 0;
+    sq.sampling.seed = uint64_t(r);
+    sq.stop_at_eog = false;
+    sq.max_tokens = int32_t(n_gen);
+    sq.synthetic_accept = bs_.synthetic_accept;
+    int64_t n_done = 0;
+    gen.start(std::move(sq), [&n_done](const GenerateEvent&) { return ++n_done, SinkReply::Continue; });
+    const double t0 = now_seconds();
+    gen.run(pool_);
+    const double dt = now_seconds() - t0;
+    if (r == 0) continue;
+    tps.push_back(double(n_done) / dt);
+    totals.add(gen);
+  }
+  return tps;
+}
+
+void ThreadCountBench::report_speculation(const SpeculationTotals& totals) {
+  const MtpSetting& mtp = plan_.mtp;
+  nlohmann::json m = {{"k", mtp.adaptive ? std::string("auto") : std::to_string(mtp.max_k)},
+                      {"synthetic_accept", bs_.synthetic_accept},
+                      {"speculative_steps", totals.stats.steps},
+                      {"plain_steps", totals.plain_steps},
+                      {"mean_tokens_per_step", totals.stats.mean_tokens_per_step()},
+                      {"acceptance", by_draft_position([&](int32_t i) { return totals.stats.acceptance(i); })}};
+  if (mtp.adaptive) {
+    m["probes"] = totals.probes;
+    m["paying_probes"] = totals.paying_probes;
+    m["cost_model"] = totals.cost_model;
+  }
+  if (bs_.json)
+    result_["mtp"] = m;
+  else
+    std::printf("\nmtp %s: %s\n\n", mtp.adaptive ? "auto" : std::to_string(mtp.max_k).c_str(), m.dump().c_str());
+}
+
+void ThreadCountBench::bench_parallel() {
+  const auto n_seq_list = parse_list(bs_.parallel, "--parallel", 1, 256);
+  const int32_t n_pp = bs_.parallel_prompt;
+  const int32_t n_tg = int32_t(plan_.n_gen_list.front() > 0 ? plan_.n_gen_list.front() : 128);
+  if (n_pp + n_tg + 8 > model_.hparams().n_ctx_train)
+    throw UsageError("--parallel needs " + std::to_string(n_pp + n_tg + 8) + " positions per sequence");
+  nlohmann::json par = nlohmann::json::array();
+  double base_total = 0, base_decode = 0;
+  for (int64_t n_seq : n_seq_list) {
+    const ParallelStats ps = time_parallel(int32_t(n_seq), n_pp, n_tg);
+    const Stat &st = ps.total, &sd = ps.decode, &sx = ps.distinct_experts;
+    if (n_seq == n_seq_list.front()) base_total = st.mean, base_decode = sd.mean;
+    par.push_back({{"sequences", n_seq},
+                   {"prompt_tokens", n_pp},
+                   {"gen_tokens", n_tg},
+                   {"total_tok_per_s", st.mean},
+                   {"total_stddev", st.stddev},
+                   {"decode_tok_per_s", sd.mean},
+                   {"decode_stddev", sd.stddev},
+                   {"distinct_experts", sx.mean}});
+    if (!bs_.json) {
+      std::printf("parallel %3lld x (pp%d + tg%d), %lld threads: total %.1f ± %.1f t/s (%.2fx), decode %.1f ± %.1f "
+                  "t/s (%.2fx), %.1f distinct experts per MoE layer per step\n",
+                  (long long)n_seq, n_pp, n_tg, (long long)threads_, st.mean, st.stddev,
+                  base_total > 0 ? st.mean / base_total : 0.0, sd.mean, sd.stddev,
+                  base_decode > 0 ? sd.mean / base_decode : 0.0, sx.mean);
+      std::fflush(stdout);
+    }
+  }
+  if (bs_.json) result_["parallel"] = par;
+}
+
+// n_seq sequences of n_pp prompt and n_tg generated tokens through a serving engine of
+// their own, after one warm-up round.
+ParallelStats ThreadCountBench::time_parallel(int32_t n_seq, int32_t n_pp, int32_t n_tg) {
+  EngineOptions eo;
+  eo.n_threads = int32_t(threads_);
+  eo.n_ctx = n_pp + n_tg + 8;
+  eo.n_parallel = n_seq;
+  eo.max_queue = n_seq;
+  eo.precision = plan_.prec;
+  eo.kv_types = bs_.kv_types;
+  eo.prefix_cache = false;
+  eo.warm_up = true;
+  auto engine = make_engine(model_, eo);
+  std::vector<double> total, decode, distinct;
+  for (int r = 0; r <= bs_.repetitions; ++r) {  // r == 0 is the warm-up
+    const ParallelResult pr = bench_parallel_once(*engine, n_seq, n_pp, n_tg, model_.hparams().n_vocab, tokens_.rng);
+    if (r == 0) continue;
+    total.push_back(pr.total_tps);
+    decode.push_back(pr.decode_tps);
+    distinct.push_back(pr.distinct_experts);
+  }
+  engine->shutdown();
+  return {stats_of(total), stats_of(decode), stats_of(distinct)};
+}
+
+// One trunk pass over K+1 tokens after a 64-token context, repeated; time and the
+// distinct experts per MoE layer the pass reads.
+void ThreadCountBench::bench_verify_cost() {
+  nlohmann::json vc = nlohmann::json::array();
+  double base = 0;
+  for (int32_t k = 0; k <= kMaxDrafts; ++k) {
+    std::vector<double> secs;
+    double distinct = 0;
+    for (int r = 0; r <= bs_.repetitions * 4; ++r) {
+      session_->cache().clear();
+      std::vector<int32_t> ctx(64);
+      for (auto& t : ctx) t = tokens_();
+      session_->forward(ctx.data(), 64, false, logits_, pool_);
+      std::vector<int32_t> toks(static_cast<size_t>(k + 1));
+      for (auto& t : toks) t = tokens_();
+      const double t0 = now_seconds();
+      session_->forward(toks.data(), k + 1, true, logits_, pool_);
+      if (r > 0) secs.push_back(now_seconds() - t0);
+      const RoutingStats& rs = session_->routing();
+      if (rs.n_moe_layers > 0) distinct += double(rs.distinct_experts_sum) / double(rs.n_moe_layers);
+    }
+    std::sort(secs.begin(), secs.end());
+    const double med = secs[secs.size() / 2];
+    if (k == 0) base = med;
+    vc.push_back({{"k", k}, {"tokens", k + 1}, {"ms", med * 1e3}, {"relative", med / base},
+                  {"distinct_experts", distinct / double(bs_.repetitions * 4 + 1)}});
+  }
+  if (bs_.json)
+    result_["verify_cost"] = vc;
+  else
+    for (const auto& v : vc)
+      std::printf("verify K=%d (%d tokens): %.3f ms = %.2f x one decode step, %.1f distinct experts per MoE layer\n",
+                  v["k"].get<int>(), v["tokens"].get<int>(), v["ms"].get<double>(), v["relative"].get<double>(),
+                  v["distinct_experts"].get<double>());
+}
+
+void ThreadCountBench::bench_membw() {
+  const size_t mib = size_t(bs_.membw_mib);
+  const double bw = measure_read_bandwidth(pool_, mib << 20, 5);
+  const double roofline = bw / double(plan_.active_bytes);
+  if (bs_.json) {
+    result_["membw_bytes_per_s"] = bw;
+    result_["active_bytes_per_token"] = plan_.active_bytes;
+    result_["roofline_tok_per_s"] = roofline;
+    if (tg_mean_ > 0) result_["tg_share_of_roofline"] = tg_mean_ / roofline;
+    return;
+  }
+  std::printf("\nthreads %lld: read bandwidth %.1f GB/s; active weights %.1f MB/token -> decode roofline %.1f tok/s",
+              (long long)threads_, bw / 1e9, double(plan_.active_bytes) / 1e6, roofline);
+  if (tg_mean_ > 0) std::printf("; tg achieved %.1f tok/s = %.0f %% of it", tg_mean_, 100.0 * tg_mean_ / roofline);
+  std::printf("\n\n");
+}
+
+// What the lossy policy costs in accuracy: the same random prompt through the strict and
+// the adaptive policy, every position's logits compared.
+void ThreadCountBench::bench_policy_drift() {
+  const HParams& hp = model_.hparams();
+  const RoutingPolicy& routing = plan_.routing;
+  const int32_t n = std::min<int32_t>(plan_.n_ctx, 128);
+  std::vector<int32_t> prompt(static_cast<size_t>(n));
+  for (auto& t : prompt) t = tokens_();
+  std::vector<float> strict_logits, adaptive_logits;
+  session_->set_routing(RoutingPolicy{});
+  session_->cache().clear();
+  session_->forward(prompt.data(), n, true, strict_logits, pool_);
+  session_->set_routing(routing);
+  session_->cache().clear();
+  session_->forward(prompt.data(), n, true, adaptive_logits, pool_);
+  const RoutingStats& rs = session_->routing();
+  const double experts = rs.adaptive_tokens ? double(rs.adaptive_experts) / double(rs.adaptive_tokens) : 0.0;
+  int32_t top_k = 0;  // the model's top-k (of its MoE layers)
+  for (const LayerHParams& l : hp.layers) top_k = std::max(top_k, l.is_moe ? l.n_expert_used : 0);
+  const LogitDrift drift = logit_drift(strict_logits, adaptive_logits, n, size_t(hp.n_vocab));
+  if (bs_.json) {
+    result_["expert_policy"] = {{"policy", "adaptive"},
+                                {"adaptive_mass", routing.adaptive_mass},
+                                {"adaptive_min_k", routing.adaptive_min_k},
+                                {"experts_per_token", experts},
+                                {"top_k", top_k},
+                                {"drift_positions", n},
+                                {"drift_max_abs", drift.max_abs},
+                                {"drift_rms", drift.rms},
+                                {"argmax_agreement", double(drift.argmax_same) / double(n)}};
+    return;
+  }
+  std::printf("\nexpert policy adaptive (mass %.2f, min k %d): %.2f routed experts per token and MoE layer (top-k "
+              "%d); logit drift against strict over %d positions: max |d| %.4g, rms %.4g, argmax agreement %d/%d\n",
+              double(routing.adaptive_mass), routing.adaptive_min_k, experts, top_k, n, drift.max_abs, drift.rms,
+              drift.argmax_same, n);
+}
+
+}  // namespace
+
+static int bench_main(const Args& args) {
+  BenchSettings bs;
+  ArgParser p = bench_parser(bs);
+  if (!p.parse(args)) return 0;
+  BenchPlan plan = bench_plan(bs);
+  EpSetup ep(p);
+  if (ep.is_follower()) return ep.follow(plan.path, int(plan.threads_list.front()), bs.mtp_model);
+  auto model = load_model(plan.path, bs.json, bs.mtp_model);
+  ep.attach(*model);
+  fit_plan_to_model(plan, bs, *model);
+  plan.ep = p.has("ep");
+  plan.ep_ranks = ep.n_ranks();
+  plan.parallel = p.has("parallel");
+  RandomTokens tokens(model->hparams().n_vocab);
+
+  if (!bs.json) {
     std::printf("| model | size | params | backend | threads | test | t/s |\n");
     std::printf("| --- | ---: | ---: | --- | ---: | ---: | ---: |\n");
   }
-  for (int64_t threads : threads_list) {
-    ThreadPool pool{int(threads)};
-    if (const uint64_t done = model->lazy_repacked_so_far(); done < model->lazy_repack_bytes()) {
-      // Experts repacked on first use: copy the rest now, so that no timed run pays for a
-      // first use (a serving process is past them after its first requests).
-      const double t0 = now_seconds();
-      model->prepare_all_experts(pool);
-      if (!json)
-        std::fprintf(stderr, "routed experts repacked before timing: %s in %.1f s\n",
-                     human_bytes(double(model->lazy_repack_bytes() - done)).c_str(), now_seconds() - t0);
-    }
-    Session session(*model, n_ctx, std::min<int32_t>(n_batch, n_ctx), prec, false, keep_back, kv_types);
-    session.set_routing(routing);
-    std::vector<float> logits;
-    nlohmann::json result;
-    result["model"] = label;
-    result["model_path"] = path;
-    result["threads"] = threads;
-    result["isa"] = kernels::isa_name(kernels::active_isa());
-    if (p.has("ep")) result["ep_ranks"] = ep.n_ranks();
-    result["precision"] = prec == Precision::Native ? "native" : "exact";
-    result["cache_type_k"] = dtype_name(kv_types.k);
-    result["cache_type_v"] = dtype_name(kv_types.v);
-    result["kv_cache_bytes"] = session.cache().bytes();
-    int64_t depth = 0;  // the depth of the tests being run
-    nlohmann::json all_tests = nlohmann::json::object();
-    auto report = [&](std::string test, int64_t n_tok, const std::vector<double>& tps, const char* key) {
-      const Stat s = stats_of(tps);
-      const nlohmann::json entry = {{"tokens", n_tok}, {"tok_per_s", s.mean}, {"stddev", s.stddev}, {"samples", tps}};
-      if (depth > 0) test += " @ d" + std::to_string(depth);
-      if (json) {
-        // Every test under "tests" by its llama-bench name ("pp512", "tg64 @ d8192"); the
-        // last pp / tg of the first depth also as "pp" / "tg" (as before -d existed).
-        if (depth == depth_list.front()) result[key] = entry;
-        all_tests[test] = entry;
-      } else {
-        std::string ep_text = p.has("ep") ? ", EP x" + std::to_string(ep.n_ranks()) : "";
-        if (!(kv_types == KvTypes{}))  // as llama-bench, the cache types only when not the default
-          ep_text += std::string(", KV ") + dtype_name(kv_types.k) + "/" + dtype_name(kv_types.v);
-        std::printf("| %s | %s | %.2f M | CPU (%s%s) | %lld | %s | %.2f ± %.2f |\n", label.c_str(),
-                    human_bytes(double(model->weight_bytes())).c_str(), double(n_params) / 1e6,
-                    kernels::isa_name(kernels::active_isa()), ep_text.c_str(), (long long)threads, test.c_str(), s.mean,
-                    s.stddev);
-        std::fflush(stdout);
-      }
-    };
-    double tg_mean = 0;
-    std::vector<int32_t> depth_tokens;
-    for (int64_t d : depth_list) {
-      depth = d;
-      // Fills the cache with `depth` random tokens once; each test then starts from there.
-      if (depth > 0) {
-        depth_tokens.resize(size_t(depth));
-        for (auto& t : depth_tokens) t = tok_dist(rng);
-        session.cache().clear();
-        const double t0 = now_seconds();
-        session.forward(depth_tokens.data(), int32_t(depth), false, logits, pool);
-        if (!json) std::fprintf(stderr, "depth %lld: filled in %.1f s\n", (long long)depth, now_seconds() - t0);
-      }
-      auto restart = [&] {
-        if (depth > 0)
-          session.cache().truncate(int32_t(depth));
-        else
-          session.cache().clear();
-      };
-      for (int64_t n_prompt : n_prompt_list) {
-        if (n_prompt <= 0) continue;
-        std::vector<int32_t> tokens(static_cast<size_t>(n_prompt));
-        std::vector<double> tps;
-        for (int r = 0; r <= reps; ++r) {  // r == 0 is the warm-up
-          for (auto& t : tokens) t = tok_dist(rng);
-          restart();
-          const double t0 = now_seconds();
-          session.forward(tokens.data(), int32_t(n_prompt), false, logits, pool);
-          const double dt = now_seconds() - t0;
-          if (r > 0) tps.push_back(double(n_prompt) / dt);
-        }
-        report("pp" + std::to_string(n_prompt), n_prompt, tps, "pp");
-      }
-      for (int64_t n_gen : n_gen_list) {
-        if (n_gen <= 0) continue;
-        std::vector<double> tps;
-        SpeculationStats spec_total;
-        uint64_t plain_steps = 0, probes = 0, paying_probes = 0;
-        nlohmann::json cost_model;  // what the adaptive controller learned in the last repetition
-        std::unique_ptr<Generator> spec_gen;
-        for (int r = 0; r <= reps; ++r) {
-          if (mtp.max_k == 0) {
-            restart();
-            int32_t tok = tok_dist(rng);
-            const double t0 = now_seconds();
-            for (int64_t i = 0; i < n_gen; ++i) {
-              session.forward(&tok, 1, false, logits, pool);
-              tok = tok_dist(rng);  // as llama-bench: the decode cost does not depend on which token
-            }
-            const double dt = now_seconds() - t0;
-            if (r > 0) tps.push_back(double(n_gen) / dt);
-            continue;
-          }
-          // Speculative: greedy decoding from one random token (run as the first decode step,
-          // with drafts), n_gen tokens produced. One generator for all repetitions (as the
-          // plain test reuses its session), restarted each time.
-          if (!spec_gen) {
-            GeneratorOptions go;
-            go.n_ctx = n_ctx + 4;
-            go.n_batch = std::min<int32_t>(n_batch, n_ctx);
-            go.precision = prec;
-            go.mtp = mtp.max_k;
-            go.mtp_adaptive = mtp.adaptive;
-            go.kv_types = kv_types;
-            spec_gen = std::make_unique<Generator>(*model, go);
-          }
-          Generator& gen = *spec_gen;
-          SequenceParams sq;
-          sq.prompt = {tok_dist(rng)};
-          sq.last_prompt_token_pending = true;
-          sq.sampling.temperature = 0;
-          sq.sampling.seed = uint64_t(r);
-          sq.stop_at_eog = false;
-          sq.max_tokens = int32_t(n_gen);
-          sq.synthetic_accept = synthetic;
-          int64_t n_done = 0;
-          gen.start(std::move(sq), [&n_done](const GenerateEvent&) { return ++n_done, SinkReply::Continue; });
-          const double t0 = now_seconds();
-          gen.run(pool);
-          const double dt = now_seconds() - t0;
-          if (r > 0) {
-            tps.push_back(double(n_done) / dt);
-            const SpeculationStats& st = gen.sequence().speculation_stats();
-            spec_total.add(st);
-            plain_steps += st.plain_steps;
-            const AdaptiveK& a = gen.speculation()->controller();
-            probes += a.probes();
-            paying_probes += a.paying_probes();
-            const double c0 = a.verify_cost(0);
-            nlohmann::json verify = nlohmann::json::array(), rel = nlohmann::json::array(),
-                           measured = nlohmann::json::array(), expected = nlohmann::json::array(),
-                           speedup = nlohmann::json::array();
-            for (int32_t k = 0; k <= gen.max_k(); ++k) {
-              verify.push_back(a.verify_cost(k) * 1e3);
-              rel.push_back(c0 > 0 ? a.verify_cost(k) / c0 : 0.0);
-              measured.push_back(a.verify_measured(k));
-              expected.push_back(a.expected_tokens(k));
-              speedup.push_back(c0 > 0 ? a.rate(k) * c0 : 0.0);
-            }
-            cost_model = {{"verify_ms", verify},
-                          {"verify_relative", rel},
-                          {"verify_measured", measured},
-                          {"draft_ms", a.draft_cost() * 1e3},
-                          {"draft_relative", c0 > 0 ? a.draft_cost() / c0 : 0.0},
-                          {"acceptance", by_draft_position([&](int32_t i) { return a.acceptance(i); })},
-                          {"expected_tokens", expected},
-                          {"predicted_speedup", speedup},
-                          {"best_k", a.best_k()},
-                          {"probe_gap", a.probe_gap()}};
-          }
-        }
-        report("tg" + std::to_string(n_gen), n_gen, tps, "tg");
-        tg_mean = stats_of(tps).mean;
-        if (mtp.max_k > 0) {
-          nlohmann::json m = {{"k", mtp.adaptive ? std::string("auto") : std::to_string(mtp.max_k)},
-                              {"synthetic_accept", synthetic},
-                              {"speculative_steps", spec_total.steps},
-                              {"plain_steps", plain_steps},
-                              {"mean_tokens_per_step", spec_total.mean_tokens_per_step()},
-                              {"acceptance", by_draft_position([&](int32_t i) { return spec_total.acceptance(i); })}};
-          if (mtp.adaptive) {
-            m["probes"] = probes;
-            m["paying_probes"] = paying_probes;
-            m["cost_model"] = cost_model;
-          }
-          if (json)
-            result["mtp"] = m;
-          else
-            std::printf("\nmtp %s: %s\n\n", mtp.adaptive ? "auto" : std::to_string(mtp.max_k).c_str(), m.dump().c_str());
-        }
-      }
-    }  // depths
-    depth = 0;
-    result["tests"] = all_tests;
-    if (p.has("parallel")) {
-      const auto n_seq_list = parse_list(bs.parallel, "--parallel", 1, 256);
-      const int32_t n_pp = bs.parallel_prompt;
-      const int32_t n_tg = int32_t(n_gen_list.front() > 0 ? n_gen_list.front() : 128);
-      if (n_pp + n_tg + 8 > hp.n_ctx_train)
-        throw UsageError("--parallel needs " + std::to_string(n_pp + n_tg + 8) + " positions per sequence");
-      nlohmann::json par = nlohmann::json::array();
-      double base_total = 0, base_decode = 0;
-      for (int64_t n_seq : n_seq_list) {
-        EngineOptions eo;
-        eo.n_threads = int32_t(threads);
-        eo.n_ctx = n_pp + n_tg + 8;
-        eo.n_parallel = int32_t(n_seq);
-        eo.max_queue = int32_t(n_seq);
-        eo.precision = prec;
-        eo.kv_types = kv_types;
-        eo.prefix_cache = false;
-        eo.warm_up = true;
-        auto engine = make_engine(*model, eo);
-        std::vector<double> total, decode, distinct;
-        for (int r = 0; r <= reps; ++r) {  // r == 0 is the warm-up
-          const ParallelResult pr = bench_parallel_once(*engine, int32_t(n_seq), n_pp, n_tg, hp.n_vocab, rng);
-          if (r == 0) continue;
-          total.push_back(pr.total_tps);
-          decode.push_back(pr.decode_tps);
-          distinct.push_back(pr.distinct_experts);
-        }
-        engine->shutdown();
-        const Stat st = stats_of(total), sd = stats_of(decode), sx = stats_of(distinct);
-        if (n_seq == n_seq_list.front()) base_total = st.mean, base_decode = sd.mean;
-        par.push_back({{"sequences", n_seq},
-                       {"prompt_tokens", n_pp},
-                       {"gen_tokens", n_tg},
-                       {"total_tok_per_s", st.mean},
-                       {"total_stddev", st.stddev},
-                       {"decode_tok_per_s", sd.mean},
-                       {"decode_stddev", sd.stddev},
-                       {"distinct_experts", sx.mean}});
-        if (!json) {
-          std::printf("parallel %3lld x (pp%d + tg%d), %lld threads: total %.1f ± %.1f t/s (%.2fx), decode %.1f ± %.1f "
-                      "t/s (%.2fx), %.1f distinct experts per MoE layer per step\n",
-                      (long long)n_seq, n_pp, n_tg, (long long)threads, st.mean, st.stddev,
-                      base_total > 0 ? st.mean / base_total : 0.0, sd.mean, sd.stddev,
-                      base_decode > 0 ? sd.mean / base_decode : 0.0, sx.mean);
-          std::fflush(stdout);
-        }
-      }
-      if (json) result["parallel"] = par;
-    }
-    if (bs.verify_cost) {
-      // One trunk pass over K+1 tokens after a 64-token context, repeated; time and the
-      // distinct experts per MoE layer the pass reads.
-      nlohmann::json vc = nlohmann::json::array();
-      double base = 0;
-      for (int32_t k = 0; k <= kMaxDrafts; ++k) {
-        std::vector<double> secs;
-        double distinct = 0;
-        for (int r = 0; r <= reps * 4; ++r) {
-          session.cache().clear();
-          std::vector<int32_t> ctx(64);
-          for (auto& t : ctx) t = tok_dist(rng);
-          session.forward(ctx.data(), 64, false, logits, pool);
-          std::vector<int32_t> toks(static_cast<size_t>(k + 1));
-          for (auto& t : toks) t = tok_dist(rng);
-          const double t0 = now_seconds();
-          session.forward(toks.data(), k + 1, true, logits, pool);
-          if (r > 0) secs.push_back(now_seconds() - t0);
-          const RoutingStats& rs = session.routing();
-          if (rs.n_moe_layers > 0) distinct += double(rs.distinct_experts_sum) / double(rs.n_moe_layers);
-        }
-        std::sort(secs.begin(), secs.end());
-        const double med = secs[secs.size() / 2];
-        if (k == 0) base = med;
-        vc.push_back({{"k", k}, {"tokens", k + 1}, {"ms", med * 1e3}, {"relative", med / base},
-                      {"distinct_experts", distinct / double(reps * 4 + 1)}});
-      }
-      if (json)
-        result["verify_cost"] = vc;
-      else
-        for (const auto& v : vc)
-          std::printf("verify K=%d (%d tokens): %.3f ms = %.2f x one decode step, %.1f distinct experts per MoE layer\n",
-                      v["k"].get<int>(), v["tokens"].get<int>(), v["ms"].get<double>(), v["relative"].get<double>(),
-                      v["distinct_experts"].get<double>());
-    }
-    if (bs.membw) {
-      const size_t mib = size_t(bs.membw_mib);
-      const double bw = measure_read_bandwidth(pool, mib << 20, 5);
-      const double roofline = bw / double(active_bytes);
-      if (json) {
-        result["membw_bytes_per_s"] = bw;
-        result["active_bytes_per_token"] = active_bytes;
-        result["roofline_tok_per_s"] = roofline;
-        if (tg_mean > 0) result["tg_share_of_roofline"] = tg_mean / roofline;
-      } else {
-        std::printf("\nthreads %lld: read bandwidth %.1f GB/s; active weights %.1f MB/token -> decode roofline %.1f "
-                    "tok/s",
-                    (long long)threads, bw / 1e9, double(active_bytes) / 1e6, roofline);
-        if (tg_mean > 0) std::printf("; tg achieved %.1f tok/s = %.0f %% of it", tg_mean, 100.0 * tg_mean / roofline);
-        std::printf("\n\n");
-      }
-    }
-    if (routing.adaptive_mass > 0) {
-      // What the lossy policy costs in accuracy: the same random prompt through the strict
-      // and the adaptive policy, every position's logits compared.
-      const int32_t n = std::min<int32_t>(n_ctx, 128);
-      std::vector<int32_t> tokens(static_cast<size_t>(n));
-      for (auto& t : tokens) t = tok_dist(rng);
-      std::vector<float> strict_logits, adaptive_logits;
-      session.set_routing(RoutingPolicy{});
-      session.cache().clear();
-      session.forward(tokens.data(), n, true, strict_logits, pool);
-      session.set_routing(routing);
-      session.cache().clear();
-      session.forward(tokens.data(), n, true, adaptive_logits, pool);
-      const RoutingStats& rs = session.routing();
-      const double experts = rs.adaptive_tokens ? double(rs.adaptive_experts) / double(rs.adaptive_tokens) : 0.0;
-      const size_t V = size_t(hp.n_vocab);
-      int32_t top_k = 0;  // the model's top-k (of its MoE layers)
-      for (const LayerHParams& l : hp.layers) top_k = std::max(top_k, l.is_moe ? l.n_expert_used : 0);
-      double max_abs = 0, sum_sq = 0;
-      int32_t argmax_same = 0;
-      for (int32_t i = 0; i < n; ++i) {
-        const float* a = strict_logits.data() + size_t(i) * V;
-        const float* b = adaptive_logits.data() + size_t(i) * V;
-        for (size_t v = 0; v < V; ++v) {
-          const double d = double(a[v]) - double(b[v]);
-          max_abs = std::max(max_abs, std::abs(d));
-          sum_sq += d * d;
-        }
-        argmax_same += std::max_element(a, a + V) - a == std::max_element(b, b + V) - b;
-      }
-      const double rms = std::sqrt(sum_sq / double(size_t(n) * V));
-      if (json) {
-        result["expert_policy"] = {{"policy", "adaptive"},
-                                   {"adaptive_mass", routing.adaptive_mass},
-                                   {"adaptive_min_k", routing.adaptive_min_k},
-                                   {"experts_per_token", experts},
-                                   {"top_k", top_k},
-                                   {"drift_positions", n},
-                                   {"drift_max_abs", max_abs},
-                                   {"drift_rms", rms},
-                                   {"argmax_agreement", double(argmax_same) / double(n)}};
-      } else {
-        std::printf("\nexpert policy adaptive (mass %.2f, min k %d): %.2f routed experts per token and MoE layer (top-k "
-                    "%d); logit drift against strict over %d positions: max |d| %.4g, rms %.4g, argmax agreement "
-                    "%d/%d\n",
-                    double(routing.adaptive_mass), routing.adaptive_min_k, experts, top_k, n, max_abs,
-                    rms, argmax_same, n);
-      }
-    }
-    result["peak_rss_bytes"] = peak_rss_bytes();
-    if (json) std::printf("%s\n", result.dump().c_str());
-  }
-  if (!json) std::printf("\npeak RSS %s\n", human_bytes(double(peak_rss_bytes())).c_str());
+  for (int64_t threads : plan.threads_list) ThreadCountBench(bs, plan, *model, threads, tokens).run();
+  if (!bs.json) std::printf("\npeak RSS %s\n", human_bytes(double(peak_rss_bytes())).c_str());
   return 0;
 }
 

@@ -72,15 +72,10 @@ SequenceParams prompt_params(const RunSettings& rs, bool has_system, const Model
   return params;
 }
 
-}  // namespace
-
-static int run_main(const Args& args) {
+ArgParser run_parser(RunSettings& rs, SamplingParams& sp, GeneratorOptions& go) {
   ArgParser p("run", "Generates text from PROMPT and streams it to stdout; load time, prompt and\n"
                      "generation speed go to stderr. Without -m it uses the built-in tiny model\n"
                      "(random weights: the text is gibberish).");
-  RunSettings rs;
-  SamplingParams sp;
-  GeneratorOptions go;
   p.option("-m,--model", "FILE", "GGUF model (first part of a split model)", rs.model, "the built-in tiny model");
   add_mtp_model_flag(p, rs.mtp_model);
   add_picture_flags(p, rs.mmproj, rs.images);
@@ -110,71 +105,50 @@ static int run_main(const Args& args) {
   add_kv_cache_flags(p, go.kv_types);
   add_patch_flag(p, rs.patches);
   add_ep_flags(p);
-  if (!p.parse(args)) return 0;
+  return p;
+}
 
-  if (!p.has("prompt") && !p.has("file")) throw UsageError("-p PROMPT (or -f FILE) is required");
-  const std::string prompt = p.has("file") ? read_prompt_file(rs.file) : rs.prompt;
-  const int n_predict = rs.n_predict;
-  const int n_threads = rs.threads;
-  sp.seed = p.has("seed") ? uint64_t(p.i64("seed", 0, 0, INT64_MAX)) : std::random_device{}();
+// -m's model, or the built-in tiny model with a note on what it is (`quiet`: no note).
+std::string run_model_path(const RunSettings& rs, bool quiet) {
+  if (!rs.model.empty()) return rs.model;
+  const std::string path = builtin_tiny_model_path();
+  if (!quiet) std::fprintf(stderr,
+               "note: no -m given, using the built-in tiny model (%s). It has RANDOM weights, so its "
+               "text is gibberish. For real output download a Step-3.5-Flash GGUF and run: step35 run "
+               "-m Step-3.5-Flash-Q4_K_S-00001-of-0000N.gguf -p \"...\"\n",
+               path.c_str());
+  return path;
+}
 
-  EpSetup ep(p);
-  std::string path = rs.model;
-  const bool builtin = path.empty();
-  if (builtin) {
-    path = builtin_tiny_model_path();
-    if (!ep.is_follower()) std::fprintf(stderr,
-                 "note: no -m given, using the built-in tiny model (%s). It has RANDOM weights, so its "
-                 "text is gibberish. For real output download a Step-3.5-Flash GGUF and run: step35 run "
-                 "-m Step-3.5-Flash-Q4_K_S-00001-of-0000N.gguf -p \"...\"\n",
-                 path.c_str());
-  }
-  if (ep.is_follower()) return ep.follow(path, n_threads, rs.mtp_model);
-  const double t_load0 = now_seconds();
-  auto model = load_model(path, false, rs.mtp_model);
-  apply_patches(*model, rs.patches);
-  ep.attach(*model);
-  const double t_load = now_seconds() - t_load0;
-  const Tokenizer& tok = model->tokenizer();
-  ThreadPool pool(n_threads);
-
-  if (!rs.chat && p.has("chat-template-file")) throw UsageError("--chat-template-file needs --chat");
-  SequenceParams params = prompt_params(rs, p.has("system"), *model, prompt, pool);
-  const std::vector<int32_t>& tokens = params.prompt;
-  if (rs.verbose_prompt) std::fprintf(stderr, "prompt tokens: %zu\n", tokens.size());
-  if (!p.has("ctx-size")) go.n_ctx = std::min(go.n_ctx, model->hparams().n_ctx_train);
-  const int n_ctx = go.n_ctx;
-  if (int64_t(tokens.size()) >= n_ctx)
-    throw UsageError("the prompt is " + std::to_string(tokens.size()) + " tokens, which does not fit the " +
-                     "context of " + std::to_string(n_ctx) + " tokens (raise -c)");
-  // Adaptive K follows measured speed, so with sampling it would make a seeded run depend
-  // on timing: a fixed --seed then defaults to plain decoding (a fixed --mtp K stays
-  // reproducible).
+// Adaptive K follows measured speed, so with sampling it would make a seeded run depend
+// on timing: a fixed --seed then defaults to plain decoding (a fixed --mtp K stays
+// reproducible).
+MtpSetting run_mtp_setting(const ArgParser& p, const RunSettings& rs, const SamplingParams& sp, const Model& model) {
   const bool seeded_sampling = sp.temperature > 0 && p.has("seed");
-  const MtpSetting mtp =
-      parse_mtp(p.has("mtp") ? rs.mtp : model->has_mtp() && !seeded_sampling ? "auto" : "0", *model);
-  go.precision = rs.exact ? Precision::Exact : Precision::Native;
-  go.mtp = mtp.max_k;
-  go.mtp_adaptive = mtp.adaptive;
-  Generator gen(*model, go);
-  std::fprintf(stderr, "kv cache: %s\n", gen.describe_kv().c_str());
+  return parse_mtp(p.has("mtp") ? rs.mtp : model.has_mtp() && !seeded_sampling ? "auto" : "0", model);
+}
 
-  // -n is counted here rather than given as the sequence's max_tokens: a step near the end
-  // still drafts as far as the context allows, as it always has, so seeded runs repeat.
-  const size_t n_prompt = tokens.size();
-  params.sampling = sp;
-  params.stop_at_eog = !rs.ignore_eos;
+// Wall times of a run, in seconds.
+struct RunTimes {
+  double load = 0, prompt = 0, generation = 0;
+};
+
+// Generates, streaming the text to stdout as whole UTF-8 characters; sets the prompt's and
+// the generation's times. -n is counted here rather than given as the sequence's
+// max_tokens: a step near the end still drafts as far as the context allows, as it always
+// has, so seeded runs repeat.
+void stream_generation(Generator& gen, SequenceParams params, const RunSettings& rs, ThreadPool& pool,
+                       const Tokenizer& tok, RunTimes& times) {
   Utf8Stream utf8;
-  const bool special = rs.special;
   int n_printed = 0;
   gen.start(std::move(params), [&](const GenerateEvent& ev) {
-    const std::string text = utf8.push(tok.token_to_piece(ev.token, special));
+    const std::string text = utf8.push(tok.token_to_piece(ev.token, rs.special));
     std::fwrite(text.data(), 1, text.size(), stdout);
-    return ++n_printed < n_predict ? SinkReply::Continue : SinkReply::Cancel;
+    return ++n_printed < rs.n_predict ? SinkReply::Continue : SinkReply::Cancel;
   });
   const double t0 = now_seconds();
   std::optional<FinishReason> end = gen.prefill(pool);
-  const double t_prompt = now_seconds() - t0;
+  times.prompt = now_seconds() - t0;
   const double t1 = now_seconds();
   while (!end) {
     std::fflush(stdout);
@@ -187,27 +161,74 @@ static int run_main(const Args& args) {
   const std::string rest = utf8.flush();
   std::fwrite(rest.data(), 1, rest.size(), stdout);
   std::fputc('\n', stdout);
-  const double t_gen = now_seconds() - t1;
-  const int n_gen = seq.n_generated();
+  times.generation = now_seconds() - t1;
+}
+
+void print_speculation(const Generator& gen, const MtpSetting& mtp) {
+  const SpeculationStats& st = gen.sequence().speculation_stats();
+  std::string acceptance;
+  for (int32_t i = 1; i <= kMaxDrafts; ++i) {
+    char buf[16];
+    std::snprintf(buf, sizeof buf, " %.2f", st.acceptance(i));
+    acceptance += buf;
+  }
+  std::fprintf(stderr,
+               "mtp: %s (max %d drafts) | %llu speculative steps, %.2f tokens/step | acceptance by draft position"
+               "%s | %llu plain steps\n",
+               mtp.adaptive ? "auto" : "fixed", gen.max_k(), (unsigned long long)st.steps, st.mean_tokens_per_step(),
+               acceptance.c_str(), (unsigned long long)st.plain_steps);
+}
+
+}  // namespace
+
+static int run_main(const Args& args) {
+  RunSettings rs;
+  SamplingParams sp;
+  GeneratorOptions go;
+  ArgParser p = run_parser(rs, sp, go);
+  if (!p.parse(args)) return 0;
+
+  if (!p.has("prompt") && !p.has("file")) throw UsageError("-p PROMPT (or -f FILE) is required");
+  const std::string prompt = p.has("file") ? read_prompt_file(rs.file) : rs.prompt;
+  sp.seed = p.has("seed") ? uint64_t(p.i64("seed", 0, 0, INT64_MAX)) : std::random_device{}();
+
+  EpSetup ep(p);
+  const std::string path = run_model_path(rs, ep.is_follower());
+  if (ep.is_follower()) return ep.follow(path, rs.threads, rs.mtp_model);
+  RunTimes times;
+  const double t_load0 = now_seconds();
+  auto model = load_model(path, false, rs.mtp_model);
+  apply_patches(*model, rs.patches);
+  ep.attach(*model);
+  times.load = now_seconds() - t_load0;
+  ThreadPool pool(rs.threads);
+
+  if (!rs.chat && p.has("chat-template-file")) throw UsageError("--chat-template-file needs --chat");
+  SequenceParams params = prompt_params(rs, p.has("system"), *model, prompt, pool);
+  const size_t n_prompt = params.prompt.size();
+  if (rs.verbose_prompt) std::fprintf(stderr, "prompt tokens: %zu\n", n_prompt);
+  if (!p.has("ctx-size")) go.n_ctx = std::min(go.n_ctx, model->hparams().n_ctx_train);
+  if (int64_t(n_prompt) >= go.n_ctx)
+    throw UsageError("the prompt is " + std::to_string(n_prompt) + " tokens, which does not fit the " +
+                     "context of " + std::to_string(go.n_ctx) + " tokens (raise -c)");
+  const MtpSetting mtp = run_mtp_setting(p, rs, sp, *model);
+  go.precision = rs.exact ? Precision::Exact : Precision::Native;
+  go.mtp = mtp.max_k;
+  go.mtp_adaptive = mtp.adaptive;
+  Generator gen(*model, go);
+  std::fprintf(stderr, "kv cache: %s\n", gen.describe_kv().c_str());
+
+  params.sampling = sp;
+  params.stop_at_eog = !rs.ignore_eos;
+  stream_generation(gen, std::move(params), rs, pool, model->tokenizer(), times);
+  const int n_gen = gen.sequence().n_generated();
   std::fprintf(stderr,
                "\ntimings: load %.0f ms | prompt %zu tokens in %.1f ms (%.1f tok/s) | generation %d tokens in "
                "%.1f ms (%.1f tok/s) | %d threads, seed %llu\n",
-               t_load * 1e3, n_prompt, t_prompt * 1e3, double(n_prompt) / std::max(t_prompt, 1e-9),
-               n_gen, t_gen * 1e3, n_gen / std::max(t_gen, 1e-9), n_threads, (unsigned long long)sp.seed);
-  if (gen.max_k() > 0) {
-    const SpeculationStats& st = seq.speculation_stats();
-    std::string acceptance;
-    for (int32_t i = 1; i <= kMaxDrafts; ++i) {
-      char buf[16];
-      std::snprintf(buf, sizeof buf, " %.2f", st.acceptance(i));
-      acceptance += buf;
-    }
-    std::fprintf(stderr,
-                 "mtp: %s (max %d drafts) | %llu speculative steps, %.2f tokens/step | acceptance by draft position"
-                 "%s | %llu plain steps\n",
-                 mtp.adaptive ? "auto" : "fixed", gen.max_k(), (unsigned long long)st.steps, st.mean_tokens_per_step(),
-                 acceptance.c_str(), (unsigned long long)st.plain_steps);
-  }
+               times.load * 1e3, n_prompt, times.prompt * 1e3, double(n_prompt) / std::max(times.prompt, 1e-9), n_gen,
+               times.generation * 1e3, n_gen / std::max(times.generation, 1e-9), rs.threads,
+               (unsigned long long)sp.seed);
+  if (gen.max_k() > 0) print_speculation(gen, mtp);
   return 0;
 }
 
