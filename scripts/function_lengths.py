@@ -1,6 +1,6 @@
 #!/usr/bin/env python3
 """Lists the C++ functions longer than a limit, to keep a folder's functions short enough to
-read whole (src/engine/ is held to 80 lines: ctest EngineFunctionsShort).
+read whole (src/ and tools/ are held to 80 lines: ctest FunctionsShort).
 
 Usage: scripts/function_lengths.py LIMIT FILE_OR_FOLDER ...
 Prints "file:line: N lines: signature" for every function body longer than LIMIT lines
