@@ -1,6 +1,8 @@
 #include "chat/output_parser.h"
 
 #include <algorithm>
+#include <array>
+#include <span>
 
 #include "chat/step35_format.h"
 #include "chat/stop_strings.h"
@@ -34,7 +36,7 @@ std::string dump_json(const ordered_json& v) { return v.dump(-1, ' ', false, ord
 
 // Which of `tags` `buf` starts with: its index; -1 when none can (the text is stray);
 // -2 when `buf` is a proper prefix of one of them (more text decides; at_end: stray).
-int match_tag(std::string_view buf, std::initializer_list<std::string_view> tags, bool at_end) {
+int match_tag(std::string_view buf, std::span<const std::string_view> tags, bool at_end) {
   int i = 0;
   bool partial = false;
   for (std::string_view t : tags) {
@@ -234,47 +236,41 @@ bool OutputParser::read_call_name(bool at_end) {
 }
 
 // The states where a tag is due: <function=, <parameter=, </function> or </tool_call>.
+// Each has its tags (in match order) with the state each leads to; </tool_call> closes the
+// call instead. Anything else is skipped as stray text.
 bool OutputParser::step_call_tag(std::vector<OutputDelta>& out, bool at_end) {
+  struct DueTags {
+    std::array<std::string_view, 3> tags;
+    std::array<CallState, 3> next;
+    size_t count;
+    const char* stray_where;
+  };
+  static constexpr DueTags kExpectFunction{
+      {kFunctionOpen, kToolCallClose}, {CallState::FunctionName}, 2, "before <function="};
+  static constexpr DueTags kExpectParameter{{kParameterOpen, kFunctionClose, kToolCallClose},
+                                            {CallState::ParameterName, CallState::ExpectCallEnd},
+                                            3,
+                                            "between parameters"};
+  static constexpr DueTags kExpectCallEnd{{kToolCallClose}, {}, 1, "after </function>"};
   skip_call_space();
   if (buf_.empty()) return false;
-  if (call_state_ == CallState::ExpectFunction) {
-    const int t = match_tag(buf_, {kFunctionOpen, kToolCallClose}, at_end);
-    if (t == -2) return false;
-    if (t == 0) {
-      buf_.erase(0, kFunctionOpen.size());
-      call_text_.clear();
-      call_state_ = CallState::FunctionName;
-    } else if (t == 1) {
-      buf_.erase(0, kToolCallClose.size());
-      close_call(out);
-    } else {
-      skip_stray("before <function=");
-    }
-  } else if (call_state_ == CallState::ExpectParameter) {
-    const int t = match_tag(buf_, {kParameterOpen, kFunctionClose, kToolCallClose}, at_end);
-    if (t == -2) return false;
-    if (t == 0) {
-      buf_.erase(0, kParameterOpen.size());
-      call_text_.clear();
-      call_state_ = CallState::ParameterName;
-    } else if (t == 1) {
-      buf_.erase(0, kFunctionClose.size());
-      call_state_ = CallState::ExpectCallEnd;
-    } else if (t == 2) {
-      buf_.erase(0, kToolCallClose.size());
-      close_call(out);
-    } else {
-      skip_stray("between parameters");
-    }
+  const DueTags& due = call_state_ == CallState::ExpectFunction    ? kExpectFunction
+                       : call_state_ == CallState::ExpectParameter ? kExpectParameter
+                                                                   : kExpectCallEnd;
+  const int t = match_tag(buf_, std::span(due.tags.data(), due.count), at_end);
+  if (t == -2) return false;
+  if (t == -1) {
+    skip_stray(due.stray_where);
+    return true;
+  }
+  const std::string_view tag = due.tags[size_t(t)];
+  buf_.erase(0, tag.size());
+  if (tag == kToolCallClose) {
+    close_call(out);
   } else {
-    const int t = match_tag(buf_, {kToolCallClose}, at_end);
-    if (t == -2) return false;
-    if (t == 0) {
-      buf_.erase(0, kToolCallClose.size());
-      close_call(out);
-    } else {
-      skip_stray("after </function>");
-    }
+    const CallState next = due.next[size_t(t)];
+    if (next != CallState::ExpectCallEnd) call_text_.clear();  // a name follows
+    call_state_ = next;
   }
   return true;
 }

@@ -876,45 +876,85 @@ void check_layer_count(const std::string& file, std::string_view key, const Valu
   }
 }
 
+bool bool_value(const Value& v, bool* out) {
+  if (v.type != ValueType::BOOL) return false;
+  *out = v.u != 0;
+  return true;
+}
+// The elements of an array<bool> (its element type already checked).
+bool bool_element(const Value& v, bool* out) {
+  *out = v.u != 0;
+  return true;
+}
+bool is_bool_type(ValueType t) { return t == ValueType::BOOL; }
+
+// How a value becomes a T: `to` fails for a value out of T's range or of the wrong type,
+// `expected` names what would have been accepted.
+template <typename T>
+struct Conversion {
+  bool (*to)(const Value& v, T* out);
+  const char* expected;
+};
+
+// Key `key` of `file` (v, null when missing) as a T; a missing key or a value the
+// conversion rejects throws.
+template <typename T>
+T required_value(const std::string& file, std::string_view key, const Value* v, const Conversion<T>& conv) {
+  if (!v) missing_key(file, key);
+  T out{};
+  if (!conv.to(*v, &out)) wrong_value(file, key, *v, conv.expected);
+  return out;
+}
+
+// A per-layer key: a scalar (for every layer) or an array of one element per layer whose
+// element type passes elem_type_ok.
+template <typename T>
+struct PerLayer {
+  Conversion<T> scalar;
+  bool (*elem_type_ok)(ValueType t);
+  const char* expected_array;
+  Conversion<T> element;
+};
+
+template <typename T>
+std::vector<T> values_per_layer(const std::string& file, std::string_view key, const Value* v, size_t n,
+                                std::optional<T> dflt, const PerLayer<T>& rule) {
+  if (!v) {
+    if (dflt) return std::vector<T>(n, *dflt);
+    missing_key(file, key);
+  }
+  if (v->type != ValueType::ARRAY) return std::vector<T>(n, required_value(file, key, v, rule.scalar));
+  if (!rule.elem_type_ok(v->elem_type)) wrong_value(file, key, *v, rule.expected_array);
+  check_layer_count(file, key, *v, n);
+  std::vector<T> out(n);
+  for (size_t k = 0; k < n; k++) {
+    T value{};
+    if (!rule.element.to(v->array[k], &value)) wrong_element(file, key, k, v->array[k], rule.element.expected);
+    out[k] = value;
+  }
+  return out;
+}
+
 }  // namespace
 
 uint32_t File::get_u32(std::string_view key) const {
-  const Value* v = find(key);
-  if (!v) missing_key(path_, key);
-  uint32_t out = 0;
-  if (!int_to_u32(*v, &out)) wrong_value(path_, key, *v, kExpectU32);
-  return out;
+  return required_value(path_, key, find(key), Conversion<uint32_t>{int_to_u32, kExpectU32});
 }
 
 uint64_t File::get_u64(std::string_view key) const {
-  const Value* v = find(key);
-  if (!v) missing_key(path_, key);
-  uint64_t out = 0;
-  if (!int_to_u64(*v, &out)) wrong_value(path_, key, *v, kExpectU64);
-  return out;
+  return required_value(path_, key, find(key), Conversion<uint64_t>{int_to_u64, kExpectU64});
 }
 
 int64_t File::get_i64(std::string_view key) const {
-  const Value* v = find(key);
-  if (!v) missing_key(path_, key);
-  int64_t out = 0;
-  if (!int_to_i64(*v, &out)) wrong_value(path_, key, *v, kExpectI64);
-  return out;
+  return required_value(path_, key, find(key), Conversion<int64_t>{int_to_i64, kExpectI64});
 }
 
 float File::get_f32(std::string_view key) const {
-  const Value* v = find(key);
-  if (!v) missing_key(path_, key);
-  float out = 0;
-  if (!num_to_f32(*v, &out)) wrong_value(path_, key, *v, kExpectF32);
-  return out;
+  return required_value(path_, key, find(key), Conversion<float>{num_to_f32, kExpectF32});
 }
 
 bool File::get_bool(std::string_view key) const {
-  const Value* v = find(key);
-  if (!v) missing_key(path_, key);
-  if (v->type != ValueType::BOOL) wrong_value(path_, key, *v, "a bool");
-  return v->u != 0;
+  return required_value(path_, key, find(key), Conversion<bool>{bool_value, "a bool"});
 }
 
 const std::string& File::get_str(std::string_view key) const {
@@ -956,51 +996,23 @@ std::optional<std::string> File::opt_str(std::string_view key) const {
 
 std::vector<uint32_t> File::get_u32_per_layer(std::string_view key, size_t n,
                                               std::optional<uint32_t> dflt) const {
-  const Value* v = find(key);
-  if (!v) {
-    if (dflt) return std::vector<uint32_t>(n, *dflt);
-    missing_key(path_, key);
-  }
-  if (v->type != ValueType::ARRAY) return std::vector<uint32_t>(n, get_u32(key));
-  if (!is_integer_type(v->elem_type)) wrong_value(path_, key, *v, "an integer or an array of integers");
-  check_layer_count(path_, key, *v, n);
-  std::vector<uint32_t> out(n);
-  for (size_t k = 0; k < n; k++) {
-    if (!int_to_u32(v->array[k], &out[k])) wrong_element(path_, key, k, v->array[k], kExpectU32);
-  }
-  return out;
+  const PerLayer<uint32_t> rule{{int_to_u32, kExpectU32}, is_integer_type, "an integer or an array of integers",
+                                {int_to_u32, kExpectU32}};
+  return values_per_layer(path_, key, find(key), n, dflt, rule);
 }
 
 std::vector<float> File::get_f32_per_layer(std::string_view key, size_t n,
                                            std::optional<float> dflt) const {
-  const Value* v = find(key);
-  if (!v) {
-    if (dflt) return std::vector<float>(n, *dflt);
-    missing_key(path_, key);
-  }
-  if (v->type != ValueType::ARRAY) return std::vector<float>(n, get_f32(key));
-  if (!is_float_type(v->elem_type)) wrong_value(path_, key, *v, "a number or an array of f32/f64");
-  check_layer_count(path_, key, *v, n);
-  std::vector<float> out(n);
-  for (size_t k = 0; k < n; k++) {
-    if (!num_to_f32(v->array[k], &out[k])) wrong_element(path_, key, k, v->array[k], kExpectFloatElem);
-  }
-  return out;
+  const PerLayer<float> rule{{num_to_f32, kExpectF32}, is_float_type, "a number or an array of f32/f64",
+                             {num_to_f32, kExpectFloatElem}};
+  return values_per_layer(path_, key, find(key), n, dflt, rule);
 }
 
 std::vector<bool> File::get_bool_per_layer(std::string_view key, size_t n,
                                            std::optional<bool> dflt) const {
-  const Value* v = find(key);
-  if (!v) {
-    if (dflt) return std::vector<bool>(n, *dflt);
-    missing_key(path_, key);
-  }
-  if (v->type != ValueType::ARRAY) return std::vector<bool>(n, get_bool(key));
-  if (v->elem_type != ValueType::BOOL) wrong_value(path_, key, *v, "a bool or an array of bool");
-  check_layer_count(path_, key, *v, n);
-  std::vector<bool> out(n);
-  for (size_t k = 0; k < n; k++) out[k] = v->array[k].u != 0;
-  return out;
+  const PerLayer<bool> rule{{bool_value, "a bool"}, is_bool_type, "a bool or an array of bool",
+                            {bool_element, "a bool"}};
+  return values_per_layer(path_, key, find(key), n, dflt, rule);
 }
 
 std::vector<std::string> File::get_str_array(std::string_view key) const {

@@ -11,6 +11,7 @@
 #include <cstring>
 #include <limits>
 #include <system_error>
+#include <type_traits>
 
 #include "tensor/dtype.h"
 
@@ -112,17 +113,28 @@ Value scalar(ValueType t) {
   return v;
 }
 
-template <typename T, typename Fill>
-Value array_of(ValueType elem, const std::vector<T>& items, Fill fill) {
+// A scalar of type t holding x, in the field of Value that type uses.
+template <typename T>
+Value scalar_of(ValueType t, const T& x) {
+  Value v = scalar(t);
+  if constexpr (std::is_same_v<T, std::string>)
+    v.str = x;
+  else if constexpr (std::is_same_v<T, float>)
+    v.f = x;
+  else if constexpr (std::is_signed_v<T>)
+    v.i = x;
+  else
+    v.u = x;  // the unsigned types and bool (1 or 0)
+  return v;
+}
+
+template <typename T>
+Value array_of(ValueType elem, const std::vector<T>& items) {
   Value v;
   v.type = ValueType::ARRAY;
   v.elem_type = elem;
   v.array.reserve(items.size());
-  for (const T& x : items) {
-    Value e = scalar(elem);
-    fill(e, x);
-    v.array.push_back(std::move(e));
-  }
+  for (const T& x : items) v.array.push_back(scalar_of(elem, x));
   return v;
 }
 
@@ -183,69 +195,28 @@ std::vector<uint8_t> build_header(uint32_t alignment, const std::vector<std::pai
 
 }  // namespace
 
-void Writer::set_u8(const std::string& key, uint8_t v) {
-  Value x = scalar(ValueType::U8);
-  x.u = v;
-  set(key, x);
-}
-void Writer::set_u16(const std::string& key, uint16_t v) {
-  Value x = scalar(ValueType::U16);
-  x.u = v;
-  set(key, x);
-}
-void Writer::set_u32(const std::string& key, uint32_t v) {
-  Value x = scalar(ValueType::U32);
-  x.u = v;
-  set(key, x);
-}
-void Writer::set_i32(const std::string& key, int32_t v) {
-  Value x = scalar(ValueType::I32);
-  x.i = v;
-  set(key, x);
-}
-void Writer::set_u64(const std::string& key, uint64_t v) {
-  Value x = scalar(ValueType::U64);
-  x.u = v;
-  set(key, x);
-}
-void Writer::set_f32(const std::string& key, float v) {
-  Value x = scalar(ValueType::F32);
-  x.f = v;
-  set(key, x);
-}
-void Writer::set_bool(const std::string& key, bool v) {
-  Value x = scalar(ValueType::BOOL);
-  x.u = v ? 1 : 0;
-  set(key, x);
-}
-void Writer::set_str(const std::string& key, const std::string& v) {
-  Value x = scalar(ValueType::STRING);
-  x.str = v;
-  set(key, x);
-}
+void Writer::set_u8(const std::string& key, uint8_t v) { set(key, scalar_of(ValueType::U8, v)); }
+void Writer::set_u16(const std::string& key, uint16_t v) { set(key, scalar_of(ValueType::U16, v)); }
+void Writer::set_u32(const std::string& key, uint32_t v) { set(key, scalar_of(ValueType::U32, v)); }
+void Writer::set_i32(const std::string& key, int32_t v) { set(key, scalar_of(ValueType::I32, v)); }
+void Writer::set_u64(const std::string& key, uint64_t v) { set(key, scalar_of(ValueType::U64, v)); }
+void Writer::set_f32(const std::string& key, float v) { set(key, scalar_of(ValueType::F32, v)); }
+void Writer::set_bool(const std::string& key, bool v) { set(key, scalar_of(ValueType::BOOL, v)); }
+void Writer::set_str(const std::string& key, const std::string& v) { set(key, scalar_of(ValueType::STRING, v)); }
 void Writer::set_arr_i32(const std::string& key, const std::vector<int32_t>& v) {
-  set(key, array_of(ValueType::I32, v, [](Value& e, int32_t x) { e.i = x; }));
+  set(key, array_of(ValueType::I32, v));
 }
 void Writer::set_arr_u32(const std::string& key, const std::vector<uint32_t>& v) {
-  set(key, array_of(ValueType::U32, v, [](Value& e, uint32_t x) { e.u = x; }));
+  set(key, array_of(ValueType::U32, v));
 }
 void Writer::set_arr_f32(const std::string& key, const std::vector<float>& v) {
-  set(key, array_of(ValueType::F32, v, [](Value& e, float x) { e.f = x; }));
+  set(key, array_of(ValueType::F32, v));
 }
 void Writer::set_arr_bool(const std::string& key, const std::vector<bool>& v) {
-  Value a;
-  a.type = ValueType::ARRAY;
-  a.elem_type = ValueType::BOOL;
-  a.array.reserve(v.size());
-  for (bool b : v) {  // vector<bool> yields proxies, so no generic helper here
-    Value e = scalar(ValueType::BOOL);
-    e.u = b ? 1 : 0;
-    a.array.push_back(std::move(e));
-  }
-  set(key, a);
+  set(key, array_of(ValueType::BOOL, v));
 }
 void Writer::set_arr_str(const std::string& key, const std::vector<std::string>& v) {
-  set(key, array_of(ValueType::STRING, v, [](Value& e, const std::string& x) { e.str = x; }));
+  set(key, array_of(ValueType::STRING, v));
 }
 
 void Writer::set(const std::string& key, const Value& v) {

@@ -4,6 +4,7 @@
 // access rules of jinja2's immutable sandbox.
 #pragma once
 
+#include <cstddef>
 #include <optional>
 #include <string_view>
 #include <vector>
@@ -11,6 +12,14 @@
 #include "jinja/value.h"
 
 namespace step35::jinja {
+
+// The entry named `name` of one of the builtin tables (filters, tests, str methods), or null.
+template <typename Entry, size_t N>
+const Entry* find_named(const Entry (&table)[N], std::string_view name) {
+  for (const Entry& entry : table)
+    if (entry.name == name) return &entry;
+  return nullptr;
+}
 
 bool is_filter_name(std::string_view name);
 bool is_test_name(std::string_view name);

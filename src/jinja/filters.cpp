@@ -827,18 +827,12 @@ constexpr FilterEntry kFilters[] = {
     {"xmlattr", nullptr},
 };
 
-const FilterEntry* find_filter(std::string_view name) {
-  for (const FilterEntry& entry : kFilters)
-    if (entry.name == name) return &entry;
-  return nullptr;
-}
-
 }  // namespace
 
-bool is_filter_name(std::string_view name) { return find_filter(name) != nullptr; }
+bool is_filter_name(std::string_view name) { return find_named(kFilters, name) != nullptr; }
 
 Value apply_filter(Interpreter& interp, std::string_view name, const Value& input, Arguments& args) {
-  const FilterEntry* entry = find_filter(name);
+  const FilterEntry* entry = find_named(kFilters, name);
   if (entry == nullptr) type_error("No filter named '" + std::string(name) + "' found.");
   if (entry->fn == nullptr) type_error("the filter '" + std::string(name) + "' is not supported by step35");
   interp.charge(1);

@@ -136,13 +136,10 @@ class CyclerObject : public Object {
   std::weak_ptr<CyclerObject> self_;
 
  private:
-  class CyclerMethod : public Object {
+  class CyclerMethod : public BoundMethod {
    public:
     CyclerMethod(std::shared_ptr<CyclerObject> cycler, bool is_next) : cycler_(std::move(cycler)), is_next_(is_next) {}
-    const char* python_type() const override { return "method"; }
-    const char* object_type() const override { return "method object"; }
     std::string repr() const override { return is_next_ ? "<bound method Cycler.next>" : "<bound method Cycler.reset>"; }
-    bool is_callable() const override { return true; }
     Value call(Interpreter&, Arguments&) override {
       CyclerObject& c = *cycler_;
       if (!is_next_) {

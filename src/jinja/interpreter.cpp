@@ -114,15 +114,12 @@ class LoopObject : public Object, public std::enable_shared_from_this<LoopObject
 
  private:
   // loop.cycle and loop.changed, bound to their loop.
-  class LoopMethod : public Object {
+  class LoopMethod : public BoundMethod {
    public:
     LoopMethod(std::shared_ptr<LoopObject> loop, bool is_cycle) : loop_(std::move(loop)), is_cycle_(is_cycle) {}
-    const char* python_type() const override { return "method"; }
-    const char* object_type() const override { return "method object"; }
     std::string repr() const override {
       return std::string("<bound method LoopContext.") + (is_cycle_ ? "cycle" : "changed") + ">";
     }
-    bool is_callable() const override { return true; }
     Value call(Interpreter&, Arguments& args) override {
       if (!args.keyword.empty()) {
         throw Error(ErrorKind::Type, std::string(is_cycle_ ? "cycle" : "changed") + "() got an unexpected keyword argument '" +

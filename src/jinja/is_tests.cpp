@@ -19,9 +19,9 @@ const Value& one_argument(const char* test, const std::vector<Value>& args) {
   return args[0];
 }
 
-void no_arguments(const char* test, const std::vector<Value>& args) {
+void no_arguments(std::string_view test, const std::vector<Value>& args) {
   if (!args.empty()) {
-    type_error(std::string("test_") + test + "() takes 1 positional argument but " + std::to_string(args.size() + 1) +
+    type_error("test_" + std::string(test) + "() takes 1 positional argument but " + std::to_string(args.size() + 1) +
                " were given");
   }
 }
@@ -46,10 +46,6 @@ bool t_defined(Interpreter&, const Value& v, const std::vector<Value>& a) {
   no_arguments("defined", a);
   return !v.is_undefined();
 }
-bool t_undefined(Interpreter&, const Value& v, const std::vector<Value>& a) {
-  no_arguments("undefined", a);
-  return v.is_undefined();
-}
 bool t_filter(Interpreter&, const Value& v, const std::vector<Value>& a) {
   no_arguments("filter", a);
   return v.is_string() && is_filter_name(v.string_value());
@@ -58,14 +54,6 @@ bool t_test(Interpreter&, const Value& v, const std::vector<Value>& a) {
   no_arguments("test", a);
   return v.is_string() && is_test_name(v.string_value());
 }
-bool t_none(Interpreter&, const Value& v, const std::vector<Value>& a) {
-  no_arguments("none", a);
-  return v.is_none();
-}
-bool t_boolean(Interpreter&, const Value& v, const std::vector<Value>& a) {
-  no_arguments("boolean", a);
-  return v.is_bool();
-}
 bool t_false(Interpreter&, const Value& v, const std::vector<Value>& a) {
   no_arguments("false", a);
   return v.is_bool() && !v.bool_value();
@@ -73,14 +61,6 @@ bool t_false(Interpreter&, const Value& v, const std::vector<Value>& a) {
 bool t_true(Interpreter&, const Value& v, const std::vector<Value>& a) {
   no_arguments("true", a);
   return v.is_bool() && v.bool_value();
-}
-bool t_integer(Interpreter&, const Value& v, const std::vector<Value>& a) {
-  no_arguments("integer", a);
-  return v.is_int();
-}
-bool t_float(Interpreter&, const Value& v, const std::vector<Value>& a) {
-  no_arguments("float", a);
-  return v.is_float();
 }
 bool has_case(const std::string& s, bool upper) {
   bool cased = false;
@@ -103,18 +83,6 @@ bool t_lower(Interpreter&, const Value& v, const std::vector<Value>& a) {
 bool t_upper(Interpreter&, const Value& v, const std::vector<Value>& a) {
   no_arguments("upper", a);
   return has_case(v.str(), true);
-}
-bool t_string(Interpreter&, const Value& v, const std::vector<Value>& a) {
-  no_arguments("string", a);
-  return v.is_string();
-}
-bool t_mapping(Interpreter&, const Value& v, const std::vector<Value>& a) {
-  no_arguments("mapping", a);
-  return v.is_dict();
-}
-bool t_number(Interpreter&, const Value& v, const std::vector<Value>& a) {
-  no_arguments("number", a);
-  return v.is_number();
 }
 bool t_sequence(Interpreter&, const Value& v, const std::vector<Value>& a) {
   no_arguments("sequence", a);
@@ -151,10 +119,6 @@ bool t_sameas(Interpreter&, const Value& v, const std::vector<Value>& a) {
     default: return false;
   }
 }
-bool t_escaped(Interpreter&, const Value& v, const std::vector<Value>& a) {
-  no_arguments("escaped", a);
-  return v.is_markup();
-}
 bool t_in(Interpreter&, const Value& v, const std::vector<Value>& a) { return contains(one_argument("in", a), v); }
 bool t_eq(Interpreter&, const Value& v, const std::vector<Value>& a) { return equals(v, one_argument("eq", a)); }
 bool t_ne(Interpreter&, const Value& v, const std::vector<Value>& a) { return !equals(v, one_argument("ne", a)); }
@@ -163,39 +127,42 @@ bool t_ge(Interpreter&, const Value& v, const std::vector<Value>& a) { return co
 bool t_lt(Interpreter&, const Value& v, const std::vector<Value>& a) { return compare("<", v, one_argument("lt", a)); }
 bool t_le(Interpreter&, const Value& v, const std::vector<Value>& a) { return compare("<=", v, one_argument("le", a)); }
 
+// A test is a function, or for the tests without arguments that only ask the value's kind,
+// that question.
 struct TestEntry {
   std::string_view name;
   TestFn fn;
+  bool (Value::*is)() const = nullptr;
 };
 
 constexpr TestEntry kTests[] = {
     {"odd", t_odd},         {"even", t_even},         {"divisibleby", t_divisibleby}, {"defined", t_defined},
-    {"undefined", t_undefined}, {"filter", t_filter}, {"test", t_test},               {"none", t_none},
-    {"boolean", t_boolean}, {"false", t_false},       {"true", t_true},               {"integer", t_integer},
-    {"float", t_float},     {"lower", t_lower},       {"upper", t_upper},             {"string", t_string},
-    {"mapping", t_mapping}, {"number", t_number},     {"sequence", t_sequence},       {"iterable", t_iterable},
-    {"callable", t_callable}, {"sameas", t_sameas},   {"escaped", t_escaped},         {"in", t_in},
-    {"==", t_eq},           {"eq", t_eq},             {"equalto", t_eq},              {"!=", t_ne},
-    {"ne", t_ne},           {">", t_gt},              {"gt", t_gt},                   {"greaterthan", t_gt},
-    {"ge", t_ge},           {">=", t_ge},             {"<", t_lt},                    {"lt", t_lt},
-    {"lessthan", t_lt},     {"<=", t_le},             {"le", t_le},
+    {"undefined", nullptr, &Value::is_undefined},     {"filter", t_filter},           {"test", t_test},
+    {"none", nullptr, &Value::is_none},               {"boolean", nullptr, &Value::is_bool},
+    {"false", t_false},     {"true", t_true},         {"integer", nullptr, &Value::is_int},
+    {"float", nullptr, &Value::is_float},             {"lower", t_lower},             {"upper", t_upper},
+    {"string", nullptr, &Value::is_string},           {"mapping", nullptr, &Value::is_dict},
+    {"number", nullptr, &Value::is_number},           {"sequence", t_sequence},       {"iterable", t_iterable},
+    {"callable", t_callable}, {"sameas", t_sameas},   {"escaped", nullptr, &Value::is_markup},
+    {"in", t_in},           {"==", t_eq},             {"eq", t_eq},                   {"equalto", t_eq},
+    {"!=", t_ne},           {"ne", t_ne},             {">", t_gt},                    {"gt", t_gt},
+    {"greaterthan", t_gt},  {"ge", t_ge},             {">=", t_ge},                   {"<", t_lt},
+    {"lt", t_lt},           {"lessthan", t_lt},       {"<=", t_le},                   {"le", t_le},
 };
-
-const TestEntry* find_test(std::string_view name) {
-  for (const TestEntry& entry : kTests)
-    if (entry.name == name) return &entry;
-  return nullptr;
-}
 
 }  // namespace
 
-bool is_test_name(std::string_view name) { return find_test(name) != nullptr; }
+bool is_test_name(std::string_view name) { return find_named(kTests, name) != nullptr; }
 
 bool apply_test(Interpreter& interp, std::string_view name, const Value& input, Arguments& args) {
-  const TestEntry* entry = find_test(name);
+  const TestEntry* entry = find_named(kTests, name);
   if (entry == nullptr) type_error("No test named '" + std::string(name) + "' found.");
   if (!args.keyword.empty()) {
     type_error("test_" + std::string(name) + "() got an unexpected keyword argument '" + args.keyword[0].first + "'");
+  }
+  if (entry->is != nullptr) {
+    no_arguments(entry->name, args.positional);
+    return (input.*entry->is)();
   }
   return entry->fn(interp, input, args.positional);
 }

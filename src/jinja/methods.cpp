@@ -242,35 +242,21 @@ struct StrCall {
   const std::vector<Value>& positional;
 };
 
-Value str_upper(const StrCall& call) {
-  arity(call.name, call.args, 0, 0);
-  return Value::string_like(call.self, text::upper(call.s));
-}
-
-Value str_lower(const StrCall& call) {
-  arity(call.name, call.args, 0, 0);
-  return Value::string_like(call.self, text::lower(call.s));
-}
-
-Value str_title(const StrCall& call) {
-  arity(call.name, call.args, 0, 0);
-  return Value::string_like(call.self, text::python_title(call.s));
-}
-
-Value str_capitalize(const StrCall& call) {
-  arity(call.name, call.args, 0, 0);
-  return Value::string_like(call.self, text::python_capitalize(call.s));
-}
-
-Value str_swapcase(const StrCall& call) {
-  arity(call.name, call.args, 0, 0);
-  const std::string& s = call.s;
+std::string swap_case_text(std::string_view s) {
   std::string out;
   for (size_t pos = 0; pos < s.size();) {
     const uint32_t cp = text::next_code_point(s, pos);
     text::append_utf8(out, text::is_upper_cp(cp) ? text::to_lower_cp(cp) : text::to_upper_cp(cp));
   }
-  return Value::string_like(call.self, std::move(out));
+  return out;
+}
+
+// upper, lower (also casefold), title, capitalize, swapcase: no arguments, the converted
+// text of self's string kind.
+template <std::string (*Convert)(std::string_view)>
+Value str_convert_case(const StrCall& call) {
+  arity(call.name, call.args, 0, 0);
+  return Value::string_like(call.self, Convert(call.s));
 }
 
 // strip, lstrip, rstrip.
@@ -526,6 +512,12 @@ struct StrMethodEntry {
   Value (*body)(const StrCall&);
 };
 
+constexpr auto str_upper = str_convert_case<text::upper>;
+constexpr auto str_lower = str_convert_case<text::lower>;
+constexpr auto str_title = str_convert_case<text::python_title>;
+constexpr auto str_capitalize = str_convert_case<text::python_capitalize>;
+constexpr auto str_swapcase = str_convert_case<swap_case_text>;
+
 // The str methods templates may call (all of them leave their object as it is).
 constexpr StrMethodEntry kStrMethods[] = {
     {"capitalize", str_capitalize},     {"casefold", str_lower},        {"center", str_justify},
@@ -542,14 +534,8 @@ constexpr StrMethodEntry kStrMethods[] = {
     {"strip", str_strip},               {"swapcase", str_swapcase},     {"title", str_title},
     {"upper", str_upper},               {"zfill", str_zfill}};
 
-const StrMethodEntry* find_str_method(std::string_view name) {
-  for (const StrMethodEntry& entry : kStrMethods)
-    if (entry.name == name) return &entry;
-  return nullptr;
-}
-
 Value str_method(Interpreter& interp, const Value& self, std::string_view name, Arguments& args) {
-  const StrMethodEntry* method = find_str_method(name);
+  const StrMethodEntry* method = find_named(kStrMethods, name);
   if (method == nullptr) type_error("str has no method " + std::string(name));
   return method->body(StrCall{interp, self, self.string_value(), name, args, args.positional});
 }
@@ -608,7 +594,7 @@ Value list_method(Interpreter& interp, const Value& self, std::string_view name,
 
 MethodAccess find_method(const Value& self, std::string_view name) {
   switch (self.kind()) {
-    case ValueKind::String: return find_str_method(name) != nullptr ? MethodAccess::Safe : MethodAccess::None;
+    case ValueKind::String: return find_named(kStrMethods, name) != nullptr ? MethodAccess::Safe : MethodAccess::None;
     case ValueKind::Dict:
       if (listed(kDictSafe, name)) return MethodAccess::Safe;
       if (listed(kDictUnsafe, name)) return MethodAccess::Unsafe;

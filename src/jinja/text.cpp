@@ -224,6 +224,14 @@ void append_lower(std::string& out, uint32_t cp) {
 
 bool is_cased(uint32_t cp) { return is_upper_cp(cp) || is_lower_cp(cp) || cp == 0xDF; }
 
+// All-ASCII s with the letters first..first+25 moved by `shift` (to the other case).
+std::string shift_ascii_letters(std::string_view s, char first, int shift) {
+  std::string out(s);
+  for (char& c : out)
+    if (c >= first && c <= first + 25) c = static_cast<char>(c + shift);
+  return out;
+}
+
 }  // namespace
 
 uint32_t to_upper_cp(uint32_t cp) {
@@ -240,22 +248,12 @@ bool is_upper_cp(uint32_t cp) { return lower_partner(cp) != 0; }
 bool is_lower_cp(uint32_t cp) { return upper_partner(cp) != 0 || cp == 0xDF || cp == 0x138; }
 
 std::string upper(std::string_view s) {
-  if (is_ascii(s)) {
-    std::string out(s);
-    for (char& c : out)
-      if (c >= 'a' && c <= 'z') c = static_cast<char>(c - 32);
-    return out;
-  }
+  if (is_ascii(s)) return shift_ascii_letters(s, 'a', -32);
   return map_code_points(s, append_upper);
 }
 
 std::string lower(std::string_view s) {
-  if (is_ascii(s)) {
-    std::string out(s);
-    for (char& c : out)
-      if (c >= 'A' && c <= 'Z') c = static_cast<char>(c + 32);
-    return out;
-  }
+  if (is_ascii(s)) return shift_ascii_letters(s, 'A', 32);
   return map_code_points(s, append_lower);
 }
 
@@ -323,55 +321,33 @@ std::string_view strip_chars(std::string_view s, std::string_view chars, bool le
 
 std::string python_title(std::string_view s) {
   // A cased letter after a cased letter is lowered; any other cased letter is raised.
-  std::string out;
-  out.reserve(s.size());
   bool previous_cased = false;
-  for (size_t pos = 0; pos < s.size();) {
-    const uint32_t cp = next_code_point(s, pos);
-    if (previous_cased) {
-      append_lower(out, cp);
-    } else {
-      append_upper(out, cp);
-    }
+  return map_code_points(s, [&](std::string& out, uint32_t cp) {
+    (previous_cased ? append_lower : append_upper)(out, cp);
     previous_cased = is_cased(cp);
-  }
-  return out;
+  });
 }
 
 std::string python_capitalize(std::string_view s) {
-  std::string out;
-  out.reserve(s.size());
   bool first = true;
-  for (size_t pos = 0; pos < s.size();) {
-    const uint32_t cp = next_code_point(s, pos);
-    if (first) {
-      append_upper(out, cp);
-    } else {
-      append_lower(out, cp);
-    }
+  return map_code_points(s, [&](std::string& out, uint32_t cp) {
+    (first ? append_upper : append_lower)(out, cp);
     first = false;
-  }
-  return out;
+  });
 }
 
 std::string jinja_title(std::string_view s) {
-  std::string out;
-  out.reserve(s.size());
   bool word_start = true;
-  for (size_t pos = 0; pos < s.size();) {
-    const uint32_t cp = next_code_point(s, pos);
+  return map_code_points(s, [&](std::string& out, uint32_t cp) {
     const bool separator = is_space(cp) || cp == '-' || cp == '(' || cp == '{' || cp == '[' || cp == '<';
     if (separator) {
       append_utf8(out, cp);
       word_start = true;
-    } else if (word_start) {
-      append_upper(out, cp);
-      word_start = false;
     } else {
-      append_lower(out, cp);
+      (word_start ? append_upper : append_lower)(out, cp);
+      word_start = false;
     }
-  }
-  return out;
+  });
 }
 
 std::string repr(std::string_view s) {

@@ -52,42 +52,39 @@ uint32_t nesting_of(const Value& v) {
 
 // --- construction ---------------------------------------------------------------------------
 
-Value Value::undefined_missing(std::shared_ptr<const std::string> name) {
+Value Value::holding(ValueKind kind, uint8_t flags, std::shared_ptr<void> heap) {
   Value v;
-  v.flags_ = static_cast<uint8_t>(UndefinedReason::Missing);
-  v.heap_ = std::const_pointer_cast<std::string>(std::move(name));
+  v.kind_ = kind;
+  v.flags_ = flags;
+  v.heap_ = std::move(heap);
   return v;
+}
+
+Value Value::undefined_because(UndefinedReason reason, const char* object_type, std::shared_ptr<std::string> text) {
+  Value v = holding(ValueKind::Undefined, static_cast<uint8_t>(reason), std::move(text));
+  if (object_type) v.object_type_ = object_type;
+  return v;
+}
+
+Value Value::undefined_missing(std::shared_ptr<const std::string> name) {
+  return undefined_because(UndefinedReason::Missing, nullptr, std::const_pointer_cast<std::string>(std::move(name)));
 }
 
 Value Value::undefined_attribute(const char* object_type, std::shared_ptr<const std::string> name) {
-  Value v;
-  v.flags_ = static_cast<uint8_t>(UndefinedReason::Attribute);
-  v.object_type_ = object_type;
-  v.heap_ = std::const_pointer_cast<std::string>(std::move(name));
-  return v;
+  return undefined_because(UndefinedReason::Attribute, object_type,
+                           std::const_pointer_cast<std::string>(std::move(name)));
 }
 
 Value Value::undefined_element(const char* object_type, std::string key_repr) {
-  Value v;
-  v.flags_ = static_cast<uint8_t>(UndefinedReason::Element);
-  v.object_type_ = object_type;
-  v.heap_ = std::make_shared<std::string>(std::move(key_repr));
-  return v;
+  return undefined_because(UndefinedReason::Element, object_type, std::make_shared<std::string>(std::move(key_repr)));
 }
 
 Value Value::undefined_unsafe(const char* python_type, std::string name) {
-  Value v;
-  v.flags_ = static_cast<uint8_t>(UndefinedReason::Unsafe);
-  v.object_type_ = python_type;
-  v.heap_ = std::make_shared<std::string>(std::move(name));
-  return v;
+  return undefined_because(UndefinedReason::Unsafe, python_type, std::make_shared<std::string>(std::move(name)));
 }
 
 Value Value::undefined_hint(std::string message) {
-  Value v;
-  v.flags_ = static_cast<uint8_t>(UndefinedReason::Hint);
-  v.heap_ = std::make_shared<std::string>(std::move(message));
-  return v;
+  return undefined_because(UndefinedReason::Hint, nullptr, std::make_shared<std::string>(std::move(message)));
 }
 
 Value Value::none() {
@@ -131,18 +128,10 @@ Value Value::number(double f) {
   return v;
 }
 
-Value Value::string(std::string s) {
-  Value v;
-  v.kind_ = ValueKind::String;
-  v.heap_ = std::make_shared<std::string>(std::move(s));
-  return v;
-}
+Value Value::string(std::string s) { return holding(ValueKind::String, 0, std::make_shared<std::string>(std::move(s))); }
 
 Value Value::string(std::shared_ptr<const std::string> s) {
-  Value v;
-  v.kind_ = ValueKind::String;
-  v.heap_ = std::const_pointer_cast<std::string>(std::move(s));
-  return v;
+  return holding(ValueKind::String, 0, std::const_pointer_cast<std::string>(std::move(s)));
 }
 
 Value Value::markup(std::string s) {
@@ -161,11 +150,7 @@ Value Value::list(std::vector<Value> items, ListFlavor flavor) {
   auto data = std::make_shared<ListData>();
   data->items = std::move(items);
   data->depth = depth;
-  Value v;
-  v.kind_ = ValueKind::List;
-  v.flags_ = static_cast<uint8_t>(flavor);
-  v.heap_ = std::move(data);
-  return v;
+  return holding(ValueKind::List, static_cast<uint8_t>(flavor), std::move(data));
 }
 
 Value Value::range(int64_t start, int64_t stop, int64_t step, std::vector<Value> items) {
@@ -177,18 +162,10 @@ Value Value::range(int64_t start, int64_t stop, int64_t step, std::vector<Value>
   return v;
 }
 
-Value Value::dict(std::shared_ptr<Dict> d) {
-  Value v;
-  v.kind_ = ValueKind::Dict;
-  v.heap_ = std::move(d);
-  return v;
-}
+Value Value::dict(std::shared_ptr<Dict> d) { return holding(ValueKind::Dict, 0, std::move(d)); }
 
 Value Value::namespace_of(std::shared_ptr<Dict> attributes) {
-  Value v;
-  v.kind_ = ValueKind::Namespace;
-  v.heap_ = std::move(attributes);
-  return v;
+  return holding(ValueKind::Namespace, 0, std::move(attributes));
 }
 
 Value Value::iterator(std::vector<Value> items, const char* python_type) {
@@ -198,18 +175,10 @@ Value Value::iterator(std::vector<Value> items, const char* python_type) {
   data->items = std::move(items);
   data->python_type = python_type;
   data->depth = depth;
-  Value v;
-  v.kind_ = ValueKind::Iterator;
-  v.heap_ = std::move(data);
-  return v;
+  return holding(ValueKind::Iterator, 0, std::move(data));
 }
 
-Value Value::object(std::shared_ptr<Object> o) {
-  Value v;
-  v.kind_ = ValueKind::Object;
-  v.heap_ = std::move(o);
-  return v;
-}
+Value Value::object(std::shared_ptr<Object> o) { return holding(ValueKind::Object, 0, std::move(o)); }
 
 namespace {
 

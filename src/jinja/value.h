@@ -140,6 +140,11 @@ class Value {
  private:
   ValueKind kind_ = ValueKind::Undefined;
   [[noreturn]] void wide_int_used() const;
+  // A value of `kind` with `flags` (see flags_) and its heap part.
+  static Value holding(ValueKind kind, uint8_t flags, std::shared_ptr<void> heap);
+  // An undefined value for `reason` holding its name, key or message, and (unless null)
+  // the type of the object it was looked up in.
+  static Value undefined_because(UndefinedReason reason, const char* object_type, std::shared_ptr<std::string> text);
 
   uint8_t flags_ = 0;  // String: markup; List: ListFlavor; Undefined: UndefinedReason; Int: wide
   union {
@@ -210,6 +215,14 @@ class Object {
   virtual Value attribute(std::string_view name) const;
   // Nesting depth of the values it holds (see kMaxValueNesting).
   virtual uint32_t nesting() const { return 0; }
+};
+
+// A method bound to its object (loop.cycle, cycler.next, ...): Python's "method" type.
+class BoundMethod : public Object {
+ public:
+  const char* python_type() const override { return "method"; }
+  const char* object_type() const override { return "method object"; }
+  bool is_callable() const override { return true; }
 };
 
 // Python's == (numbers compare across int/float/bool; tuples never equal lists).

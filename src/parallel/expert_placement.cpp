@@ -39,6 +39,24 @@ int32_t positive_int(const nlohmann::json& j, const char* key, const char* what)
   return int32_t(j[key].get<int64_t>());
 }
 
+// A counts or placement file: the fields of `head` and the "layers" object, one array per
+// block index.
+template <typename Layers>
+std::string layers_file(nlohmann::json head, const Layers& layers) {
+  head["layers"] = nlohmann::json::object();
+  for (const auto& [il, v] : layers) head["layers"][std::to_string(il)] = v;
+  return head.dump();
+}
+
+// Calls each(block index, key, array) for the entries of the "layers" object, which must be
+// there; `what` names the file in errors.
+template <typename Each>
+void for_each_layer(const nlohmann::json& j, const char* what, Each each) {
+  if (!j.contains("layers") || !j["layers"].is_object())
+    throw std::runtime_error(std::string(what) + ": \"layers\" must be an object");
+  for (const auto& [k, v] : j["layers"].items()) each(layer_key(k, what), k, v);
+}
+
 }  // namespace
 
 void ExpertCounts::add(int il, const int32_t* counts, int64_t n) {
@@ -49,22 +67,14 @@ void ExpertCounts::add(int il, const int32_t* counts, int64_t n) {
   for (int64_t e = 0; e < n; ++e) v[size_t(e)] += counts[e];
 }
 
-std::string ExpertCounts::to_json() const {
-  nlohmann::json j;
-  j["n_expert"] = n_expert;
-  j["layers"] = nlohmann::json::object();
-  for (const auto& [il, v] : layers) j["layers"][std::to_string(il)] = v;
-  return j.dump();
-}
+std::string ExpertCounts::to_json() const { return layers_file({{"n_expert", n_expert}}, layers); }
 
 ExpertCounts ExpertCounts::from_json(const std::string& text) {
   const char* what = "expert counts";
   const nlohmann::json j = parse_json(text, what);
   ExpertCounts c;
   c.n_expert = positive_int(j, "n_expert", what);
-  if (!j.contains("layers") || !j["layers"].is_object()) throw std::runtime_error("expert counts: \"layers\" must be an object");
-  for (const auto& [k, v] : j["layers"].items()) {
-    const int il = layer_key(k, what);
+  for_each_layer(j, what, [&](int il, const std::string& k, const nlohmann::json& v) {
     if (!v.is_array() || v.size() != size_t(c.n_expert))
       throw std::runtime_error("expert counts: layer " + k + " must list " + std::to_string(c.n_expert) + " counts");
     std::vector<int64_t> counts;
@@ -74,7 +84,7 @@ ExpertCounts ExpertCounts::from_json(const std::string& text) {
       counts.push_back(x.get<int64_t>());
     }
     c.layers[il] = std::move(counts);
-  }
+  });
   return c;
 }
 
@@ -100,21 +110,14 @@ void ExpertPlacement::set_layer(int il, std::vector<int32_t> owners) {
 }
 
 std::string ExpertPlacement::to_json() const {
-  nlohmann::json j;
-  j["n_ranks"] = n_ranks_;
-  j["n_expert"] = n_expert_;
-  j["layers"] = nlohmann::json::object();
-  for (const auto& [il, v] : layers_) j["layers"][std::to_string(il)] = v;
-  return j.dump();
+  return layers_file({{"n_ranks", n_ranks_}, {"n_expert", n_expert_}}, layers_);
 }
 
 ExpertPlacement ExpertPlacement::from_json(const std::string& text) {
   const char* what = "expert placement";
   const nlohmann::json j = parse_json(text, what);
   ExpertPlacement p(positive_int(j, "n_ranks", what), positive_int(j, "n_expert", what));
-  if (!j.contains("layers") || !j["layers"].is_object()) throw std::runtime_error("expert placement: \"layers\" must be an object");
-  for (const auto& [k, v] : j["layers"].items()) {
-    const int il = layer_key(k, what);
+  for_each_layer(j, what, [&](int il, const std::string& k, const nlohmann::json& v) {
     if (!v.is_array()) throw std::runtime_error("expert placement: layer " + k + " must be an array of ranks");
     std::vector<int32_t> owners;
     for (const auto& x : v) {
@@ -126,7 +129,7 @@ ExpertPlacement ExpertPlacement::from_json(const std::string& text) {
     } catch (const std::invalid_argument& e) {
       throw std::runtime_error(e.what());
     }
-  }
+  });
   return p;
 }
 

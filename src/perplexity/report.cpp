@@ -18,6 +18,21 @@ __attribute__((format(printf, 2, 3))) void append(std::string& out, const char* 
   if (n > 0) out.append(buf, std::min(size_t(n), sizeof buf - 1));
 }
 
+// The quantile lines of the KL summary, as llama.cpp prints them: all of them for Δp, all
+// but the quartiles for the KL divergence.
+struct QuantileLine {
+  const char* label;
+  float Quantiles::*value;
+  bool in_kld;
+};
+constexpr QuantileLine kQuantileLines[] = {
+    {"Maximum", &Quantiles::max, true},   {"99.9%  ", &Quantiles::p99_9, true}, {"99.0%  ", &Quantiles::p99, true},
+    {"95.0%  ", &Quantiles::p95, true},   {"90.0%  ", &Quantiles::p90, true},   {"75.0%  ", &Quantiles::p75, false},
+    {"Median ", &Quantiles::median, true}, {"25.0%  ", &Quantiles::p25, false}, {"10.0%  ", &Quantiles::p10, true},
+    {" 5.0%  ", &Quantiles::p5, true},    {" 1.0%  ", &Quantiles::p1, true},    {" 0.1%  ", &Quantiles::p0_1, true},
+    {"Minimum", &Quantiles::min, true},
+};
+
 }  // namespace
 
 std::string running_estimate(int32_t chunk_index, const PerplexitySums& sums) {
@@ -71,33 +86,13 @@ std::string kl_summary(const KlSums& sums, std::vector<float>& kld, std::vector<
   s += "\n";
   s += "====== KL divergence statistics ======\n";
   append(s, "Mean    KLD: %10.6lf " PM " %10.6lf\n", f.kld.mean, f.kld.error);
-  append(s, "Maximum KLD: %10.6f\n", double(k.max));
-  append(s, "99.9%%   KLD: %10.6f\n", double(k.p99_9));
-  append(s, "99.0%%   KLD: %10.6f\n", double(k.p99));
-  append(s, "95.0%%   KLD: %10.6f\n", double(k.p95));
-  append(s, "90.0%%   KLD: %10.6f\n", double(k.p90));
-  append(s, "Median  KLD: %10.6f\n", double(k.median));
-  append(s, "10.0%%   KLD: %10.6f\n", double(k.p10));
-  append(s, " 5.0%%   KLD: %10.6f\n", double(k.p5));
-  append(s, " 1.0%%   KLD: %10.6f\n", double(k.p1));
-  append(s, " 0.1%%   KLD: %10.6f\n", double(k.p0_1));
-  append(s, "Minimum KLD: %10.6f\n", double(k.min));
+  for (const QuantileLine& line : kQuantileLines)
+    if (line.in_kld) append(s, "%s KLD: %10.6f\n", line.label, double(k.*line.value));
   s += "\n";
   s += "====== Token probability statistics ======\n";
   append(s, "Mean    " DELTA "p: %6.3lf " PM " %5.3lf %%\n", 100.0 * f.p_diff.mean, 100.0 * f.p_diff.error);
-  append(s, "Maximum " DELTA "p: %6.3lf%%\n", 100.0 * d.max);
-  append(s, "99.9%%   " DELTA "p: %6.3lf%%\n", 100.0 * d.p99_9);
-  append(s, "99.0%%   " DELTA "p: %6.3lf%%\n", 100.0 * d.p99);
-  append(s, "95.0%%   " DELTA "p: %6.3lf%%\n", 100.0 * d.p95);
-  append(s, "90.0%%   " DELTA "p: %6.3lf%%\n", 100.0 * d.p90);
-  append(s, "75.0%%   " DELTA "p: %6.3lf%%\n", 100.0 * d.p75);
-  append(s, "Median  " DELTA "p: %6.3lf%%\n", 100.0 * d.median);
-  append(s, "25.0%%   " DELTA "p: %6.3lf%%\n", 100.0 * d.p25);
-  append(s, "10.0%%   " DELTA "p: %6.3lf%%\n", 100.0 * d.p10);
-  append(s, " 5.0%%   " DELTA "p: %6.3lf%%\n", 100.0 * d.p5);
-  append(s, " 1.0%%   " DELTA "p: %6.3lf%%\n", 100.0 * d.p1);
-  append(s, " 0.1%%   " DELTA "p: %6.3lf%%\n", 100.0 * d.p0_1);
-  append(s, "Minimum " DELTA "p: %6.3lf%%\n", 100.0 * d.min);
+  for (const QuantileLine& line : kQuantileLines)
+    append(s, "%s " DELTA "p: %6.3lf%%\n", line.label, 100.0 * d.*line.value);
   append(s, "RMS " DELTA "p    : %6.3lf " PM " %5.3lf %%\n", 100.0 * f.rms_p_diff, 100.0 * f.rms_p_diff_error);
   append(s, "Same top p: %6.3lf " PM " %5.3lf %%\n", 100.0 * f.same_top, 100.0 * f.same_top_error);
 #undef PM

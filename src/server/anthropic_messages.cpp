@@ -214,7 +214,7 @@ namespace {
 // Anthropic's named events: message_start, content blocks opened as their kind of output
 // starts and closed when another kind begins (thinking, then text, then one tool_use block
 // per call), an error event for a failed generation, message_delta and message_stop.
-class MessageStream final : public EventWriter {
+class MessageStream final : public FinalEventWriter {
  public:
   MessageStream(std::string id, std::string model, int n_prompt)
       : id_(std::move(id)), model_(std::move(model)), n_prompt_(n_prompt) {}
@@ -225,14 +225,6 @@ class MessageStream final : public EventWriter {
                   {"message", {{"id", id_}, {"type", "message"}, {"role", "assistant"}, {"model", model_},
                                {"content", json::array()}, {"stop_reason", nullptr}, {"stop_sequence", nullptr},
                                {"usage", {{"input_tokens", n_prompt_}, {"output_tokens", 0}}}}}});
-  }
-
-  bool token(httplib::DataSink& sink, int, const GenerateEvent&, const TextDelta& d) override { return emit(sink, d); }
-
-  bool done(httplib::DataSink& sink, int, const GenerateEvent& ev, const TextDelta& d, const ChoiceText& t) override {
-    final_ = ev;
-    text_ = &t;
-    return emit(sink, d);
   }
 
   bool end(httplib::DataSink& sink) override {
@@ -271,7 +263,7 @@ class MessageStream final : public EventWriter {
   bool delta(httplib::DataSink& sink, const json& d) {
     return write(sink, "content_block_delta", {{"type", "content_block_delta"}, {"index", block_}, {"delta", d}});
   }
-  bool emit(httplib::DataSink& sink, const TextDelta& d) {
+  bool emit(httplib::DataSink& sink, const TextDelta& d) override {
     if (!d.reasoning.empty()) {
       if (open_kind_ != "thinking" && !open_block(sink, "thinking", {{"type", "thinking"}, {"thinking", ""}})) return false;
       if (!delta(sink, {{"type", "thinking_delta"}, {"thinking", d.reasoning}})) return false;
@@ -296,8 +288,6 @@ class MessageStream final : public EventWriter {
   int n_prompt_;
   int block_ = -1;
   std::string open_kind_;  // "thinking" | "text" | "tool_use" | ""
-  GenerateEvent final_;
-  const ChoiceText* text_ = nullptr;  // set with final_
 };
 
 }  // namespace

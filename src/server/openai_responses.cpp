@@ -414,7 +414,7 @@ class ResponseBuilder {
 // their kind of output starts (reasoning, the message, one function_call per call), each
 // opened, filled with deltas and closed, then response.completed / incomplete / failed.
 // Every event carries its type and a sequence number.
-class ResponsesStream final : public EventWriter {
+class ResponsesStream final : public FinalEventWriter {
  public:
   explicit ResponsesStream(std::shared_ptr<ResponseBuilder> builder) : b_(std::move(builder)) {}
 
@@ -425,12 +425,6 @@ class ResponsesStream final : public EventWriter {
 
   bool token(httplib::DataSink& sink, int, const GenerateEvent&, const TextDelta& d) override {
     b_->count(d);
-    return emit(sink, d);
-  }
-
-  bool done(httplib::DataSink& sink, int, const GenerateEvent& ev, const TextDelta& d, const ChoiceText& t) override {
-    final_ = ev;
-    text_ = &t;
     return emit(sink, d);
   }
 
@@ -509,7 +503,7 @@ class ResponsesStream final : public EventWriter {
     return a;
   }
 
-  bool emit(httplib::DataSink& sink, const TextDelta& d) {
+  bool emit(httplib::DataSink& sink, const TextDelta& d) override {
     const json at = {{"content_index", 0}};
     if (!d.reasoning.empty()) {
       if (open_kind_ != "reasoning" &&
@@ -558,8 +552,6 @@ class ResponsesStream final : public EventWriter {
   std::string open_kind_;   // "reasoning" | "message" | "function_call" | ""
   std::string reasoning_text_, message_text_, call_arguments_, call_item_id_, call_id_, call_name_;
   std::vector<std::string> call_item_ids_;
-  GenerateEvent final_;
-  const ChoiceText* text_ = nullptr;  // set with final_
 };
 
 }  // namespace

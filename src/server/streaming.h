@@ -83,6 +83,25 @@ class EventWriter {
   virtual bool end(httplib::DataSink&) { return true; }  // after every choice ended
 };
 
+// The writer of a single-choice stream that ends with a summary of its final event
+// (Anthropic messages, OpenAI responses): every delta, the last one included, goes to
+// emit(), and done() keeps the final event and the text for end().
+class FinalEventWriter : public EventWriter {
+ public:
+  bool token(httplib::DataSink& sink, int, const GenerateEvent&, const TextDelta& d) override { return emit(sink, d); }
+  bool done(httplib::DataSink& sink, int, const GenerateEvent& ev, const TextDelta& d, const ChoiceText& t) override {
+    final_ = ev;
+    text_ = &t;
+    return emit(sink, d);
+  }
+
+ protected:
+  virtual bool emit(httplib::DataSink& sink, const TextDelta& d) = 0;
+
+  GenerateEvent final_;
+  const ChoiceText* text_ = nullptr;  // set with final_
+};
+
 // Streams `gen` as the body of the exchange's response through `writer`. Waits for the
 // first event before answering, so that a request failing before its first token (a
 // timeout in the queue, an engine error) gets its HTTP status: throws ApiError then

@@ -28,6 +28,15 @@ uint64_t mix64(uint64_t x) {  // splitmix64 finaliser
   return x;
 }
 
+// A node of the given kind and argument; next is the node after it (Match, Special, Call).
+Node linked_node(NodeKind kind, uint32_t arg, uint32_t next = kNoNode) {
+  Node n;
+  n.kind = kind;
+  n.next = next;
+  n.arg = arg;
+  return n;
+}
+
 }  // namespace
 
 // ---------------------------------------------------------------------------------------
@@ -56,11 +65,7 @@ uint32_t Builder::set_index(const ByteSet& s) {
 
 uint32_t Builder::match(const ByteSet& set, uint32_t next) {
   if (set.empty()) return dead();
-  Node n;
-  n.kind = NodeKind::Match;
-  n.next = next;
-  n.arg = set_index(set);
-  return add_node(n);
+  return add_node(linked_node(NodeKind::Match, set_index(set), next));
 }
 
 uint32_t Builder::byte(uint8_t b, uint32_t next) {
@@ -82,29 +87,20 @@ uint32_t Builder::literal(std::string_view bytes, uint32_t next) {
 }
 
 uint32_t Builder::special(uint32_t symbol, uint32_t next) {
-  Node n;
-  n.kind = NodeKind::Special;
-  n.next = next;
-  n.arg = symbol;
-  return add_node(n);
+  return add_node(linked_node(NodeKind::Special, symbol, next));
 }
 
 // While building, a Split's arg indexes options_ (only choices pay for an options list);
 // finish() flattens them into Grammar::succ_.
 uint32_t Builder::alt(std::vector<uint32_t> options) {
   if (options.size() == 1) return options[0];
-  Node n;
-  n.kind = NodeKind::Split;
-  n.arg = uint32_t(options_.size());
-  const uint32_t id = add_node(n);
+  const uint32_t id = add_node(linked_node(NodeKind::Split, uint32_t(options_.size())));
   options_.push_back(std::move(options));
   return id;
 }
 
 uint32_t Builder::placeholder() {
-  Node n;
-  n.kind = NodeKind::Split;
-  n.arg = uint32_t(options_.size());
+  Node n = linked_node(NodeKind::Split, uint32_t(options_.size()));
   n.count = UINT32_MAX;  // marks "options not set yet" until set_options
   const uint32_t id = add_node(n);
   options_.emplace_back();
@@ -124,11 +120,7 @@ uint32_t Builder::add_rule(std::string name) {
 void Builder::set_entry(uint32_t rule, uint32_t entry) { rules_[rule].entry = entry; }
 
 uint32_t Builder::call(uint32_t rule, uint32_t next) {
-  Node n;
-  n.kind = NodeKind::Call;
-  n.next = next;
-  n.arg = rule;
-  return add_node(n);
+  return add_node(linked_node(NodeKind::Call, rule, next));
 }
 
 uint32_t Builder::add_symbol(std::string text) {

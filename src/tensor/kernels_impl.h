@@ -7,6 +7,7 @@
 
 #include "tensor/dtype.h"
 #include "tensor/kernels.h"
+#include "tensor/kv_kernels.h"
 
 namespace step35::kernels {
 
@@ -69,12 +70,10 @@ struct IsaKernels {
   void (*swiglu_f32)(const float* gate, const float* up, float limit, float* out, int64_t n) = nullptr;
   // Attention over one KV cache block of one head (kv_kernels.h: attn_scores, attn_exp_sum,
   // attn_accumulate).
-  void (*kv_scores)(DType t, const uint8_t* q, size_t q_stride, int64_t n_q, const uint8_t* block, int32_t bs,
-                    int32_t n_k, int64_t d, float scale, float* s, int64_t s_stride) = nullptr;
-  float (*kv_exp_sum)(float* s, int64_t n, float m) = nullptr;
-  float (*kv_max)(const float* s, int64_t n) = nullptr;
-  void (*kv_accumulate)(DType t, const float* p, int64_t p_stride, int64_t n_q, const uint8_t* block, int32_t n_k,
-                        int64_t d, float* acc, int64_t acc_stride) = nullptr;
+  AttnScoresFn* kv_scores = nullptr;
+  AttnExpSumFn* kv_exp_sum = nullptr;
+  AttnRowMaxFn* kv_max = nullptr;
+  AttnAccumulateFn* kv_accumulate = nullptr;
   // hadamard_rows for chunks n >= 8, bit-identical to the scalar loop (null: the scalar loop).
   void (*hadamard_rows)(float* x, int64_t len, int64_t n) = nullptr;
   // The IQ4_NL / IQ4_XS encoders' two searches (quants_iq.cpp), bit-identical to its scalar
@@ -101,11 +100,9 @@ void quantize_act_q8_1(const float* x, ActQ8_1* y, int64_t n);
 void quantize_act_q8_K(const float* x, ActQ8_K* y, int64_t n);
 
 // Scalar references of the KV attention kernels (kv_kernels_ref.cpp).
-void ref_kv_scores(DType t, const uint8_t* q, size_t q_stride, int64_t n_q, const uint8_t* block, int32_t bs,
-                   int32_t n_k, int64_t d, float scale, float* s, int64_t s_stride);
-float ref_kv_exp_sum(float* s, int64_t n, float m);
-float ref_kv_max(const float* s, int64_t n);
-void ref_kv_accumulate(DType t, const float* p, int64_t p_stride, int64_t n_q, const uint8_t* block, int32_t n_k,
-                       int64_t d, float* acc, int64_t acc_stride);
+AttnScoresFn ref_kv_scores;
+AttnExpSumFn ref_kv_exp_sum;
+AttnRowMaxFn ref_kv_max;
+AttnAccumulateFn ref_kv_accumulate;
 
 }  // namespace step35::kernels

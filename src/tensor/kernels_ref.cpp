@@ -4,25 +4,20 @@
 // same few float operations as the SIMD versions, so those agree bit for bit.
 #include <cmath>
 #include <cstring>
+#include <type_traits>
 
+#include "tensor/block32.h"
 #include "tensor/fp16.h"
 #include "tensor/kernels_exp.h"
 #include "tensor/iq_grids.h"
 #include "tensor/kernels_impl.h"
+#include "tensor/quant_rounding.h"
 #include "tensor/quants.h"
 #include "tensor/quants_iq.h"
 
 namespace step35::kernels {
 
 namespace {
-
-// ggml's nearest_int: round to nearest, ties to even, via the 1.5·2^23 trick (|v| < 2^22).
-int nearest_int(float v) {
-  const float shifted = v + 12582912.0f;
-  int32_t bits;
-  std::memcpy(&bits, &shifted, 4);
-  return (bits & 0x007fffff) - 0x00400000;
-}
 
 // Round to nearest, ties to even, as _mm256_round_ps(_MM_ROUND_NEAREST) in ggml's x86
 // Q8_0/Q8_1 quantizers. |v| <= 127 here (plus rounding), NaN maps to 0.
@@ -37,34 +32,31 @@ uint16_t load_u16(const uint8_t* p) {
   return v;
 }
 
+// One block of ggml's x86 quantize_row_q8_0 / q8_1: d = amax/127, values x·(127/amax)
+// rounded half to even into qs; returns d (unrounded, the caller stores it as F16).
+float quantize_act_block_q8(const float* x, int8_t* qs) {
+  float amax = 0.0f;
+  for (int j = 0; j < 32; ++j) amax = std::fmax(amax, std::fabs(x[j]));
+  const float id = amax != 0.0f ? 127.0f / amax : 0.0f;
+  for (int j = 0; j < 32; ++j) qs[j] = int8_t(round_even(x[j] * id));
+  return amax / 127.0f;
+}
+
 }  // namespace
 
 // ggml's x86 quantize_row_q8_0: d = amax/127 stored as F16, values x·(127/amax) rounded
 // half to even.
 void quantize_act_q8_0(const float* x, ActQ8_0* y, int64_t n) {
-  for (int64_t b = 0; b < n / 32; ++b, x += 32) {
-    float amax = 0.0f;
-    for (int j = 0; j < 32; ++j) amax = std::fmax(amax, std::fabs(x[j]));
-    const float d = amax / 127.0f;
-    const float id = amax != 0.0f ? 127.0f / amax : 0.0f;
-    y[b].d = fp32_to_fp16(d);
-    for (int j = 0; j < 32; ++j) y[b].qs[j] = int8_t(round_even(x[j] * id));
-  }
+  for (int64_t b = 0; b < n / 32; ++b, x += 32) y[b].d = fp32_to_fp16(quantize_act_block_q8(x, y[b].qs));
 }
 
 // ggml's x86 quantize_row_q8_1: as Q8_0, plus s = F16(d · Σq).
 void quantize_act_q8_1(const float* x, ActQ8_1* y, int64_t n) {
   for (int64_t b = 0; b < n / 32; ++b, x += 32) {
-    float amax = 0.0f;
-    for (int j = 0; j < 32; ++j) amax = std::fmax(amax, std::fabs(x[j]));
-    const float d = amax / 127.0f;
-    const float id = amax != 0.0f ? 127.0f / amax : 0.0f;
+    const float d = quantize_act_block_q8(x, y[b].qs);
     y[b].d = fp32_to_fp16(d);
     int sum = 0;
-    for (int j = 0; j < 32; ++j) {
-      y[b].qs[j] = int8_t(round_even(x[j] * id));
-      sum += y[b].qs[j];
-    }
+    for (int j = 0; j < 32; ++j) sum += y[b].qs[j];
     y[b].s = fp32_to_fp16(d * float(sum));
   }
 }
@@ -73,20 +65,13 @@ void quantize_act_q8_1(const float* x, ActQ8_1* y, int64_t n) {
 // iscale = -127/max, nearest_int rounding capped at 127, d = 1/iscale, sums per 16.
 void quantize_act_q8_K(const float* x, ActQ8_K* y, int64_t n) {
   for (int64_t b = 0; b < n / 256; ++b, x += 256) {
-    float amax = 0.0f, max = 0.0f;
-    for (int j = 0; j < 256; ++j) {
-      const float ax = std::fabs(x[j]);
-      if (ax > amax) {
-        amax = ax;
-        max = x[j];
-      }
-    }
+    const SignedAbsMax peak = signed_absmax(x, 256);
     ActQ8_K& q = y[b];
-    if (amax == 0.0f || std::isnan(amax)) {  // all zero (ggml), or NaN input (ours: zeros)
+    if (peak.abs == 0.0f || std::isnan(peak.abs)) {  // all zero (ggml), or NaN input (ours: zeros)
       std::memset(&q, 0, sizeof q);
       continue;
     }
-    const float iscale = -127.0f / max;
+    const float iscale = -127.0f / peak.value;
     for (int j = 0; j < 256; ++j) {
       const float v = iscale * x[j];
       const int r = std::fabs(v) <= 4194303.0f ? nearest_int(v) : 0;
@@ -103,137 +88,97 @@ void quantize_act_q8_K(const float* x, ActQ8_K* y, int64_t n) {
 
 namespace {
 
-// ---- integer decoders: a weight block as small signed integers plus integer scales ----
+// ---- K-quant super-blocks against Q8_K ----
+// Each block's integer sums are exact; its float term is formed as in the SIMD kernels and
+// added to the row's float accumulator in block order.
 
-float dot_q4_k(int64_t n, const uint8_t* w, const uint8_t* x) {
-  const auto* bw = reinterpret_cast<const BlockQ4_K*>(w);
+template <typename Block, float (*BlockTerm)(const Block&, const ActQ8_K&)>
+float dot_k_blocks(int64_t n, const uint8_t* w, const uint8_t* x) {
+  const auto* bw = reinterpret_cast<const Block*>(w);
   const auto* bx = reinterpret_cast<const ActQ8_K*>(x);
   float acc = 0.0f;
-  for (int64_t i = 0; i < n / 256; ++i) {
-    const BlockQ4_K& b = bw[i];
-    const ActQ8_K& y = bx[i];
-    int32_t isum = 0, summins = 0;
-    for (int s = 0; s < 8; ++s) {
-      int sc, m;
-      k4_scale_min(b.scales, s, &sc, &m);
-      int32_t dot = 0;
-      for (int l = 0; l < 32; ++l) {
-        const uint8_t byte = b.qs[32 * (s / 2) + l];
-        const int q = s % 2 == 0 ? (byte & 15) : (byte >> 4);
-        dot += q * y.qs[32 * s + l];
-      }
-      isum += sc * dot;
-      summins += m * (y.bsums[2 * s] + y.bsums[2 * s + 1]);
-    }
-    const float d = y.d * fp16_to_fp32(b.d), dmin = y.d * fp16_to_fp32(b.dmin);
-    acc += d * float(isum) - dmin * float(summins);
-  }
+  for (int64_t i = 0; i < n / 256; ++i) acc += BlockTerm(bw[i], bx[i]);
   return acc;
 }
 
-float dot_q5_k(int64_t n, const uint8_t* w, const uint8_t* x) {
-  const auto* bw = reinterpret_cast<const BlockQ5_K*>(w);
-  const auto* bx = reinterpret_cast<const ActQ8_K*>(x);
-  float acc = 0.0f;
-  for (int64_t i = 0; i < n / 256; ++i) {
-    const BlockQ5_K& b = bw[i];
-    const ActQ8_K& y = bx[i];
-    int32_t isum = 0, summins = 0;
-    for (int s = 0; s < 8; ++s) {
-      int sc, m;
-      k4_scale_min(b.scales, s, &sc, &m);
-      int32_t dot = 0;
-      for (int l = 0; l < 32; ++l) {
-        const uint8_t byte = b.qs[32 * (s / 2) + l];
-        const int q = (s % 2 == 0 ? (byte & 15) : (byte >> 4)) | (((b.qh[l] >> s) & 1) << 4);
-        dot += q * y.qs[32 * s + l];
-      }
-      isum += sc * dot;
-      summins += m * (y.bsums[2 * s] + y.bsums[2 * s + 1]);
-    }
-    const float d = y.d * fp16_to_fp32(b.d), dmin = y.d * fp16_to_fp32(b.dmin);
-    acc += d * float(isum) - dmin * float(summins);
-  }
-  return acc;
+// d·isum - dmin·summins for the types with a min (Q2_K, Q4_K, Q5_K).
+template <typename Block>
+float term_with_min(const Block& b, const ActQ8_K& y, int32_t isum, int32_t summins) {
+  const float d = y.d * fp16_to_fp32(b.d), dmin = y.d * fp16_to_fp32(b.dmin);
+  return d * float(isum) - dmin * float(summins);
 }
 
-float dot_q6_k(int64_t n, const uint8_t* w, const uint8_t* x) {
-  const auto* bw = reinterpret_cast<const BlockQ6_K*>(w);
-  const auto* bx = reinterpret_cast<const ActQ8_K*>(x);
-  float acc = 0.0f;
-  for (int64_t i = 0; i < n / 256; ++i) {
-    const BlockQ6_K& b = bw[i];
-    const ActQ8_K& y = bx[i];
-    int q[256];
-    for (int h = 0; h < 2; ++h) {
-      const uint8_t* ql = b.ql + 64 * h;
-      const uint8_t* qh = b.qh + 32 * h;
-      for (int l = 0; l < 32; ++l) {
-        q[128 * h + l] = ((ql[l] & 15) | (((qh[l] >> 0) & 3) << 4)) - 32;
-        q[128 * h + l + 32] = ((ql[l + 32] & 15) | (((qh[l] >> 2) & 3) << 4)) - 32;
-        q[128 * h + l + 64] = ((ql[l] >> 4) | (((qh[l] >> 4) & 3) << 4)) - 32;
-        q[128 * h + l + 96] = ((ql[l + 32] >> 4) | (((qh[l] >> 6) & 3) << 4)) - 32;
-      }
+// Q4_K and Q5_K: eight sub-blocks of 32 with a 6-bit scale and min each; Q5_K's fifth bit of
+// element l of sub-block s is bit s of qh[l].
+template <typename Block>
+float q4_q5_k_term(const Block& b, const ActQ8_K& y) {
+  int32_t isum = 0, summins = 0;
+  for (int s = 0; s < 8; ++s) {
+    int sc, m;
+    k4_scale_min(b.scales, s, &sc, &m);
+    int32_t dot = 0;
+    for (int l = 0; l < 32; ++l) {
+      const uint8_t byte = b.qs[32 * (s / 2) + l];
+      int q = s % 2 == 0 ? (byte & 15) : (byte >> 4);
+      if constexpr (std::is_same_v<Block, BlockQ5_K>) q |= ((b.qh[l] >> s) & 1) << 4;
+      dot += q * y.qs[32 * s + l];
     }
-    int32_t isum = 0;
-    for (int g = 0; g < 16; ++g) {
-      int32_t dot = 0;
-      for (int l = 0; l < 16; ++l) dot += q[16 * g + l] * y.qs[16 * g + l];
-      isum += b.scales[g] * dot;
-    }
-    const float d = y.d * fp16_to_fp32(b.d);
-    acc += d * float(isum);
+    isum += sc * dot;
+    summins += m * (y.bsums[2 * s] + y.bsums[2 * s + 1]);
   }
-  return acc;
+  return term_with_min(b, y, isum, summins);
 }
 
-float dot_q3_k(int64_t n, const uint8_t* w, const uint8_t* x) {
-  const auto* bw = reinterpret_cast<const BlockQ3_K*>(w);
-  const auto* bx = reinterpret_cast<const ActQ8_K*>(x);
-  float acc = 0.0f;
-  for (int64_t i = 0; i < n / 256; ++i) {
-    const BlockQ3_K& b = bw[i];
-    const ActQ8_K& y = bx[i];
-    int32_t isum = 0;
-    for (int k = 0; k < 16; ++k) {
-      const int low4 = k < 8 ? (b.scales[k] & 15) : (b.scales[k - 8] >> 4);
-      const int high2 = (b.scales[8 + k % 4] >> (2 * (k / 4))) & 3;
-      const int scale = (low4 | (high2 << 4)) - 32;
-      // Elements 16k..16k+15: half h = k/8, shift j = (k/2)%4, bytes 16·(k%2) + l of the half.
-      const int h = k / 8, j = (k / 2) % 4, off = 16 * (k % 2);
-      const uint8_t hbit = uint8_t(1u << (4 * h + j));
-      int32_t dot = 0;
-      for (int l = 0; l < 16; ++l) {
-        const int v = ((b.qs[32 * h + off + l] >> (2 * j)) & 3) - ((b.hmask[off + l] & hbit) ? 0 : 4);
-        dot += v * y.qs[16 * k + l];
-      }
-      isum += scale * dot;
+float q6_k_term(const BlockQ6_K& b, const ActQ8_K& y) {
+  int q[256];
+  for (int h = 0; h < 2; ++h) {
+    const uint8_t* ql = b.ql + 64 * h;
+    const uint8_t* qh = b.qh + 32 * h;
+    for (int l = 0; l < 32; ++l) {
+      q[128 * h + l] = ((ql[l] & 15) | (((qh[l] >> 0) & 3) << 4)) - 32;
+      q[128 * h + l + 32] = ((ql[l + 32] & 15) | (((qh[l] >> 2) & 3) << 4)) - 32;
+      q[128 * h + l + 64] = ((ql[l] >> 4) | (((qh[l] >> 4) & 3) << 4)) - 32;
+      q[128 * h + l + 96] = ((ql[l + 32] >> 4) | (((qh[l] >> 6) & 3) << 4)) - 32;
     }
-    const float d = y.d * fp16_to_fp32(b.d);
-    acc += d * float(isum);
   }
-  return acc;
+  int32_t isum = 0;
+  for (int g = 0; g < 16; ++g) {
+    int32_t dot = 0;
+    for (int l = 0; l < 16; ++l) dot += q[16 * g + l] * y.qs[16 * g + l];
+    isum += b.scales[g] * dot;
+  }
+  return y.d * fp16_to_fp32(b.d) * float(isum);
 }
 
-float dot_q2_k(int64_t n, const uint8_t* w, const uint8_t* x) {
-  const auto* bw = reinterpret_cast<const BlockQ2_K*>(w);
-  const auto* bx = reinterpret_cast<const ActQ8_K*>(x);
-  float acc = 0.0f;
-  for (int64_t i = 0; i < n / 256; ++i) {
-    const BlockQ2_K& b = bw[i];
-    const ActQ8_K& y = bx[i];
-    int32_t isum = 0, summins = 0;
-    for (int k = 0; k < 16; ++k) {
-      const int h = k / 8, j = (k / 2) % 4, off = 16 * (k % 2);
-      int32_t dot = 0;
-      for (int l = 0; l < 16; ++l) dot += ((b.qs[32 * h + off + l] >> (2 * j)) & 3) * y.qs[16 * k + l];
-      isum += (b.scales[k] & 15) * dot;
-      summins += (b.scales[k] >> 4) * y.bsums[k];
+float q3_k_term(const BlockQ3_K& b, const ActQ8_K& y) {
+  int32_t isum = 0;
+  for (int k = 0; k < 16; ++k) {
+    const int low4 = k < 8 ? (b.scales[k] & 15) : (b.scales[k - 8] >> 4);
+    const int high2 = (b.scales[8 + k % 4] >> (2 * (k / 4))) & 3;
+    const int scale = (low4 | (high2 << 4)) - 32;
+    // Elements 16k..16k+15: half h = k/8, shift j = (k/2)%4, bytes 16·(k%2) + l of the half.
+    const int h = k / 8, j = (k / 2) % 4, off = 16 * (k % 2);
+    const uint8_t hbit = uint8_t(1u << (4 * h + j));
+    int32_t dot = 0;
+    for (int l = 0; l < 16; ++l) {
+      const int v = ((b.qs[32 * h + off + l] >> (2 * j)) & 3) - ((b.hmask[off + l] & hbit) ? 0 : 4);
+      dot += v * y.qs[16 * k + l];
     }
-    const float d = y.d * fp16_to_fp32(b.d), dmin = y.d * fp16_to_fp32(b.dmin);
-    acc += d * float(isum) - dmin * float(summins);
+    isum += scale * dot;
   }
-  return acc;
+  return y.d * fp16_to_fp32(b.d) * float(isum);
+}
+
+float q2_k_term(const BlockQ2_K& b, const ActQ8_K& y) {
+  int32_t isum = 0, summins = 0;
+  for (int k = 0; k < 16; ++k) {
+    const int h = k / 8, j = (k / 2) % 4, off = 16 * (k % 2);
+    int32_t dot = 0;
+    for (int l = 0; l < 16; ++l) dot += ((b.qs[32 * h + off + l] >> (2 * j)) & 3) * y.qs[16 * k + l];
+    isum += (b.scales[k] & 15) * dot;
+    summins += (b.scales[k] >> 4) * y.bsums[k];
+  }
+  return term_with_min(b, y, isum, summins);
 }
 
 // ---- IQ and TQ super-blocks against Q8_K ----
@@ -277,118 +222,43 @@ float dot_iq_q8_k(int64_t n, const uint8_t* w, const uint8_t* x) {
 }
 
 // ---- 32-element blocks against Q8_0 / Q8_1 activations ----
+// Q4_1 / Q5_1 hold unsigned values with a min; the min meets the activation sum s.
 
-// Weight block b as 32 signed integers (for the types without an offset).
-template <DType T>
-void decode32(const uint8_t* w, int64_t b, int* q, float* d);
-
-template <>
-void decode32<DType::Q8_0>(const uint8_t* w, int64_t b, int* q, float* d) {
-  const BlockQ8_0& blk = reinterpret_cast<const BlockQ8_0*>(w)[b];
-  for (int j = 0; j < 32; ++j) q[j] = blk.qs[j];
-  *d = fp16_to_fp32(blk.d);
-}
-template <>
-void decode32<DType::Q4_0>(const uint8_t* w, int64_t b, int* q, float* d) {
-  const BlockQ4_0& blk = reinterpret_cast<const BlockQ4_0*>(w)[b];
-  for (int j = 0; j < 16; ++j) {
-    q[j] = (blk.qs[j] & 15) - 8;
-    q[j + 16] = (blk.qs[j] >> 4) - 8;
-  }
-  *d = fp16_to_fp32(blk.d);
-}
-template <>
-void decode32<DType::Q5_0>(const uint8_t* w, int64_t b, int* q, float* d) {
-  const BlockQ5_0& blk = reinterpret_cast<const BlockQ5_0*>(w)[b];
-  uint32_t qh;
-  std::memcpy(&qh, blk.qh, 4);
-  for (int j = 0; j < 16; ++j) {
-    q[j] = ((blk.qs[j] & 15) | int(((qh >> j) & 1u) << 4)) - 16;
-    q[j + 16] = ((blk.qs[j] >> 4) | int(((qh >> (j + 16)) & 1u) << 4)) - 16;
-  }
-  *d = fp16_to_fp32(blk.d);
-}
-
-template <>
-void decode32<DType::IQ4_NL>(const uint8_t* w, int64_t b, int* q, float* d) {
-  const BlockIQ4_NL& blk = reinterpret_cast<const BlockIQ4_NL*>(w)[b];
-  for (int j = 0; j < 16; ++j) {
-    q[j] = iq::kIq4nlValues[blk.qs[j] & 15];
-    q[j + 16] = iq::kIq4nlValues[blk.qs[j] >> 4];
-  }
-  *d = fp16_to_fp32(blk.d);
-}
-
-constexpr int8_t kMxfp4Doubled[16] = {0, 1, 2, 3, 4, 6, 8, 12, 0, -1, -2, -3, -4, -6, -8, -12};
-
-template <>
-void decode32<DType::MXFP4>(const uint8_t* w, int64_t b, int* q, float* d) {
-  const BlockMXFP4& blk = reinterpret_cast<const BlockMXFP4*>(w)[b];
-  for (int j = 0; j < 16; ++j) {
-    q[j] = kMxfp4Doubled[blk.qs[j] & 15];
-    q[j + 16] = kMxfp4Doubled[blk.qs[j] >> 4];
-  }
-  *d = std::ldexp(1.0f, int(blk.e) - 128);  // the E2M1 values above are doubled
-}
-
-template <DType T>
-float dot_q8_0_family(int64_t n, const uint8_t* w, const uint8_t* x) {
-  const auto* bx = reinterpret_cast<const ActQ8_0*>(x);
+template <typename Block>
+float dot_block32(int64_t n, const uint8_t* w, const uint8_t* x) {
+  using Act = std::conditional_t<kBlockHasMin<Block>, ActQ8_1, ActQ8_0>;
+  const auto* bw = reinterpret_cast<const Block*>(w);
+  const auto* bx = reinterpret_cast<const Act*>(x);
   float acc = 0.0f;
   for (int64_t b = 0; b < n / 32; ++b) {
     int q[32];
-    float dw;
-    decode32<T>(w, b, q, &dw);
+    block_levels(bw[b], q);
     int32_t sumi = 0;
     for (int j = 0; j < 32; ++j) sumi += q[j] * bx[b].qs[j];
-    acc += dw * fp16_to_fp32(bx[b].d) * float(sumi);
-  }
-  return acc;
-}
-
-// Q4_1 / Q5_1: unsigned values with a min; the min meets the activation sum s.
-template <DType T>
-float dot_q8_1_family(int64_t n, const uint8_t* w, const uint8_t* x) {
-  const auto* bx = reinterpret_cast<const ActQ8_1*>(x);
-  float acc = 0.0f;
-  for (int64_t b = 0; b < n / 32; ++b) {
-    int q[32];
-    uint16_t d16, m16;
-    if constexpr (T == DType::Q4_1) {
-      const BlockQ4_1& blk = reinterpret_cast<const BlockQ4_1*>(w)[b];
-      for (int j = 0; j < 16; ++j) {
-        q[j] = blk.qs[j] & 15;
-        q[j + 16] = blk.qs[j] >> 4;
-      }
-      d16 = blk.d;
-      m16 = blk.m;
-    } else {
-      const BlockQ5_1& blk = reinterpret_cast<const BlockQ5_1*>(w)[b];
-      uint32_t qh;
-      std::memcpy(&qh, blk.qh, 4);
-      for (int j = 0; j < 16; ++j) {
-        q[j] = (blk.qs[j] & 15) | int(((qh >> j) & 1u) << 4);
-        q[j + 16] = (blk.qs[j] >> 4) | int(((qh >> (j + 16)) & 1u) << 4);
-      }
-      d16 = blk.d;
-      m16 = blk.m;
-    }
-    int32_t sumi = 0;
-    for (int j = 0; j < 32; ++j) sumi += q[j] * bx[b].qs[j];
-    acc += fp16_to_fp32(d16) * fp16_to_fp32(bx[b].d) * float(sumi) + fp16_to_fp32(m16) * fp16_to_fp32(bx[b].s);
+    if constexpr (kBlockHasMin<Block>)
+      acc += block_step(bw[b]) * fp16_to_fp32(bx[b].d) * float(sumi) + fp16_to_fp32(bw[b].m) * fp16_to_fp32(bx[b].s);
+    else
+      acc += block_step(bw[b]) * fp16_to_fp32(bx[b].d) * float(sumi);
   }
   return acc;
 }
 
 // ---- float types ----
 
-float ref_dot_f32(const float* a, const float* b, int64_t n) {
+// Products i summed in eight float lanes (i mod 8, the tail in lane 0), the lanes added
+// pairwise at the end.
+template <typename Product>
+float sum_in_8_lanes(int64_t n, Product product) {
   float acc[8] = {0, 0, 0, 0, 0, 0, 0, 0};
   int64_t i = 0;
   for (; i + 8 <= n; i += 8)
-    for (int k = 0; k < 8; ++k) acc[k] += a[i + k] * b[i + k];
-  for (; i < n; ++i) acc[0] += a[i] * b[i];
+    for (int k = 0; k < 8; ++k) acc[k] += product(i + k);
+  for (; i < n; ++i) acc[0] += product(i);
   return ((acc[0] + acc[1]) + (acc[2] + acc[3])) + ((acc[4] + acc[5]) + (acc[6] + acc[7]));
+}
+
+float ref_dot_f32(const float* a, const float* b, int64_t n) {
+  return sum_in_8_lanes(n, [&](int64_t i) { return a[i] * b[i]; });
 }
 
 float dot_f32_rows(int64_t n, const uint8_t* w, const uint8_t* x) {
@@ -397,12 +267,7 @@ float dot_f32_rows(int64_t n, const uint8_t* w, const uint8_t* x) {
 
 template <float (*Cvt)(uint16_t)>
 float dot_half_rows(int64_t n, const uint8_t* w, const uint8_t* x) {
-  float acc[8] = {0, 0, 0, 0, 0, 0, 0, 0};
-  int64_t i = 0;
-  for (; i + 8 <= n; i += 8)
-    for (int k = 0; k < 8; ++k) acc[k] += Cvt(load_u16(w + 2 * (i + k))) * Cvt(load_u16(x + 2 * (i + k)));
-  for (; i < n; ++i) acc[0] += Cvt(load_u16(w + 2 * i)) * Cvt(load_u16(x + 2 * i));
-  return ((acc[0] + acc[1]) + (acc[2] + acc[3])) + ((acc[4] + acc[5]) + (acc[6] + acc[7]));
+  return sum_in_8_lanes(n, [&](int64_t i) { return Cvt(load_u16(w + 2 * i)) * Cvt(load_u16(x + 2 * i)); });
 }
 
 float bf16_cvt(uint16_t v) { return bf16_to_fp32(v); }
@@ -460,18 +325,18 @@ IsaKernels make_scalar() {
   k.vec_dot[int(DType::F32)] = dot_f32_rows;
   k.vec_dot[int(DType::F16)] = dot_half_rows<fp16_to_fp32>;
   k.vec_dot[int(DType::BF16)] = dot_half_rows<bf16_cvt>;
-  k.vec_dot[int(DType::Q8_0)] = dot_q8_0_family<DType::Q8_0>;
-  k.vec_dot[int(DType::Q4_0)] = dot_q8_0_family<DType::Q4_0>;
-  k.vec_dot[int(DType::Q5_0)] = dot_q8_0_family<DType::Q5_0>;
-  k.vec_dot[int(DType::MXFP4)] = dot_q8_0_family<DType::MXFP4>;
-  k.vec_dot[int(DType::Q4_1)] = dot_q8_1_family<DType::Q4_1>;
-  k.vec_dot[int(DType::Q5_1)] = dot_q8_1_family<DType::Q5_1>;
-  k.vec_dot[int(DType::Q2_K)] = dot_q2_k;
-  k.vec_dot[int(DType::Q3_K)] = dot_q3_k;
-  k.vec_dot[int(DType::Q4_K)] = dot_q4_k;
-  k.vec_dot[int(DType::Q5_K)] = dot_q5_k;
-  k.vec_dot[int(DType::Q6_K)] = dot_q6_k;
-  k.vec_dot[int(DType::IQ4_NL)] = dot_q8_0_family<DType::IQ4_NL>;
+  k.vec_dot[int(DType::Q8_0)] = dot_block32<BlockQ8_0>;
+  k.vec_dot[int(DType::Q4_0)] = dot_block32<BlockQ4_0>;
+  k.vec_dot[int(DType::Q5_0)] = dot_block32<BlockQ5_0>;
+  k.vec_dot[int(DType::MXFP4)] = dot_block32<BlockMXFP4>;
+  k.vec_dot[int(DType::Q4_1)] = dot_block32<BlockQ4_1>;
+  k.vec_dot[int(DType::Q5_1)] = dot_block32<BlockQ5_1>;
+  k.vec_dot[int(DType::Q2_K)] = dot_k_blocks<BlockQ2_K, q2_k_term>;
+  k.vec_dot[int(DType::Q3_K)] = dot_k_blocks<BlockQ3_K, q3_k_term>;
+  k.vec_dot[int(DType::Q4_K)] = dot_k_blocks<BlockQ4_K, q4_q5_k_term<BlockQ4_K>>;
+  k.vec_dot[int(DType::Q5_K)] = dot_k_blocks<BlockQ5_K, q4_q5_k_term<BlockQ5_K>>;
+  k.vec_dot[int(DType::Q6_K)] = dot_k_blocks<BlockQ6_K, q6_k_term>;
+  k.vec_dot[int(DType::IQ4_NL)] = dot_block32<BlockIQ4_NL>;
   k.vec_dot[int(DType::IQ2_XXS)] = dot_iq_q8_k<DType::IQ2_XXS>;
   k.vec_dot[int(DType::IQ2_XS)] = dot_iq_q8_k<DType::IQ2_XS>;
   k.vec_dot[int(DType::IQ2_S)] = dot_iq_q8_k<DType::IQ2_S>;

@@ -58,8 +58,10 @@ void attn_query_values(DType t, const uint8_t* converted, int64_t d, float* out)
 
 // s[r*s_stride + j] = scale * (q_r . k_j) for the n_q converted query rows q_r = q +
 // r*q_stride and the keys j < n_k (<= bs) of one head block of type t.
-void attn_scores(DType t, const uint8_t* q, size_t q_stride, int64_t n_q, const uint8_t* block, int32_t bs,
-                 int32_t n_k, int64_t d, float scale, float* s, int64_t s_stride);
+// (AttnScoresFn: the signature each ISA level's kernel and the scalar reference share.)
+using AttnScoresFn = void(DType t, const uint8_t* q, size_t q_stride, int64_t n_q, const uint8_t* block, int32_t bs,
+                          int32_t n_k, int64_t d, float scale, float* s, int64_t s_stride);
+AttnScoresFn attn_scores;
 
 // s[j] = exp(s[j] - m) for j < n, and 0 where s[j] is -infinity (a masked key); returns
 // the sum of the n results (summed in a fixed order for a given n).
@@ -73,6 +75,12 @@ float attn_row_max(const float* s, int64_t n);
 // A zero weight adds nothing (the values of a block are always finite).
 void attn_accumulate(DType t, const float* p, int64_t p_stride, int64_t n_q, const uint8_t* block, int32_t n_k,
                      int64_t d, float* acc, int64_t acc_stride);
+
+// The other block kernels' signatures, for each ISA level's table and the scalar
+// references (tensor/kernels_impl.h).
+using AttnExpSumFn = decltype(attn_exp_sum);
+using AttnRowMaxFn = decltype(attn_row_max);
+using AttnAccumulateFn = decltype(attn_accumulate);
 
 // In-place fast Walsh-Hadamard transform of each n-element chunk of x[0..len) (n a power of
 // two dividing len), scaled by 1/sqrt(n): ggml's GGML_HINT_SRC0_IS_HADAMARD product, which

@@ -10,10 +10,13 @@
 #include <cstring>
 #include <stdexcept>
 #include <string>
+#include <type_traits>
 
+#include "tensor/block32.h"
 #include "tensor/fp16.h"
 #include "tensor/iq_grids.h"
 #include "tensor/quants_iq.h"
+#include "tensor/quant_rounding.h"
 #include "tensor/quants_kquant_encode.h"
 #include "tensor/repack.h"
 #include "tensor/type_traits.h"
@@ -26,69 +29,25 @@ namespace {
 // The block structs are packed (alignment 1), so member reads are unaligned-safe; only the
 // u32 view of qh needs memcpy.
 
-uint32_t load_u32(const uint8_t* p) {
-  uint32_t v;
-  std::memcpy(&v, p, 4);  // GGUF is little-endian and so are the hosts we build for
-  return v;
-}
-
-void deq_q8_0(const BlockQ8_0& b, float* y) {
-  const float d = fp16_to_fp32(b.d);
-  for (int j = 0; j < 32; ++j) y[j] = float(b.qs[j]) * d;
-}
-
-void deq_q4_0(const BlockQ4_0& b, float* y) {
-  const float d = fp16_to_fp32(b.d);
-  for (int j = 0; j < 16; ++j) {
-    y[j] = float((b.qs[j] & 15) - 8) * d;
-    y[j + 16] = float((b.qs[j] >> 4) - 8) * d;
+// Q8_0, Q4_0, Q4_1, Q5_0, Q5_1, IQ4_NL, MXFP4: the levels times the step, plus the min
+// where the type has one.
+template <typename Block>
+void deq_block32(const Block& b, float* y) {
+  int q[32];
+  block_levels(b, q);
+  const float d = block_step(b);
+  if constexpr (kBlockHasMin<Block>) {
+    const float m = fp16_to_fp32(b.m);
+    for (int j = 0; j < 32; ++j) y[j] = float(q[j]) * d + m;
+  } else {
+    for (int j = 0; j < 32; ++j) y[j] = float(q[j]) * d;
   }
 }
 
-void deq_q4_1(const BlockQ4_1& b, float* y) {
-  const float d = fp16_to_fp32(b.d), m = fp16_to_fp32(b.m);
-  for (int j = 0; j < 16; ++j) {
-    y[j] = float(b.qs[j] & 15) * d + m;
-    y[j + 16] = float(b.qs[j] >> 4) * d + m;
-  }
-}
-
-void deq_q5_0(const BlockQ5_0& b, float* y) {
-  const float d = fp16_to_fp32(b.d);
-  const uint32_t qh = load_u32(b.qh);
-  for (int j = 0; j < 16; ++j) {
-    const int lo = (b.qs[j] & 15) | int(((qh >> j) & 1u) << 4);
-    const int hi = (b.qs[j] >> 4) | int(((qh >> (j + 16)) & 1u) << 4);
-    y[j] = float(lo - 16) * d;
-    y[j + 16] = float(hi - 16) * d;
-  }
-}
-
-void deq_q5_1(const BlockQ5_1& b, float* y) {
-  const float d = fp16_to_fp32(b.d), m = fp16_to_fp32(b.m);
-  const uint32_t qh = load_u32(b.qh);
-  for (int j = 0; j < 16; ++j) {
-    const int lo = (b.qs[j] & 15) | int(((qh >> j) & 1u) << 4);
-    const int hi = (b.qs[j] >> 4) | int(((qh >> (j + 16)) & 1u) << 4);
-    y[j] = float(lo) * d + m;
-    y[j + 16] = float(hi) * d + m;
-  }
-}
-
-// E2M1 values doubled (so they are integers); the scale below is halved to compensate.
-constexpr int8_t kMxfp4Values[16] = {0, 1, 2, 3, 4, 6, 8, 12, 0, -1, -2, -3, -4, -6, -8, -12};
-
-void deq_mxfp4(const BlockMXFP4& b, float* y) {
-  // 2^(e-128) for every e in 0..255 is representable (e = 0, 1 are float denormals);
-  // ldexp is exact for these.
-  const float d = std::ldexp(1.0f, int(b.e) - 128);
-  for (int j = 0; j < 16; ++j) {
-    y[j] = float(kMxfp4Values[b.qs[j] & 15]) * d;
-    y[j + 16] = float(kMxfp4Values[b.qs[j] >> 4]) * d;
-  }
-}
-
-void deq_q4_k(const BlockQ4_K& b, float* y) {
+// Q4_K / Q5_K: four chunks of 64, each two sub-blocks (low then high nibbles) with a 6-bit
+// scale and min; Q5_K's fifth bit of sub-block s comes from bit s of qh[l].
+template <typename Block>
+void deq_q4_q5_k(const Block& b, float* y) {
   const float d = fp16_to_fp32(b.d), dmin = fp16_to_fp32(b.dmin);
   for (int c = 0; c < 4; ++c) {
     int sc0, m0, sc1, m1;
@@ -98,24 +57,11 @@ void deq_q4_k(const BlockQ4_K& b, float* y) {
     const float d1 = d * float(sc1), o1 = dmin * float(m1);
     const uint8_t* q = b.qs + 32 * c;
     for (int l = 0; l < 32; ++l) {
-      y[64 * c + l] = d0 * float(q[l] & 15) - o0;
-      y[64 * c + 32 + l] = d1 * float(q[l] >> 4) - o1;
-    }
-  }
-}
-
-void deq_q5_k(const BlockQ5_K& b, float* y) {
-  const float d = fp16_to_fp32(b.d), dmin = fp16_to_fp32(b.dmin);
-  for (int c = 0; c < 4; ++c) {
-    int sc0, m0, sc1, m1;
-    k4_scale_min(b.scales, 2 * c, &sc0, &m0);
-    k4_scale_min(b.scales, 2 * c + 1, &sc1, &m1);
-    const float d0 = d * float(sc0), o0 = dmin * float(m0);
-    const float d1 = d * float(sc1), o1 = dmin * float(m1);
-    const uint8_t* q = b.qs + 32 * c;
-    for (int l = 0; l < 32; ++l) {
-      const int lo = (q[l] & 15) + (((b.qh[l] >> (2 * c)) & 1) << 4);
-      const int hi = (q[l] >> 4) + (((b.qh[l] >> (2 * c + 1)) & 1) << 4);
+      int lo = q[l] & 15, hi = q[l] >> 4;
+      if constexpr (std::is_same_v<Block, BlockQ5_K>) {
+        lo += ((b.qh[l] >> (2 * c)) & 1) << 4;
+        hi += ((b.qh[l] >> (2 * c + 1)) & 1) << 4;
+      }
       y[64 * c + l] = d0 * float(lo) - o0;
       y[64 * c + 32 + l] = d1 * float(hi) - o1;
     }
@@ -190,42 +136,6 @@ void deq_q2_k(const BlockQ2_K& b, float* y) {
   }
 }
 
-void deq_iq4_nl(const BlockIQ4_NL& b, float* y) {
-  const float d = fp16_to_fp32(b.d);
-  for (int j = 0; j < 16; ++j) {
-    y[j] = d * float(iq::kIq4nlValues[b.qs[j] & 15]);
-    y[j + 16] = d * float(iq::kIq4nlValues[b.qs[j] >> 4]);
-  }
-}
-
-// The 256-element IQ / TQ types go through their integer decoders (tensor/quants_iq.h).
-void dequant_iq_blocks(DType t, const void* src, float* dst, int64_t n) {
-  const uint8_t* p = static_cast<const uint8_t*>(src);
-  const size_t bb = dtype_info(t).block_bytes;
-  iq::BlockInts b;
-  for (int64_t i = 0; i < n / 256; ++i) {
-    iq::decode(t, p + size_t(i) * bb, &b);
-    iq::dequantize(b, dst + 256 * i);
-  }
-}
-
-float dot_iq_blocks(DType t, const void* w, const float* x, int64_t n) {
-  const uint8_t* p = static_cast<const uint8_t*>(w);
-  const size_t bb = dtype_info(t).block_bytes;
-  iq::BlockInts b;
-  float tmp[256];
-  double sum = 0.0;
-  for (int64_t i = 0; i < n / 256; ++i) {
-    iq::decode(t, p + size_t(i) * bb, &b);
-    iq::dequantize(b, tmp);
-    const float* xb = x + 256 * i;
-    float acc = 0.0f;
-    for (int j = 0; j < 256; ++j) acc += tmp[j] * xb[j];
-    sum += double(acc);
-  }
-  return float(sum);
-}
-
 // Float "blocks" of one element; packed so that a row at any byte address is legal.
 #pragma pack(push, 1)
 struct F16Elem { uint16_t v; };
@@ -236,28 +146,61 @@ void deq_bf16(const BF16Elem& b, float* y) { *y = bf16_to_fp32(b.v); }
 static_assert(sizeof(F16Elem) == 2 && sizeof(BF16Elem) == 2);
 
 // ---- row loops -----------------------------------------------------------------------
+// deq(i, out) writes the QK values of block i to out.
 
-template <typename Block, int QK, void (*Deq)(const Block&, float*)>
-void dequant_blocks(const void* src, float* dst, int64_t n) {
-  const Block* b = static_cast<const Block*>(src);
-  const int64_t nb = n / QK;
-  for (int64_t i = 0; i < nb; ++i) Deq(b[i], dst + i * QK);
+template <int QK, typename DeqBlock>
+void dequant_row(const DeqBlock& deq, float* dst, int64_t n) {
+  for (int64_t i = 0; i < n / QK; ++i) deq(i, dst + i * QK);
 }
 
-template <typename Block, int QK, void (*Deq)(const Block&, float*)>
-float dot_blocks(const void* w, const float* x, int64_t n) {
-  const Block* b = static_cast<const Block*>(w);
-  const int64_t nb = n / QK;
+// Each block's products summed in float, the block sums in double.
+template <int QK, typename DeqBlock>
+float dot_row(const DeqBlock& deq, const float* x, int64_t n) {
   float tmp[QK];
   double sum = 0.0;
-  for (int64_t i = 0; i < nb; ++i) {
-    Deq(b[i], tmp);
+  for (int64_t i = 0; i < n / QK; ++i) {
+    deq(i, tmp);
     const float* xb = x + i * QK;
     float acc = 0.0f;
     for (int j = 0; j < QK; ++j) acc += tmp[j] * xb[j];
     sum += double(acc);
   }
   return float(sum);
+}
+
+template <typename Block, int QK, void (*Deq)(const Block&, float*)>
+void dequant_blocks(const void* src, float* dst, int64_t n) {
+  const Block* b = static_cast<const Block*>(src);
+  dequant_row<QK>([b](int64_t i, float* out) { Deq(b[i], out); }, dst, n);
+}
+
+template <typename Block, int QK, void (*Deq)(const Block&, float*)>
+float dot_blocks(const void* w, const float* x, int64_t n) {
+  const Block* b = static_cast<const Block*>(w);
+  return dot_row<QK>([b](int64_t i, float* out) { Deq(b[i], out); }, x, n);
+}
+
+// The 256-element IQ / TQ types go through their integer decoders (tensor/quants_iq.h),
+// with *scratch holding the decoded block.
+auto iq_block_values(DType t, const void* src, iq::BlockInts* scratch) {
+  const uint8_t* p = static_cast<const uint8_t*>(src);
+  const size_t bb = dtype_info(t).block_bytes;
+  return [t, p, bb, scratch](int64_t i, float* out) {
+    iq::decode(t, p + size_t(i) * bb, scratch);
+    iq::dequantize(*scratch, out);
+  };
+}
+
+template <DType T>
+void dequant_iq_row(const void* src, float* dst, int64_t n) {
+  iq::BlockInts b;
+  dequant_row<256>(iq_block_values(T, src, &b), dst, n);
+}
+
+template <DType T>
+float dot_iq_row(const void* w, const float* x, int64_t n) {
+  iq::BlockInts b;
+  return dot_row<256>(iq_block_values(T, w, &b), x, n);
 }
 
 // Checks the caller's contract once per row (a violation is a programming error).
@@ -281,18 +224,6 @@ int trunc_clamped(float v, int hi) {
   return int(v);
 }
 
-// Value of largest magnitude, keeping its sign (first one wins among equal magnitudes).
-float signed_absmax(const float* x, int n) {
-  float amax = 0.0f, max = 0.0f;
-  for (int j = 0; j < n; ++j) {
-    if (amax < std::fabs(x[j])) {
-      amax = std::fabs(x[j]);
-      max = x[j];
-    }
-  }
-  return max;
-}
-
 void quant_q8_0(const float* x, BlockQ8_0* y) {
   float amax = 0.0f;
   for (int j = 0; j < 32; ++j) amax = std::max(amax, std::fabs(x[j]));
@@ -308,68 +239,46 @@ void quant_q8_0(const float* x, BlockQ8_0* y) {
   }
 }
 
-void quant_q4_0(const float* x, BlockQ4_0* y) {
-  const float d = signed_absmax(x, 32) / -8.0f;
-  const float id = d != 0.0f ? 1.0f / d : 0.0f;
-  y->d = fp32_to_fp16(d);
-  for (int j = 0; j < 16; ++j) {
-    const int q0 = trunc_clamped(x[j] * id + 8.5f, 15);
-    const int q1 = trunc_clamped(x[j + 16] * id + 8.5f, 15);
-    y->qs[j] = uint8_t(q0 | (q1 << 4));
+template <typename Block>
+inline constexpr bool kHasFifthBit = requires(Block b) { b.qh; };
+
+// Q4_0, Q4_1, Q5_0, Q5_1: levels 0..15 (0..31 with the fifth bit) in the nibbles of qs and
+// the bits of the little-endian 32-bit qh word.
+template <typename Block>
+void store_levels(const int* q, Block* y) {
+  for (int j = 0; j < 16; ++j) y->qs[j] = uint8_t((q[j] & 15) | ((q[j + 16] & 15) << 4));
+  if constexpr (kHasFifthBit<Block>) {
+    uint32_t qh = 0;
+    for (int j = 0; j < 32; ++j) qh |= uint32_t(q[j] >> 4) << j;
+    std::memcpy(y->qh, &qh, 4);
   }
 }
 
-void quant_q4_1(const float* x, BlockQ4_1* y) {
-  float mn = x[0], mx = x[0];
-  for (int j = 1; j < 32; ++j) {
-    mn = std::min(mn, x[j]);
-    mx = std::max(mx, x[j]);
+// Q4_0 / Q5_0: the value of largest magnitude maps to level 0 (d = max / -8, or -16).
+// Q4_1 / Q5_1: the min to level 0 and the max to the top level.
+template <typename Block>
+void quant_block32(const float* x, Block* y) {
+  constexpr int top = kHasFifthBit<Block> ? 31 : 15;
+  int q[32];
+  if constexpr (kBlockHasMin<Block>) {
+    float mn = x[0], mx = x[0];
+    for (int j = 1; j < 32; ++j) {
+      mn = std::min(mn, x[j]);
+      mx = std::max(mx, x[j]);
+    }
+    const float d = (mx - mn) / float(top);
+    const float id = d != 0.0f ? 1.0f / d : 0.0f;
+    y->d = fp32_to_fp16(d);
+    y->m = fp32_to_fp16(mn);
+    for (int j = 0; j < 32; ++j) q[j] = trunc_clamped((x[j] - mn) * id + 0.5f, top);
+  } else {
+    constexpr float half = float((top + 1) / 2);
+    const float d = signed_absmax(x, 32).value / -half;
+    const float id = d != 0.0f ? 1.0f / d : 0.0f;
+    y->d = fp32_to_fp16(d);
+    for (int j = 0; j < 32; ++j) q[j] = trunc_clamped(x[j] * id + (half + 0.5f), top);
   }
-  const float d = (mx - mn) / 15.0f;
-  const float id = d != 0.0f ? 1.0f / d : 0.0f;
-  y->d = fp32_to_fp16(d);
-  y->m = fp32_to_fp16(mn);
-  for (int j = 0; j < 16; ++j) {
-    const int q0 = trunc_clamped((x[j] - mn) * id + 0.5f, 15);
-    const int q1 = trunc_clamped((x[j + 16] - mn) * id + 0.5f, 15);
-    y->qs[j] = uint8_t(q0 | (q1 << 4));
-  }
-}
-
-void quant_q5_0(const float* x, BlockQ5_0* y) {
-  const float d = signed_absmax(x, 32) / -16.0f;
-  const float id = d != 0.0f ? 1.0f / d : 0.0f;
-  y->d = fp32_to_fp16(d);
-  uint32_t qh = 0;
-  for (int j = 0; j < 16; ++j) {
-    const int q0 = trunc_clamped(x[j] * id + 16.5f, 31);
-    const int q1 = trunc_clamped(x[j + 16] * id + 16.5f, 31);
-    y->qs[j] = uint8_t((q0 & 15) | ((q1 & 15) << 4));
-    qh |= uint32_t(q0 >> 4) << j;
-    qh |= uint32_t(q1 >> 4) << (j + 16);
-  }
-  std::memcpy(y->qh, &qh, 4);
-}
-
-void quant_q5_1(const float* x, BlockQ5_1* y) {
-  float mn = x[0], mx = x[0];
-  for (int j = 1; j < 32; ++j) {
-    mn = std::min(mn, x[j]);
-    mx = std::max(mx, x[j]);
-  }
-  const float d = (mx - mn) / 31.0f;
-  const float id = d != 0.0f ? 1.0f / d : 0.0f;
-  y->d = fp32_to_fp16(d);
-  y->m = fp32_to_fp16(mn);
-  uint32_t qh = 0;
-  for (int j = 0; j < 16; ++j) {
-    const int q0 = trunc_clamped((x[j] - mn) * id + 0.5f, 31);
-    const int q1 = trunc_clamped((x[j + 16] - mn) * id + 0.5f, 31);
-    y->qs[j] = uint8_t((q0 & 15) | ((q1 & 15) << 4));
-    qh |= uint32_t(q0 >> 4) << j;
-    qh |= uint32_t(q1 >> 4) << (j + 16);
-  }
-  std::memcpy(y->qh, &qh, 4);
+  store_levels(q, y);
 }
 
 template <typename Block, void (*Quant)(const float*, Block*)>
@@ -407,11 +316,6 @@ void quant_row_half(const float* src, void* dst, int64_t n) {
 }
 void quant_row_f16(const float* src, void* dst, int64_t n) { quant_row_half<fp32_to_fp16>(src, dst, n); }
 void quant_row_bf16(const float* src, void* dst, int64_t n) { quant_row_half<fp32_to_bf16>(src, dst, n); }
-
-template <DType T>
-void dequant_iq_row(const void* src, float* dst, int64_t n) { dequant_iq_blocks(T, src, dst, n); }
-template <DType T>
-float dot_iq_row(const void* w, const float* x, int64_t n) { return dot_iq_blocks(T, w, x, n); }
 
 }  // namespace
 
@@ -477,19 +381,19 @@ constexpr TypeTraits kTypeTraits[] = {
      dequant_blocks<F16Elem, 1, deq_f16>, dot_blocks<F16Elem, 1, deq_f16>, quant_row_f16, nullptr,
      DType::F16, nullptr, 1.0f, 0, false, nullptr, K::Float},
     {{DType::Q4_0, "q4_0", 32, 18}, F::Block32, A::Q8_0,
-     dequant_blocks<BlockQ4_0, 32, deq_q4_0>, dot_blocks<BlockQ4_0, 32, deq_q4_0>, quant_blocks<BlockQ4_0, quant_q4_0>, nullptr,
+     dequant_blocks<BlockQ4_0, 32, deq_block32>, dot_blocks<BlockQ4_0, 32, deq_block32>, quant_blocks<BlockQ4_0, quant_block32>, nullptr,
      DType::Q4_0, nullptr, 1.0f, 0, false, nullptr, K::Int},
     {{DType::Q4_1, "q4_1", 32, 20}, F::Block32, A::Q8_1,
-     dequant_blocks<BlockQ4_1, 32, deq_q4_1>, dot_blocks<BlockQ4_1, 32, deq_q4_1>, quant_blocks<BlockQ4_1, quant_q4_1>, nullptr,
+     dequant_blocks<BlockQ4_1, 32, deq_block32>, dot_blocks<BlockQ4_1, 32, deq_block32>, quant_blocks<BlockQ4_1, quant_block32>, nullptr,
      DType::Q4_1, nullptr, 1.0f, 0, false, nullptr, K::None},
     {{DType::Q5_0, "q5_0", 32, 22}, F::Block32, A::Q8_0,
-     dequant_blocks<BlockQ5_0, 32, deq_q5_0>, dot_blocks<BlockQ5_0, 32, deq_q5_0>, quant_blocks<BlockQ5_0, quant_q5_0>, nullptr,
+     dequant_blocks<BlockQ5_0, 32, deq_block32>, dot_blocks<BlockQ5_0, 32, deq_block32>, quant_blocks<BlockQ5_0, quant_block32>, nullptr,
      DType::Q5_0, nullptr, 1.0f, 0, false, nullptr, K::None},
     {{DType::Q5_1, "q5_1", 32, 24}, F::Block32, A::Q8_1,
-     dequant_blocks<BlockQ5_1, 32, deq_q5_1>, dot_blocks<BlockQ5_1, 32, deq_q5_1>, quant_blocks<BlockQ5_1, quant_q5_1>, nullptr,
+     dequant_blocks<BlockQ5_1, 32, deq_block32>, dot_blocks<BlockQ5_1, 32, deq_block32>, quant_blocks<BlockQ5_1, quant_block32>, nullptr,
      DType::Q5_1, nullptr, 1.0f, 0, false, nullptr, K::None},
     {{DType::Q8_0, "q8_0", 32, 34}, F::Block32, A::Q8_0,
-     dequant_blocks<BlockQ8_0, 32, deq_q8_0>, dot_blocks<BlockQ8_0, 32, deq_q8_0>, quant_blocks<BlockQ8_0, quant_q8_0>, nullptr,
+     dequant_blocks<BlockQ8_0, 32, deq_block32>, dot_blocks<BlockQ8_0, 32, deq_block32>, quant_blocks<BlockQ8_0, quant_q8_0>, nullptr,
      DType::Q8_0, nullptr, 1.0f, 0, false, nullptr, K::Int},
     {{DType::Q2_K, "q2_K", 256, 84}, F::KQuant, A::Q8_K,
      dequant_blocks<BlockQ2_K, 256, deq_q2_k>, dot_blocks<BlockQ2_K, 256, deq_q2_k>, quantize_row_q2_k_ref, quantize_row_q2_k_fast,
@@ -498,10 +402,10 @@ constexpr TypeTraits kTypeTraits[] = {
      dequant_blocks<BlockQ3_K, 256, deq_q3_k>, dot_blocks<BlockQ3_K, 256, deq_q3_k>, quantize_row_q3_k_ref, nullptr,
      DType::Q4_0, nullptr, 1.0f, 0, false, nullptr, K::None},
     {{DType::Q4_K, "q4_K", 256, 144}, F::KQuant, A::Q8_K,
-     dequant_blocks<BlockQ4_K, 256, deq_q4_k>, dot_blocks<BlockQ4_K, 256, deq_q4_k>, quantize_row_q4_k_ref, quantize_row_q4_k_fast,
+     dequant_blocks<BlockQ4_K, 256, deq_q4_q5_k>, dot_blocks<BlockQ4_K, 256, deq_q4_q5_k>, quantize_row_q4_k_ref, quantize_row_q4_k_fast,
      DType::Q5_0, nullptr, 1.0f, kQ4kX16BlockBytes, false, nullptr, K::None},
     {{DType::Q5_K, "q5_K", 256, 176}, F::KQuant, A::Q8_K,
-     dequant_blocks<BlockQ5_K, 256, deq_q5_k>, dot_blocks<BlockQ5_K, 256, deq_q5_k>, quantize_row_q5_k_ref, quantize_row_q5_k_fast,
+     dequant_blocks<BlockQ5_K, 256, deq_q4_q5_k>, dot_blocks<BlockQ5_K, 256, deq_q4_q5_k>, quantize_row_q5_k_ref, quantize_row_q5_k_fast,
      DType::Q5_1, nullptr, 1.0f, kQ5kX16BlockBytes, false, nullptr, K::None},
     {{DType::Q6_K, "q6_K", 256, 210}, F::KQuant, A::Q8_K,
      dequant_blocks<BlockQ6_K, 256, deq_q6_k>, dot_blocks<BlockQ6_K, 256, deq_q6_k>, quantize_row_q6_k_ref, quantize_row_q6_k_fast,
@@ -519,7 +423,7 @@ constexpr TypeTraits kTypeTraits[] = {
      dequant_iq_row<DType::IQ1_S>, dot_iq_row<DType::IQ1_S>, nullptr, nullptr,
      DType::IQ1_S, iq::decode_iq1_s, 1.0f, iq_x16_block_bytes(DType::IQ1_S), true, kIq1X16Values, K::None},
     {{DType::IQ4_NL, "iq4_nl", 32, 18}, F::Block32, A::Q8_0,
-     dequant_blocks<BlockIQ4_NL, 32, deq_iq4_nl>, dot_blocks<BlockIQ4_NL, 32, deq_iq4_nl>, iq::quantize_row_iq4_nl, iq::quantize_row_iq4_nl_fast,
+     dequant_blocks<BlockIQ4_NL, 32, deq_block32>, dot_blocks<BlockIQ4_NL, 32, deq_block32>, iq::quantize_row_iq4_nl, iq::quantize_row_iq4_nl_fast,
      DType::IQ4_NL, nullptr, 1.0f, 0, false, nullptr, K::None},
     {{DType::IQ3_S, "iq3_s", 256, 110}, F::IQ, A::Q8_K,
      dequant_iq_row<DType::IQ3_S>, dot_iq_row<DType::IQ3_S>, nullptr, nullptr,
@@ -543,7 +447,7 @@ constexpr TypeTraits kTypeTraits[] = {
      dequant_iq_row<DType::TQ2_0>, dot_iq_row<DType::TQ2_0>, nullptr, nullptr,
      DType::TQ2_0, iq::decode_tq2_0, 1.0f, iq_x16_block_bytes(DType::TQ2_0), true, kTqX16Values, K::None},
     {{DType::MXFP4, "mxfp4", 32, 17}, F::Block32, A::Q8_0,
-     dequant_blocks<BlockMXFP4, 32, deq_mxfp4>, dot_blocks<BlockMXFP4, 32, deq_mxfp4>, nullptr, nullptr,
+     dequant_blocks<BlockMXFP4, 32, deq_block32>, dot_blocks<BlockMXFP4, 32, deq_block32>, nullptr, nullptr,
      DType::MXFP4, nullptr, 1.0f, 0, false, nullptr, K::None},
 };
 

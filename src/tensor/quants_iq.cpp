@@ -11,6 +11,7 @@
 #include "tensor/fp16.h"
 #include "tensor/iq_grids.h"
 #include "tensor/kernels_impl.h"
+#include "tensor/quant_rounding.h"
 #include "tensor/quants.h"
 #include "tensor/type_traits.h"
 
@@ -45,6 +46,20 @@ void put4(uint32_t entry, uint32_t sign_bits, int first_bit, int8_t* q) {
   }
 }
 
+// IQ2_*: sub-block k's 4-bit scale s, as the integer 2s+1 and the float d·(s+½)/4.
+void set_iq2_scale(BlockInts* b, int k, uint32_t s) {
+  b->scale[k] = int16_t(2 * s + 1);
+  b->dl[k] = b->d * (0.5f + float(s)) * 0.25f;
+}
+
+// TQ1_0 / TQ2_0: one F16 scale for all 256 values (each -1, 0 or 1).
+void set_ternary_scale(BlockInts* b, uint16_t d16) {
+  b->d = fp16_to_fp32(d16);
+  b->group = 256;
+  b->scale[0] = 1;
+  b->dl[0] = b->d;
+}
+
 }  // namespace
 
 // ---- decoders (the type traits table's iq_decode column) -------------------------------
@@ -58,9 +73,7 @@ void decode_iq2_xxs(const uint8_t* p, BlockInts* b) {
   for (int ib = 0; ib < 8; ++ib) {
     const uint8_t* g = qs + 8 * ib;
     const uint32_t aux = load_u32(g + 4);
-    const uint32_t s = aux >> 28;
-    b->scale[ib] = int16_t(2 * s + 1);
-    b->dl[ib] = b->d * (0.5f + float(s)) * 0.25f;
+    set_iq2_scale(b, ib, aux >> 28);
     for (int l = 0; l < 4; ++l)
       put8(kIq2xxsGrid[g[l]], expand_signs7(aux >> (7 * l)), b->q + 32 * ib + 8 * l);
   }
@@ -74,11 +87,7 @@ void decode_iq2_xs(const uint8_t* p, BlockInts* b) {
   const uint8_t* qs = p + offsetof(BlockIQ2_XS, qs);
   const uint8_t* scales = p + offsetof(BlockIQ2_XS, scales);
   for (int ib = 0; ib < 8; ++ib) {
-    for (int h = 0; h < 2; ++h) {
-      const uint32_t s = (scales[ib] >> (4 * h)) & 15u;
-      b->scale[2 * ib + h] = int16_t(2 * s + 1);
-      b->dl[2 * ib + h] = b->d * (0.5f + float(s)) * 0.25f;
-    }
+    for (int h = 0; h < 2; ++h) set_iq2_scale(b, 2 * ib + h, (scales[ib] >> (4 * h)) & 15u);
     for (int l = 0; l < 4; ++l) {
       const uint16_t w = load_u16(qs + 2 * (4 * ib + l));
       put8(kIq2xsGrid[w & 511u], expand_signs7(w >> 9), b->q + 32 * ib + 8 * l);
@@ -96,11 +105,7 @@ void decode_iq2_s(const uint8_t* p, BlockInts* b) {
   const uint8_t* qh = p + offsetof(BlockIQ2_S, qh);
   const uint8_t* scales = p + offsetof(BlockIQ2_S, scales);
   for (int ib = 0; ib < 8; ++ib) {
-    for (int h = 0; h < 2; ++h) {
-      const uint32_t s = (scales[ib] >> (4 * h)) & 15u;
-      b->scale[2 * ib + h] = int16_t(2 * s + 1);
-      b->dl[2 * ib + h] = b->d * (0.5f + float(s)) * 0.25f;
-    }
+    for (int h = 0; h < 2; ++h) set_iq2_scale(b, 2 * ib + h, (scales[ib] >> (4 * h)) & 15u);
     for (int l = 0; l < 4; ++l) {
       const uint32_t idx = qs[4 * ib + l] | ((uint32_t(qh[ib]) << (8 - 2 * l)) & 0x300u);
       put8(kIq2sGrid[idx], signs[4 * ib + l], b->q + 32 * ib + 8 * l);
@@ -241,10 +246,7 @@ int trit(uint8_t byte, int k) {
 }
 
 void decode_tq1_0(const uint8_t* p, BlockInts* b) {
-  b->d = fp16_to_fp32(load_u16(p + offsetof(BlockTQ1_0, d)));
-  b->group = 256;
-  b->scale[0] = 1;
-  b->dl[0] = b->d;
+  set_ternary_scale(b, load_u16(p + offsetof(BlockTQ1_0, d)));
   const uint8_t* qs = p + offsetof(BlockTQ1_0, qs);
   const uint8_t* qh = p + offsetof(BlockTQ1_0, qh);
   int8_t* q = b->q;
@@ -258,10 +260,7 @@ void decode_tq1_0(const uint8_t* p, BlockInts* b) {
 
 // TQ2_0: 2-bit fields holding value + 1; bits 2l..2l+1 of byte 32h + m are element 128h + 32l + m.
 void decode_tq2_0(const uint8_t* p, BlockInts* b) {
-  b->d = fp16_to_fp32(load_u16(p + offsetof(BlockTQ2_0, d)));
-  b->group = 256;
-  b->scale[0] = 1;
-  b->dl[0] = b->d;
+  set_ternary_scale(b, load_u16(p + offsetof(BlockTQ2_0, d)));
   const uint8_t* qs = p + offsetof(BlockTQ2_0, qs);
   for (int h = 0; h < 2; ++h)
     for (int l = 0; l < 4; ++l)
@@ -271,16 +270,6 @@ void decode_tq2_0(const uint8_t* p, BlockInts* b) {
 // ---- IQ4 encoders ------------------------------------------------------------------------
 
 namespace {
-
-
-// ggml's nearest_int: round half to even through the 1.5·2^23 trick (plain bit operations,
-// so a NaN or huge input gives some int, never undefined behaviour).
-int nearest_int(float v) {
-  const float shifted = v + 12582912.0f;
-  int32_t bits;
-  std::memcpy(&bits, &shifted, 4);
-  return (bits & 0x007fffff) - 0x00400000;
-}
 
 // For each integer f in [-128, 127]: the first level above f. The levels are integers, so
 // for v[0] < x < v[15] the bracket v[hi-1] <= x < v[hi] that ggml's bisection
@@ -316,15 +305,9 @@ constexpr int kTries = 7;               // trial scales -7..7 around the first g
 float best_sub_block_scale(const float* x) {
   float weight[32];
   for (int j = 0; j < 32; ++j) weight[j] = x[j] * x[j];
-  float amax = 0.0f, max = 0.0f;
-  for (int j = 0; j < 32; ++j) {
-    const float ax = std::fabs(x[j]);
-    if (ax > amax) {
-      amax = ax;
-      max = x[j];
-    }
-  }
-  if (amax < kIq4ZeroGroupMax) return 0.0f;
+  const SignedAbsMax peak = signed_absmax(x, 32);
+  if (peak.abs < kIq4ZeroGroupMax) return 0.0f;
+  const float max = peak.value;
   const float first = float(kIq4nlValues[0]);
   float d = -max / first;
   float id = 1.0f / d;
@@ -393,15 +376,8 @@ void encode_iq4_nl(const float* x, BlockIQ4_NL* y, const Iq4Steps& steps) {
 // against the rounded sub-block scales.
 void encode_iq4_xs(const float* x, BlockIQ4_XS* y, const Iq4Steps& steps) {
   float scales[8];
-  float max_scale = 0.0f, amax_scale = 0.0f;
   steps.scales(x, 8, scales);
-  for (int ib = 0; ib < 8; ++ib) {
-    const float abs_d = std::fabs(scales[ib]);
-    if (abs_d > amax_scale) {
-      amax_scale = abs_d;
-      max_scale = scales[ib];
-    }
-  }
+  const float max_scale = signed_absmax(scales, 8).value;
   const float d = -max_scale / 32.0f;  // -0.0 when every sub-block is zero, stored as such
   const float id = d != 0.0f ? 1.0f / d : 0.0f;
   uint16_t scales_h = 0;

@@ -23,8 +23,10 @@
 #include <bit>
 #include <cmath>
 #include <cstring>
+#include <utility>
 
 #include "tensor/fp16.h"
+#include "tensor/quant_rounding.h"
 #include "tensor/quants.h"
 #include "tensor/quants_iq.h"
 #include "tensor/type_traits.h"
@@ -36,12 +38,6 @@ namespace {
 constexpr int kSuperBlock = 256;
 // Sub-block maxima below this count as an all-zero sub-block.
 constexpr float kZeroGroupMax = 1e-15f;
-
-// Nearest integer, ties to even, for |v| < 2^22: adding 1.5·2^23 leaves the integer in
-// the low mantissa bits. Outside that range (only reachable with degenerate data) the
-// result is still the deterministic bit pattern the reference produces, and there is no
-// float->int conversion that could be undefined.
-inline int round_nearest(float v) { return (std::bit_cast<int32_t>(v + 12582912.0f) & 0x007fffff) - 0x00400000; }
 
 inline int clamp_int(int v, int lo, int hi) { return std::min(std::max(v, lo), hi); }
 
@@ -83,7 +79,7 @@ float fit_affine(int n, const float* x, const float* w, const AffineSearch& s, u
   float scale = 1 / inv_scale;
   float best_error = 0;
   for (int i = 0; i < n; ++i) {
-    q[i] = uint8_t(clamp_int(round_nearest(inv_scale * (x[i] - lo)), 0, s.nmax));
+    q[i] = uint8_t(clamp_int(nearest_int(inv_scale * (x[i] - lo)), 0, s.nmax));
     const float diff = scale * float(q[i]) + lo - x[i];
     best_error += w[i] * error_of(diff);
   }
@@ -96,7 +92,7 @@ float fit_affine(int n, const float* x, const float* w, const AffineSearch& s, u
     inv_scale = (s.rmin + s.rdelta * float(step) + float(s.nmax)) / (hi - lo);
     float sum_l = 0, sum_l2 = 0, sum_xl = 0;
     for (int i = 0; i < n; ++i) {
-      const int l = clamp_int(round_nearest(inv_scale * (x[i] - lo)), 0, s.nmax);
+      const int l = clamp_int(nearest_int(inv_scale * (x[i] - lo)), 0, s.nmax);
       trial[i] = uint8_t(l);
       const float fl = float(l);
       sum_l += w[i] * fl;
@@ -129,6 +125,42 @@ float fit_affine(int n, const float* x, const float* w, const AffineSearch& s, u
   return scale;
 }
 
+// Levels l = round(inv_scale·x) clamped to [-nmax, nmax-1], stored biased by `bias` in q, and
+// their weighted sums Σw·x·l and Σw·l² with w = x².
+struct LevelSums {
+  float lx = 0;
+  float l2 = 0;
+};
+
+LevelSums symmetric_levels(int n, const float* x, float inv_scale, int nmax, int bias, int8_t* q) {
+  LevelSums sums;
+  for (int i = 0; i < n; ++i) {
+    const int l = clamp_int(nearest_int(inv_scale * x[i]), -nmax, nmax - 1);
+    q[i] = int8_t(l + bias);
+    const float w = x[i] * x[i];
+    sums.lx += w * x[i] * float(l);
+    sums.l2 += w * float(l) * float(l);
+  }
+  return sums;
+}
+
+// The first step of both symmetric fits: the element of largest magnitude maps to -nmax.
+// An all-zero sub-block (largest magnitude below kZeroGroupMax) gives signed_max 0 and
+// zeroed levels.
+struct SymmetricStart {
+  float signed_max = 0;
+  LevelSums sums;
+};
+
+SymmetricStart symmetric_start(int n, const float* x, int nmax, int bias, int8_t* q) {
+  const SignedAbsMax peak = signed_absmax(x, n);
+  if (peak.abs < kZeroGroupMax) {
+    for (int i = 0; i < n; ++i) q[i] = 0;
+    return {};
+  }
+  return {peak.value, symmetric_levels(n, x, float(-nmax) / peak.value, nmax, bias, q)};
+}
+
 // Symmetric fit x ≈ scale·(q - nmax), q - nmax in [-nmax, nmax-1], for Q6_K. The scale's
 // sign follows the element of largest magnitude so that element maps to -nmax (the side
 // with one more level). Least-squares scale weighted by x², then 18 nearby inverse scales
@@ -137,45 +169,20 @@ float fit_affine(int n, const float* x, const float* w, const AffineSearch& s, u
 // (all zeros for an all-zero sub-block).
 float fit_symmetric_q6(int n, const float* x, int8_t* q) {
   constexpr int nmax = 32;
-  float amax = 0, signed_max = 0;
-  for (int i = 0; i < n; ++i) {
-    const float ax = std::fabs(x[i]);
-    if (ax > amax) {
-      amax = ax;
-      signed_max = x[i];
-    }
-  }
-  if (amax < kZeroGroupMax) {
-    for (int i = 0; i < n; ++i) q[i] = 0;
-    return 0.0f;
-  }
-  auto level = [&](float inv_scale, int i) { return clamp_int(round_nearest(inv_scale * x[i]), -nmax, nmax - 1); };
-
-  float inv_scale = float(-nmax) / signed_max;
-  float sum_lx = 0, sum_l2 = 0;
-  for (int i = 0; i < n; ++i) {
-    const int l = level(inv_scale, i);
-    q[i] = int8_t(l + nmax);
-    const float w = x[i] * x[i];
-    sum_lx += w * x[i] * float(l);
-    sum_l2 += w * float(l) * float(l);
-  }
-  float scale = sum_l2 != 0 ? sum_lx / sum_l2 : 0.0f;
-  float best = scale * sum_lx;
+  const SymmetricStart start = symmetric_start(n, x, nmax, nmax, q);
+  if (start.signed_max == 0) return 0.0f;
+  const float signed_max = start.signed_max;
+  LevelSums sums = start.sums;
+  float scale = sums.l2 != 0 ? sums.lx / sums.l2 : 0.0f;
+  float best = scale * sums.lx;
+  int8_t trial[kSuperBlock];
   for (int k = -9; k <= 9; ++k) {
     if (k == 0) continue;
-    inv_scale = -(float(nmax) + 0.1f * float(k)) / signed_max;
-    sum_lx = sum_l2 = 0;
-    for (int i = 0; i < n; ++i) {
-      const float l = float(level(inv_scale, i));
-      const float w = x[i] * x[i];
-      sum_lx += w * x[i] * l;
-      sum_l2 += w * l * l;
-    }
-    if (sum_l2 > 0 && sum_lx * sum_lx > best * sum_l2) {
-      for (int i = 0; i < n; ++i) q[i] = int8_t(level(inv_scale, i) + nmax);
-      scale = sum_lx / sum_l2;
-      best = scale * sum_lx;
+    sums = symmetric_levels(n, x, -(float(nmax) + 0.1f * float(k)) / signed_max, nmax, nmax, trial);
+    if (sums.l2 > 0 && sums.lx * sums.lx > best * sums.l2) {
+      for (int i = 0; i < n; ++i) q[i] = trial[i];
+      scale = sums.lx / sums.l2;
+      best = scale * sums.lx;
     }
   }
   return scale;
@@ -187,27 +194,9 @@ float fit_symmetric_q6(int n, const float* x, int8_t* q) {
 // q receives the levels biased by +4 (all zeros for an all-zero sub-block).
 float fit_symmetric_q3(int n, const float* x, int8_t* q) {
   constexpr int nmax = 4;
-  float amax = 0, signed_max = 0;
-  for (int i = 0; i < n; ++i) {
-    const float ax = std::fabs(x[i]);
-    if (ax > amax) {
-      amax = ax;
-      signed_max = x[i];
-    }
-  }
-  if (amax < kZeroGroupMax) {
-    for (int i = 0; i < n; ++i) q[i] = 0;
-    return 0.0f;
-  }
-  const float inv_scale = float(-nmax) / signed_max;
-  float sum_lx = 0, sum_l2 = 0;
-  for (int i = 0; i < n; ++i) {
-    const int l = clamp_int(round_nearest(inv_scale * x[i]), -nmax, nmax - 1);
-    q[i] = int8_t(l);
-    const float w = x[i] * x[i];
-    sum_lx += w * x[i] * float(l);
-    sum_l2 += w * float(l) * float(l);
-  }
+  const SymmetricStart start = symmetric_start(n, x, nmax, 0, q);
+  if (start.signed_max == 0) return 0.0f;
+  float sum_lx = start.sums.lx, sum_l2 = start.sums.l2;
   for (int pass = 0; pass < 5; ++pass) {
     int changed = 0;
     for (int i = 0; i < n; ++i) {
@@ -216,7 +205,7 @@ float fit_symmetric_q3(int n, const float* x, int8_t* q) {
       float lx = sum_lx - w * x[i] * float(q[i]);
       if (lx > 0) {
         float l2 = sum_l2 - w * float(q[i]) * float(q[i]);
-        const int candidate = clamp_int(round_nearest(x[i] * l2 / lx), -nmax, nmax - 1);
+        const int candidate = clamp_int(nearest_int(x[i] * l2 / lx), -nmax, nmax - 1);
         if (candidate != q[i]) {
           lx += w * x[i] * float(candidate);
           l2 += w * float(candidate) * float(candidate);
@@ -254,6 +243,9 @@ inline I round_nearest_lanes(F v) {
   return (std::bit_cast<I>(v + 12582912.0f) & 0x007fffff) - 0x00400000;
 }
 
+// |v| lane by lane (the sign bit cleared, as fabs).
+inline F4 abs_lanes(F4 v) { return std::bit_cast<F4>(std::bit_cast<I4>(v) & 0x7fffffff); }
+
 template <typename I>
 inline I clamp_lanes(I v, int lo, int hi) {
   const I vlo = I{} + lo, vhi = I{} + hi;
@@ -269,7 +261,7 @@ void fit_affine_lanes(const F4* x, const F4* w, int len, const AffineSearch& s, 
   constexpr int N = 4;
   auto error_of = [](F diff) {
     if constexpr (kAbsError)
-      return std::bit_cast<F>(std::bit_cast<I>(diff) & 0x7fffffff);  // fabs, lane by lane
+      return abs_lanes(diff);
     else
       return diff * diff;
   };
@@ -330,6 +322,25 @@ void fit_affine_lanes(const F4* x, const F4* w, int len, const AffineSearch& s, 
   }
 }
 
+// symmetric_levels for four sub-blocks at once, the levels biased by +nmax.
+struct LaneSums {
+  F4 lx = F4{};
+  F4 l2 = F4{};
+};
+
+LaneSums symmetric_levels_lanes(const F4* x, int len, F4 inv_scale, int nmax, I4* q) {
+  LaneSums sums;
+  for (int i = 0; i < len; ++i) {
+    const I4 l = clamp_lanes(round_nearest_lanes<F4, I4>(inv_scale * x[i]), -nmax, nmax - 1);
+    q[i] = l + nmax;
+    const F4 fl = __builtin_convertvector(l, F4);
+    const F4 w = x[i] * x[i];
+    sums.lx += w * x[i] * fl;
+    sums.l2 += w * fl * fl;
+  }
+  return sums;
+}
+
 // fit_symmetric_q6 for four sub-blocks of 16 at once; q receives the biased levels.
 void fit_symmetric_q6_lanes(const F4* x, I4* q, float* scale_out) {
   using F = F4;
@@ -338,40 +349,22 @@ void fit_symmetric_q6_lanes(const F4* x, I4* q, float* scale_out) {
   const F zero = F{};
   F amax = zero, signed_max = zero;
   for (int i = 0; i < len; ++i) {
-    const F ax = std::bit_cast<F>(std::bit_cast<I>(x[i]) & 0x7fffffff);
+    const F ax = abs_lanes(x[i]);
     const I larger = ax > amax;
     amax = larger ? ax : amax;
     signed_max = larger ? x[i] : signed_max;
   }
-  F inv_scale = float(-nmax) / signed_max;
-  F sum_lx = zero, sum_l2 = zero;
-  for (int i = 0; i < len; ++i) {
-    const I l = clamp_lanes(round_nearest_lanes<F, I>(inv_scale * x[i]), -nmax, nmax - 1);
-    q[i] = l + nmax;
-    const F fl = __builtin_convertvector(l, F);
-    const F w = x[i] * x[i];
-    sum_lx += w * x[i] * fl;
-    sum_l2 += w * fl * fl;
-  }
-  F scale = sum_l2 != zero ? sum_lx / sum_l2 : zero;
-  F best = scale * sum_lx;
+  LaneSums sums = symmetric_levels_lanes(x, len, float(-nmax) / signed_max, nmax, q);
+  F scale = sums.l2 != zero ? sums.lx / sums.l2 : zero;
+  F best = scale * sums.lx;
   I trial[len];
   for (int k = -9; k <= 9; ++k) {
     if (k == 0) continue;
-    inv_scale = -(float(nmax) + 0.1f * float(k)) / signed_max;
-    sum_lx = sum_l2 = zero;
-    for (int i = 0; i < len; ++i) {
-      const I l = clamp_lanes(round_nearest_lanes<F, I>(inv_scale * x[i]), -nmax, nmax - 1);
-      trial[i] = l + nmax;
-      const F fl = __builtin_convertvector(l, F);
-      const F w = x[i] * x[i];
-      sum_lx += w * x[i] * fl;
-      sum_l2 += w * fl * fl;
-    }
-    const I better = (sum_l2 > zero) & (sum_lx * sum_lx > best * sum_l2);
-    const F s = sum_lx / sum_l2;
+    sums = symmetric_levels_lanes(x, len, -(float(nmax) + 0.1f * float(k)) / signed_max, nmax, trial);
+    const I better = (sums.l2 > zero) & (sums.lx * sums.lx > best * sums.l2);
+    const F s = sums.lx / sums.l2;
     scale = better ? s : scale;
-    best = better ? s * sum_lx : best;
+    best = better ? s * sums.lx : best;
     for (int i = 0; i < len; ++i) q[i] = better ? trial[i] : q[i];
   }
   const I all_zero = amax < kZeroGroupMax;
@@ -380,6 +373,35 @@ void fit_symmetric_q6_lanes(const F4* x, I4* q, float* scale_out) {
 }
 
 // ---- stage 1 (per-sub-block fits) of each encoder, scalar or lane-parallel --------------
+
+// Four consecutive sub-blocks of len elements as len vectors: lane j of xt[i] is element i of
+// sub-block j.
+void load_lanes(const float* x, int len, F4* xt) {
+  for (int i = 0; i < len; ++i)
+    for (int j = 0; j < 4; ++j) xt[i][j] = x[len * j + i];
+}
+
+// The inverse for the levels: lane j of qt[i] back to L[len·j + i].
+template <typename Level>
+void store_lanes(const I4* qt, int len, Level* L) {
+  for (int j = 0; j < 4; ++j)
+    for (int i = 0; i < len; ++i) L[len * j + i] = Level(qt[i][j]);
+}
+
+// The affine fits of n_sub sub-blocks of kLen, four at a time: weights(xt, wt) gives the
+// weights of four transposed sub-blocks.
+template <bool kAbsError, int kLen, typename Weights>
+void fit_affine_subblocks_lanes(const float* x, int n_sub, const AffineSearch& search, uint8_t* L, float* scales,
+                                float* mins, Weights weights) {
+  for (int g = 0; g < n_sub / 4; ++g) {  // sub-blocks 4g .. 4g+3
+    F4 xt[kLen], wt[kLen];
+    load_lanes(x + 4 * kLen * g, kLen, xt);
+    weights(xt, wt);
+    I4 qt[kLen];
+    fit_affine_lanes<kAbsError>(xt, wt, kLen, search, qt, scales + 4 * g, mins + 4 * g);
+    store_lanes(qt, kLen, L + 4 * kLen * g);
+  }
+}
 
 // Q4_K/Q5_K: eight sub-blocks of 32, weights = the sub-block's rms plus each element's
 // magnitude (large values matter more). Fills L[256], scales[8], mins[8].
@@ -396,23 +418,13 @@ void fit_k4_subblocks(const float* x, const AffineSearch& search, uint8_t* L, fl
       scales[j] = fit_affine(32, xs, w, search, L + 32 * j, &mins[j]);
     }
   } else {
-    using F = F4;
-    using I = I4;
-    for (int g = 0; g < 2; ++g) {  // sub-blocks 4g .. 4g+3
-      const float* xg = x + 128 * g;
-      F xt[32], wt[32];
-      for (int i = 0; i < 32; ++i)
-        for (int j = 0; j < 4; ++j) xt[i][j] = xg[32 * j + i];
-      F sum_x2 = F{};
+    fit_affine_subblocks_lanes<false, 32>(x, 8, search, L, scales, mins, [](const F4* xt, F4* wt) {
+      F4 sum_x2 = F4{};
       for (int i = 0; i < 32; ++i) sum_x2 += xt[i] * xt[i];
-      F rms;
+      F4 rms;
       for (int j = 0; j < 4; ++j) rms[j] = std::sqrt(sum_x2[j] / 32);
-      for (int i = 0; i < 32; ++i) wt[i] = rms + std::bit_cast<F>(std::bit_cast<I>(xt[i]) & 0x7fffffff);
-      I qt[32];
-      fit_affine_lanes<false>(xt, wt, 32, search, qt, scales + 4 * g, mins + 4 * g);
-      for (int j = 0; j < 4; ++j)
-        for (int i = 0; i < 32; ++i) L[128 * g + 32 * j + i] = uint8_t(qt[i][j]);
-    }
+      for (int i = 0; i < 32; ++i) wt[i] = rms + abs_lanes(xt[i]);
+    });
   }
 }
 
@@ -426,19 +438,9 @@ void fit_q2_subblocks(const float* x, const AffineSearch& search, uint8_t* L, fl
       scales[j] = fit_affine(16, x + 16 * j, w, search, L + 16 * j, &mins[j]);
     }
   } else {
-    using F = F4;
-    using I = I4;
-    for (int g = 0; g < 4; ++g) {  // sub-blocks 4g .. 4g+3
-      const float* xg = x + 64 * g;
-      F xt[16], wt[16];
-      for (int i = 0; i < 16; ++i)
-        for (int j = 0; j < 4; ++j) xt[i][j] = xg[16 * j + i];
-      for (int i = 0; i < 16; ++i) wt[i] = std::bit_cast<F>(std::bit_cast<I>(xt[i]) & 0x7fffffff);
-      I qt[16];
-      fit_affine_lanes<true>(xt, wt, 16, search, qt, scales + 4 * g, mins + 4 * g);
-      for (int j = 0; j < 4; ++j)
-        for (int i = 0; i < 16; ++i) L[64 * g + 16 * j + i] = uint8_t(qt[i][j]);
-    }
+    fit_affine_subblocks_lanes<true, 16>(x, 16, search, L, scales, mins, [](const F4* xt, F4* wt) {
+      for (int i = 0; i < 16; ++i) wt[i] = abs_lanes(xt[i]);
+    });
   }
 }
 
@@ -451,14 +453,22 @@ void fit_q6_subblocks(const float* x, int8_t* L, float* scales) {
     for (int g = 0; g < 4; ++g) {  // sub-blocks 4g .. 4g+3
       const float* xg = x + 64 * g;
       F4 xt[16];
-      for (int i = 0; i < 16; ++i)
-        for (int j = 0; j < 4; ++j) xt[i][j] = xg[16 * j + i];
+      load_lanes(xg, 16, xt);
       I4 qt[16];
       fit_symmetric_q6_lanes(xt, qt, scales + 4 * g);
-      for (int j = 0; j < 4; ++j)
-        for (int i = 0; i < 16; ++i) L[64 * g + 16 * j + i] = int8_t(qt[i][j]);
+      store_lanes(qt, 16, L + 64 * g);
     }
   }
+}
+
+// The largest of n sub-block scales and of their mins, each at least 0.
+std::pair<float, float> largest_scale_and_min(const float* scales, const float* mins, int n) {
+  float max_scale = 0, max_min = 0;
+  for (int j = 0; j < n; ++j) {
+    if (scales[j] > max_scale) max_scale = scales[j];
+    if (mins[j] > max_min) max_min = mins[j];
+  }
+  return {max_scale, max_min};
 }
 
 // ---- Q4_K / Q5_K: eight sub-blocks of 32, 6-bit scale and min each -----------------------
@@ -486,19 +496,15 @@ void encode_k4_scales_and_levels(const float* x, const AffineSearch& search, uin
                                  uint8_t* packed_scales, uint8_t* L) {
   float scales[8], mins[8];
   fit_k4_subblocks<kLanes>(x, search, L, scales, mins);
-  float max_scale = 0, max_min = 0;
-  for (int j = 0; j < 8; ++j) {
-    if (scales[j] > max_scale) max_scale = scales[j];
-    if (mins[j] > max_min) max_min = mins[j];
-  }
+  const auto [max_scale, max_min] = largest_scale_and_min(scales, mins, 8);
   const float inv_scale = max_scale > 0 ? 63.f / max_scale : 0.f;
   const float inv_min = max_min > 0 ? 63.f / max_min : 0.f;
   uint8_t sc[8], m[8];
   for (int j = 0; j < 8; ++j) {
     // Narrowed to 8 bits before the clamp, as the reference does (only a negative scale,
     // which the search can return for degenerate data, wraps).
-    sc[j] = uint8_t(round_nearest(inv_scale * scales[j]));
-    m[j] = uint8_t(round_nearest(inv_min * mins[j]));
+    sc[j] = uint8_t(nearest_int(inv_scale * scales[j]));
+    m[j] = uint8_t(nearest_int(inv_min * mins[j]));
     if (sc[j] > 63) sc[j] = 63;
     if (m[j] > 63) m[j] = 63;
   }
@@ -512,7 +518,7 @@ void encode_k4_scales_and_levels(const float* x, const AffineSearch& search, uin
     const float d = fp16_to_fp32(*d_out) * float(sc[j]);
     if (d == 0) continue;  // keeps the search's levels (all decode to -dmin·m anyway)
     const float dm = fp16_to_fp32(*dmin_out) * float(m[j]);
-    for (int l = 0; l < 32; ++l) L[32 * j + l] = uint8_t(clamp_int(round_nearest((x[32 * j + l] + dm) / d), 0, nmax));
+    for (int l = 0; l < 32; ++l) L[32 * j + l] = uint8_t(clamp_int(nearest_int((x[32 * j + l] + dm) / d), 0, nmax));
   }
 }
 
@@ -549,15 +555,9 @@ void encode_q6_k(const float* x, BlockQ6_K* y) {
   int8_t L[kSuperBlock];
   float scales[16];
   fit_q6_subblocks<kLanes>(x, L, scales);
-  float max_scale = 0, max_abs_scale = 0;
-  for (int j = 0; j < 16; ++j) {
-    const float a = std::fabs(scales[j]);
-    if (a > max_abs_scale) {
-      max_abs_scale = a;
-      max_scale = scales[j];
-    }
-  }
-  if (max_abs_scale < kZeroGroupMax) {  // an all-zero super-block is all-zero bytes
+  const SignedAbsMax peak = signed_absmax(scales, 16);
+  const float max_scale = peak.value;
+  if (peak.abs < kZeroGroupMax) {  // an all-zero super-block is all-zero bytes
     std::memset(y, 0, sizeof *y);
     y->d = fp32_to_fp16(0.f);
     return;
@@ -566,13 +566,13 @@ void encode_q6_k(const float* x, BlockQ6_K* y) {
   const float inv_scale = -128.f / max_scale;
   y->d = fp32_to_fp16(1 / inv_scale);
   for (int j = 0; j < 16; ++j) {
-    const int s = round_nearest(inv_scale * scales[j]);
+    const int s = nearest_int(inv_scale * scales[j]);
     y->scales[j] = int8_t(s < 127 ? s : 127);
   }
   for (int j = 0; j < 16; ++j) {
     const float d = fp16_to_fp32(y->d) * float(y->scales[j]);
     if (d == 0) continue;
-    for (int l = 0; l < 16; ++l) L[16 * j + l] = int8_t(clamp_int(round_nearest(x[16 * j + l] / d), -32, 31) + 32);
+    for (int l = 0; l < 16; ++l) L[16 * j + l] = int8_t(clamp_int(nearest_int(x[16 * j + l] / d), -32, 31) + 32);
   }
   // Half h (128 elements): element 32g + l (group g = 0..3) has its low nibble in
   // ql[64h + l + 32·(g&1)] (low nibble for g < 2, high for g >= 2) and its top two bits
@@ -606,15 +606,11 @@ void encode_q2_k(const float* x, BlockQ2_K* y) {
   uint8_t L[kSuperBlock];
   float scales[16], mins[16];
   fit_q2_subblocks<kLanes>(x, kSearch, L, scales, mins);
-  float max_scale = 0, max_min = 0;
-  for (int j = 0; j < 16; ++j) {
-    if (scales[j] > max_scale) max_scale = scales[j];
-    if (mins[j] > max_min) max_min = mins[j];
-  }
+  const auto [max_scale, max_min] = largest_scale_and_min(scales, mins, 16);
   // 4-bit scale in the low nibble, 4-bit min in the high nibble of each scales byte.
   if (max_scale > 0) {
     const float inv = 15.f / max_scale;
-    for (int j = 0; j < 16; ++j) y->scales[j] = uint8_t(round_nearest(inv * scales[j]));
+    for (int j = 0; j < 16; ++j) y->scales[j] = uint8_t(nearest_int(inv * scales[j]));
     y->d = fp32_to_fp16(max_scale / 15.f);
   } else {
     for (int j = 0; j < 16; ++j) y->scales[j] = 0;
@@ -622,7 +618,7 @@ void encode_q2_k(const float* x, BlockQ2_K* y) {
   }
   if (max_min > 0) {
     const float inv = 15.f / max_min;
-    for (int j = 0; j < 16; ++j) y->scales[j] |= uint8_t(uint32_t(round_nearest(inv * mins[j])) << 4);
+    for (int j = 0; j < 16; ++j) y->scales[j] |= uint8_t(uint32_t(nearest_int(inv * mins[j])) << 4);
     y->dmin = fp32_to_fp16(max_min / 15.f);
   } else {
     y->dmin = fp32_to_fp16(0.f);
@@ -631,7 +627,7 @@ void encode_q2_k(const float* x, BlockQ2_K* y) {
     const float d = fp16_to_fp32(y->d) * float(y->scales[j] & 15);
     if (d == 0) continue;
     const float dm = fp16_to_fp32(y->dmin) * float(y->scales[j] >> 4);
-    for (int l = 0; l < 16; ++l) L[16 * j + l] = uint8_t(clamp_int(round_nearest((x[16 * j + l] + dm) / d), 0, 3));
+    for (int l = 0; l < 16; ++l) L[16 * j + l] = uint8_t(clamp_int(nearest_int((x[16 * j + l] + dm) / d), 0, 3));
   }
   pack_2bit(L, y->qs);
 }
@@ -639,15 +635,8 @@ void encode_q2_k(const float* x, BlockQ2_K* y) {
 void encode_q3_k(const float* x, BlockQ3_K* y) {
   int8_t L[kSuperBlock];
   float scales[16];
-  float max_scale = 0, amax = 0;
-  for (int j = 0; j < 16; ++j) {
-    scales[j] = fit_symmetric_q3(16, x + 16 * j, L + 16 * j);
-    const float a = std::fabs(scales[j]);
-    if (a > amax) {
-      amax = a;
-      max_scale = scales[j];
-    }
-  }
+  for (int j = 0; j < 16; ++j) scales[j] = fit_symmetric_q3(16, x + 16 * j, L + 16 * j);
+  const float max_scale = signed_absmax(scales, 16).value;
   // Sixteen 6-bit scales (biased by 32): low nibbles in bytes 0..7 (sub-blocks 0..7 low
   // nibble, 8..15 high nibble), top two bits of sub-block k in bits 2(k/4) of byte 8 + k%4.
   int sc[16] = {};  // the signed 6-bit scales as a decoder reads them back
@@ -656,7 +645,7 @@ void encode_q3_k(const float* x, BlockQ3_K* y) {
     const float inv_scale = -32.f / max_scale;
     for (int j = 0; j < 16; ++j) {
       // Narrowed to 8 bits before the clamp, as the reference does.
-      const int8_t r = int8_t(round_nearest(inv_scale * scales[j]));
+      const int8_t r = int8_t(nearest_int(inv_scale * scales[j]));
       const int biased = clamp_int(r, -32, 31) + 32;
       if (j < 8)
         y->scales[j] = uint8_t(biased & 15);
@@ -672,7 +661,7 @@ void encode_q3_k(const float* x, BlockQ3_K* y) {
   for (int j = 0; j < 16; ++j) {
     const float d = fp16_to_fp32(y->d) * float(sc[j]);
     if (d == 0) continue;
-    for (int l = 0; l < 16; ++l) L[16 * j + l] = int8_t(clamp_int(round_nearest(x[16 * j + l] / d), -4, 3) + 4);
+    for (int l = 0; l < 16; ++l) L[16 * j + l] = int8_t(clamp_int(nearest_int(x[16 * j + l] / d), -4, 3) + 4);
   }
   // Level bit 2 goes to hmask: element e sets bit e/32 of hmask[e%32]; the low two bits
   // are packed like Q2_K.

@@ -179,6 +179,34 @@ bool ascii_is(const Unit& u, char lower) {
   return u.cp == uint32_t(lower) || u.cp == uint32_t(lower - 'a' + 'A');
 }
 
+// The contractions 's 't 'm 'd (2 units) and 're 've 'll (3 units) at u[i], 0 for none:
+// GPT-2 takes them in lower case only, llama3 in either case.
+size_t match_contraction(const Unit* u, size_t i, size_t n, bool any_case) {
+  if (u[i].cp != '\'' || i + 1 >= n) return 0;
+  auto is = [any_case](const Unit& c, char lower) { return any_case ? ascii_is(c, lower) : c.cp == uint32_t(lower); };
+  const Unit& c1 = u[i + 1];
+  if (is(c1, 's') || is(c1, 't') || is(c1, 'm') || is(c1, 'd')) return 2;
+  if (i + 2 < n) {
+    const Unit& c2 = u[i + 2];
+    if ((is(c1, 'r') && is(c2, 'e')) || (is(c1, 'v') && is(c2, 'e')) || (is(c1, 'l') && is(c2, 'l'))) return 3;
+  }
+  return 0;
+}
+
+// The start of " ?X" at i: the optional ' ' can only be the space itself (a run never
+// starts with a space), so it is taken whenever u[i] is a space and something follows.
+size_t after_optional_space(const Unit* u, size_t i, size_t n) {
+  return ((u[i].flags & F_SPACE) && i + 1 < n) ? i + 1 : i;
+}
+
+// [^\s\p{L}\p{N}]+ from j: the end of the run of units that are neither whitespace, letters
+// nor numbers.
+constexpr uint16_t kWordOrSpace = F_WS | F_LETTER | F_NUMBER;
+size_t symbol_run_end(const Unit* u, size_t j, size_t n) {
+  while (j < n && !(u[j].flags & kWordOrSpace)) ++j;
+  return j;
+}
+
 // The whitespace alternatives shared by the split rules, at a whitespace unit i:
 //   \s*[\r\n]+  (only if with_newline_rule): greedy \s* backtracks to the LAST CR/LF of the
 //               whitespace run, and [\r\n]+ then takes just that one (the run stops there
@@ -237,24 +265,12 @@ size_t match_ds3_main(const Unit* u, size_t i, size_t n) {
 // GPT-2: 's|'t|'re|'ve|'m|'ll|'d| ?\p{L}+| ?\p{N}+| ?[^\s\p{L}\p{N}]+|\s+(?!\S)|\s+
 size_t match_gpt2(const Unit* u, size_t i, size_t n) {
   const uint16_t f = u[i].flags;
-  if (u[i].cp == '\'' && i + 1 < n) {
-    const uint32_t c1 = u[i + 1].cp;
-    if (c1 == 's' || c1 == 't' || c1 == 'm' || c1 == 'd') return 2;
-    if (i + 2 < n) {
-      const uint32_t c2 = u[i + 2].cp;
-      if ((c1 == 'r' && c2 == 'e') || (c1 == 'v' && c2 == 'e') || (c1 == 'l' && c2 == 'l')) return 3;
-    }
-  }
-  // The optional ' ' can only be the space itself; a run never starts with a space.
-  const size_t s = ((f & F_SPACE) && i + 1 < n) ? i + 1 : i;
+  if (const size_t len = match_contraction(u, i, n, false)) return len;
+  const size_t s = after_optional_space(u, i, n);
   const uint16_t fs = u[s].flags;
   if (fs & F_LETTER) return run_end(u, s, n, F_LETTER) - i;
   if (fs & F_NUMBER) return run_end(u, s, n, F_NUMBER) - i;
-  if (!(fs & (F_WS | F_LETTER | F_NUMBER))) {
-    size_t j = s;
-    while (j < n && !(u[j].flags & (F_WS | F_LETTER | F_NUMBER))) ++j;
-    return j - i;
-  }
+  if (!(fs & kWordOrSpace)) return symbol_run_end(u, s, n) - i;
   if (f & F_WS) return match_whitespace(u, i, n, false);
   return 0;
 }
@@ -263,32 +279,13 @@ size_t match_gpt2(const Unit* u, size_t i, size_t n) {
 //         \p{N}{1,3}| ?[^\s\p{L}\p{N}]+[\r\n]*|\s*[\r\n]+|\s+(?!\S)|\s+
 size_t match_llama3(const Unit* u, size_t i, size_t n) {
   const uint16_t f = u[i].flags;
-  if (u[i].cp == '\'' && i + 1 < n) {
-    const Unit& c1 = u[i + 1];
-    if (ascii_is(c1, 's') || ascii_is(c1, 't') || ascii_is(c1, 'm') || ascii_is(c1, 'd')) return 2;
-    if (i + 2 < n) {
-      const Unit& c2 = u[i + 2];
-      if ((ascii_is(c1, 'r') && ascii_is(c2, 'e')) || (ascii_is(c1, 'v') && ascii_is(c2, 'e')) ||
-          (ascii_is(c1, 'l') && ascii_is(c2, 'l')))
-        return 3;
-    }
-  }
+  if (const size_t len = match_contraction(u, i, n, true)) return len;
   if (!(f & (F_CRLF | F_LETTER | F_NUMBER)) && i + 1 < n && (u[i + 1].flags & F_LETTER))
     return run_end(u, i + 1, n, F_LETTER) - i;
   if (f & F_LETTER) return run_end(u, i, n, F_LETTER) - i;
-  if (f & F_NUMBER) {
-    size_t j = i;
-    while (j < n && j - i < 3 && (u[j].flags & F_NUMBER)) ++j;
-    return j - i;
-  }
-  {
-    const size_t s = ((f & F_SPACE) && i + 1 < n) ? i + 1 : i;
-    if (!(u[s].flags & (F_WS | F_LETTER | F_NUMBER))) {
-      size_t j = s;
-      while (j < n && !(u[j].flags & (F_WS | F_LETTER | F_NUMBER))) ++j;
-      return run_end(u, j, n, F_CRLF) - i;
-    }
-  }
+  if (f & F_NUMBER) return match_ds3_digits(u, i, n);
+  const size_t s = after_optional_space(u, i, n);
+  if (!(u[s].flags & kWordOrSpace)) return run_end(u, symbol_run_end(u, s, n), n, F_CRLF) - i;
   if (f & F_WS) return match_whitespace(u, i, n, true);
   return 0;
 }
