@@ -50,7 +50,9 @@ OneGet get_once(const std::string& origin, const std::string& path, const ImageF
                 Clock::time_point deadline) {
   OneGet g;
   httplib::Client client(origin);
-  const double left_s = std::max(1e-3, std::chrono::duration<double>(deadline - Clock::now()).count());
+  // The socket timeouts run a little past the deadline: poll() counts whole milliseconds and can
+  // wake just before it, and a read that timed out must be reported as a slow fetch, not a failed one.
+  const double left_s = std::max(1e-3, std::chrono::duration<double>(deadline - Clock::now()).count()) + 0.05;
   const auto secs = time_t(left_s), usecs = time_t((left_s - double(secs)) * 1e6);
   client.set_connection_timeout(secs, usecs);
   client.set_read_timeout(secs, usecs);
