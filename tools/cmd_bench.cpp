@@ -203,7 +203,7 @@ nlohmann::json by_draft_position(F f) {
 // bench's settings, with their defaults.
 struct BenchSettings {
   std::string model, n_prompt = "512", n_gen = "128", n_depth = "0", threads = std::to_string(default_threads());
-  std::string mtp = "0", expert_policy = "strict", parallel, mtp_model;
+  std::string mtp = "0", expert_policy = "strict", parallel, mtp_model, mem_budget;
   int32_t repetitions = 5, n_batch = GeneratorOptions{}.n_batch, membw_mib = 1024, parallel_prompt = 16;
   double synthetic_accept = -1;  // off
   bool json = false, membw = false, exact = false, verify_cost = false;
@@ -222,6 +222,7 @@ ArgParser bench_parser(BenchSettings& bs) {
               "per token / bandwidth) and tg as a share of it.");
   p.option("-m,--model", "FILE", "GGUF model", bs.model, "the built-in tiny model");
   add_mtp_model_flag(p, bs.mtp_model);
+  add_mem_budget_flag(p, bs.mem_budget);
   p.option("-p,--n-prompt", "N", "prompt tokens, comma list, 0 = skip pp", bs.n_prompt);
   p.option("-n,--n-gen", "N", "generated tokens, comma list, 0 = skip tg", bs.n_gen);
   p.option("-t,--threads", "N", "worker threads, comma list", bs.threads, "number of cores");
@@ -282,6 +283,13 @@ BenchPlan bench_plan(const BenchSettings& bs) {
   plan.routing = adaptive_expert_policy(bs.expert_policy) ? bs.routing : RoutingPolicy{};
   plan.path = bs.model.empty() ? builtin_tiny_model_path() : bs.model;
   return plan;
+}
+
+// The KV positions a --mem-budget keeps room for: the longest test's (before the model is
+// loaded; fit_plan_to_model checks them against the model afterwards).
+int64_t bench_positions(const BenchPlan& plan) {
+  auto most = [](const std::vector<int64_t>& v) { return *std::max_element(v.begin(), v.end()); };
+  return most(plan.depth_list) + std::max(most(plan.n_prompt_list), most(plan.n_gen_list)) + 8;
 }
 
 // The context the tests need (UsageError beyond the model's) and the model's figures.
@@ -438,7 +446,33 @@ class ThreadCountBench {
   nlohmann::json result_, all_tests_ = nlohmann::json::object();
   int64_t depth_ = 0;  // the depth of the tests being run
   double tg_mean_ = 0;  // the last tg test's, for --membw's share of the roofline
+  // --mem-budget: the expert cache's counters when the current test began.
+  offload::ExpertCacheStats cache_mark_;
+  void mark_expert_cache();
+  nlohmann::json expert_cache_since_mark(int64_t n_tok) const;
 };
+
+void ThreadCountBench::mark_expert_cache() {
+  if (const offload::ExpertCache* c = model_.expert_cache()) cache_mark_ = c->stats();
+}
+
+// The expert cache over the current test (warm-up included): hit rate, bytes read per token
+// and the read bandwidth the passes saw.
+nlohmann::json ThreadCountBench::expert_cache_since_mark(int64_t n_tok) const {
+  const offload::ExpertCacheStats now = model_.expert_cache()->stats();
+  const uint64_t hits = now.hits - cache_mark_.hits, misses = now.misses - cache_mark_.misses;
+  const double bytes = double(now.bytes_read - cache_mark_.bytes_read);
+  const double secs = now.read_seconds - cache_mark_.read_seconds;
+  const double tokens = double(n_tok) * double(bs_.repetitions + 1);
+  return {{"hit_rate", hits + misses ? double(hits) / double(hits + misses) : 0.0},
+          {"hits", hits},
+          {"misses", misses},
+          {"bytes_read_per_token", tokens > 0 ? bytes / tokens : 0.0},
+          {"read_bytes_per_s", secs > 0 ? bytes / secs : 0.0},
+          {"slots", now.slots},
+          {"slot_bytes", now.slot_bytes},
+          {"direct_io", now.direct_io}};
+}
 
 ThreadCountBench::ThreadCountBench(const BenchSettings& bs, const BenchPlan& plan, Model& model, int64_t threads,
                                    RandomTokens& tokens)
@@ -480,8 +514,17 @@ void ThreadCountBench::run() {
 // A test's mean +- stddev: a table row, or with --json an entry of the object.
 void ThreadCountBench::report(std::string test, int64_t n_tok, const std::vector<double>& tps, const char* key) {
   const Stat s = stats_of(tps);
-  const nlohmann::json entry = {{"tokens", n_tok}, {"tok_per_s", s.mean}, {"stddev", s.stddev}, {"samples", tps}};
+  nlohmann::json entry = {{"tokens", n_tok}, {"tok_per_s", s.mean}, {"stddev", s.stddev}, {"samples", tps}};
   if (depth_ > 0) test += " @ d" + std::to_string(depth_);
+  if (model_.expert_cache()) {
+    entry["expert_cache"] = expert_cache_since_mark(n_tok);
+    if (!bs_.json) {
+      const nlohmann::json& c = entry["expert_cache"];
+      std::fprintf(stderr, "%s: expert cache hit rate %.1f %%, %.2f MiB read per token at %.0f MB/s\n", test.c_str(),
+                   100 * c["hit_rate"].get<double>(), c["bytes_read_per_token"].get<double>() / (1 << 20),
+                   c["read_bytes_per_s"].get<double>() / 1e6);
+    }
+  }
   if (bs_.json) {
     // Every test under "tests" by its llama-bench name ("pp512", "tg64 @ d8192"); the
     // last pp / tg of the first depth also as "pp" / "tg" (as before -d existed).
@@ -521,6 +564,7 @@ void ThreadCountBench::restart() {
 void ThreadCountBench::bench_pp(int64_t n_prompt) {
   std::vector<int32_t> prompt(static_cast<size_t>(n_prompt));
   std::vector<double> tps;
+  mark_expert_cache();
   for (int r = 0; r <= bs_.repetitions; ++r) {  // r == 0 is the warm-up
     for (auto& t : prompt) t = tokens_();
     restart();
@@ -534,6 +578,7 @@ void ThreadCountBench::bench_pp(int64_t n_prompt) {
 
 void ThreadCountBench::bench_tg(int64_t n_gen) {
   SpeculationTotals spec;
+  mark_expert_cache();
   const std::vector<double> tps = plan_.mtp.max_k == 0 ? time_plain_tg(n_gen) : time_speculative_tg(n_gen, spec);
   report("tg" + std::to_string(n_gen), n_gen, tps, "tg");
   tg_mean_ = stats_of(tps).mean;
@@ -766,7 +811,7 @@ static int bench_main(const Args& args) {
   BenchPlan plan = bench_plan(bs);
   EpSetup ep(p);
   if (ep.is_follower()) return ep.follow(plan.path, int(plan.threads_list.front()), bs.mtp_model);
-  auto model = load_model(plan.path, bs.json, bs.mtp_model);
+  auto model = load_model(plan.path, bs.json, bs.mtp_model, {parse_mem_size(bs.mem_budget), bench_positions(plan), bs.kv_types});
   ep.attach(*model);
   fit_plan_to_model(plan, bs, *model);
   plan.ep = p.has("ep");

@@ -5,6 +5,7 @@
 #include <chrono>
 #include <cstring>
 #include <cstdio>
+#include <cctype>
 #include <cstdlib>
 #include <thread>
 
@@ -26,13 +27,23 @@ double now_seconds() {
   return duration<double>(steady_clock::now().time_since_epoch()).count();
 }
 
-std::unique_ptr<Model> load_model(const std::string& path, bool quiet, const std::string& mtp_model) {
+std::unique_ptr<Model> load_model(const std::string& path, bool quiet, const std::string& mtp_model,
+                                  const ModelMemory& memory) {
   const double t0 = now_seconds();
   Model::LoadOptions opts;
   opts.verbose = !quiet;
   opts.progress = !quiet;
   opts.mtp_model = mtp_model;
-  auto model = Model::load(path, opts);
+  opts.mem_budget = memory.budget;
+  opts.mem_kv_positions = memory.kv_positions;
+  opts.mem_kv_types = memory.kv_types;
+  std::unique_ptr<Model> model;
+  try {
+    model = Model::load(path, opts);
+  } catch (const std::invalid_argument& e) {
+    if (memory.budget == 0) throw;
+    throw UsageError(e.what());  // the budget is too small: say so as the flag's error
+  }
   if (!quiet) {
     const HParams& hp = model->hparams();
     int n_moe = 0, n_swa = 0;
@@ -72,6 +83,34 @@ void write_file_bytes(const std::string& path, const void* data, size_t n) {
   if (!f) throw UsageError("cannot write " + path + ": " + std::strerror(errno));
   const bool ok = std::fwrite(data, 1, n, f) == n;
   if (std::fclose(f) != 0 || !ok) throw UsageError("cannot write " + path);
+}
+
+void add_mem_budget_flag(ArgParser& p, std::string& size) {
+  p.option("--mem-budget", "SIZE", "keep the process within SIZE of memory (e.g. 200M, 16G): dense weights mapped, "
+           "routed experts read from the file into a cache of what is left (docs/memory.md)", size,
+           "none: the file is mapped whole");
+}
+
+uint64_t parse_mem_size(const std::string& size) {
+  if (size.empty()) return 0;
+  char* end = nullptr;
+  errno = 0;
+  const double v = std::strtod(size.c_str(), &end);
+  std::string unit(end);
+  for (const char* suffix : {"iB", "B"})
+    if (unit.size() > std::strlen(suffix) && unit.compare(unit.size() - std::strlen(suffix), std::string::npos, suffix) == 0) {
+      unit.resize(unit.size() - std::strlen(suffix));
+      break;
+    }
+  const std::string units = "KMGT";
+  double scale = 1;
+  if (unit.size() == 1 && units.find(char(std::toupper(static_cast<unsigned char>(unit[0])))) != std::string::npos)
+    scale = double(uint64_t(1) << (10 * (units.find(char(std::toupper(static_cast<unsigned char>(unit[0])))) + 1)));
+  else if (!unit.empty())
+    scale = 0;
+  if (end == size.c_str() || errno != 0 || !(v >= 0) || scale == 0 || v * scale > 1e18)
+    throw UsageError("--mem-budget: expected a size such as 200M, 3.5G or 16G, got '" + size + "'");
+  return uint64_t(v * scale);
 }
 
 void add_mtp_model_flag(ArgParser& p, std::string& mtp_model) {

@@ -39,7 +39,7 @@ namespace {
 
 // eval's settings, with their defaults.
 struct EvalSettings {
-  std::string model_path, token_list, mtp_model, mmproj, prompt, dump_embd;
+  std::string model_path, token_list, mtp_model, mmproj, prompt, dump_embd, mem_budget;
   std::vector<std::string> patches, images;
   int32_t n_greedy = 0, n_ctx = 0, n_threads = default_threads();
   bool all_logits = false, want_hidden = false, exact = false;
@@ -55,6 +55,7 @@ static ArgParser eval_parser(EvalSettings& s) {
                       "--image and --prompt also \"prompt_tokens\" (-1 at image positions) and \"images\"");
   p.option("-m,--model", "FILE", "GGUF model", s.model_path);
   add_mtp_model_flag(p, s.mtp_model);
+  add_mem_budget_flag(p, s.mem_budget);
   p.option("--tokens", "IDS", "comma-separated token ids", s.token_list);
   add_picture_flags(p, s.mmproj, s.images);
   p.option("--prompt", "TEXT", "text with one <__media__> marker per --image, tokenized with BOS and special tokens "
@@ -182,7 +183,8 @@ static int eval_main(const Args& args) {
   if (p.has("dump-image-embd") && s.images.empty()) throw UsageError("--dump-image-embd needs --image");
   EpSetup ep(p);
   if (ep.is_follower()) return ep.follow(s.model_path, s.n_threads, s.mtp_model);
-  auto model = load_model(s.model_path, false, s.mtp_model);
+  auto model = load_model(s.model_path, false, s.mtp_model,
+                          {parse_mem_size(s.mem_budget), s.n_ctx > 0 ? s.n_ctx : 4096, s.go.kv_types});
   if (p.has("prompt")) return eval_prompt(*model, s);
   const auto tokens = parse_token_list(s.token_list);
   const int64_t need = int64_t(tokens.size()) + s.n_greedy;

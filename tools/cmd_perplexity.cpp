@@ -93,6 +93,7 @@ struct Options {
   int32_t n_threads = default_threads();
   bool exact = false;
   KvTypes kv_types;         // llama-perplexity's default: f16 keys and values
+  std::string mem_budget;
   Precision precision() const { return exact ? Precision::Exact : Precision::Native; }
 };
 
@@ -202,6 +203,7 @@ static int perplexity_main(const Args& args) {
   p.option("--exact", "F32 activations on the exact stored weights (default: round activations as llama.cpp does)",
            o.exact);
   add_kv_cache_flags(p, o.kv_types);
+  add_mem_budget_flag(p, o.mem_budget);
   p.flag("--kl-divergence-base", "FILE",
          "without --kl-divergence: save the base log-probabilities there; with it: read them");
   p.flag("--kl-divergence", "", "report KL divergence and the other statistics against --kl-divergence-base");
@@ -216,7 +218,7 @@ static int perplexity_main(const Args& args) {
   if (p.has("file")) text = std::make_unique<std::string>(read_text_file(p.str("file")));
   std::unique_ptr<BaseFileReader> base;
   if (kl) base = std::make_unique<BaseFileReader>(p.str("kl-divergence-base"));
-  auto model = load_model(p.str("model"));
+  auto model = load_model(p.str("model"), false, "", {parse_mem_size(o.mem_budget), o.n_ctx, o.kv_types});
   return kl ? run_kl_divergence(p, *model, *base, text.get(), o) : run_perplexity(p, *model, *text, o);
 }
 

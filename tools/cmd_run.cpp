@@ -18,7 +18,7 @@ namespace {
 
 // run's own settings; the others are SamplingParams and GeneratorOptions.
 struct RunSettings {
-  std::string model, prompt, file, system, mtp, chat_template_file, mtp_model, mmproj;
+  std::string model, prompt, file, system, mtp, chat_template_file, mtp_model, mmproj, mem_budget;
   std::vector<std::string> patches;  // --patch, in order
   std::vector<std::string> images;   // --image, in order
   int32_t n_predict = 128;
@@ -78,6 +78,7 @@ ArgParser run_parser(RunSettings& rs, SamplingParams& sp, GeneratorOptions& go) 
                      "(random weights: the text is gibberish).");
   p.option("-m,--model", "FILE", "GGUF model (first part of a split model)", rs.model, "the built-in tiny model");
   add_mtp_model_flag(p, rs.mtp_model);
+  add_mem_budget_flag(p, rs.mem_budget);
   add_picture_flags(p, rs.mmproj, rs.images);
   p.option("-p,--prompt", "TEXT", "prompt text", rs.prompt);
   p.option("-f,--file", "FILE", "read the prompt from a file", rs.file);
@@ -197,7 +198,7 @@ static int run_main(const Args& args) {
   if (ep.is_follower()) return ep.follow(path, rs.threads, rs.mtp_model);
   RunTimes times;
   const double t_load0 = now_seconds();
-  auto model = load_model(path, false, rs.mtp_model);
+  auto model = load_model(path, false, rs.mtp_model, {parse_mem_size(rs.mem_budget), go.n_ctx, go.kv_types});
   apply_patches(*model, rs.patches);
   ep.attach(*model);
   times.load = now_seconds() - t_load0;

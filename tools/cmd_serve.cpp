@@ -105,7 +105,7 @@ struct ServeFlags {
                        std::to_string(o.reasoning.high)) {}
   int64_t kv_mib, max_body, image_cache_mib, image_url_mib;
   std::string effort_budgets;
-  std::string expert_policy = "strict", mtp = "0", api_key, api_key_file, cors, log_format = "text";
+  std::string expert_policy = "strict", mtp = "0", api_key, api_key_file, cors, log_format = "text", mem_budget;
   bool exact = false, log_steps = false;
 };
 
@@ -115,6 +115,7 @@ struct ServeFlags {
 static void add_serve_model_flags(ArgParser& p, server::ServerOptions& o, ServeFlags& f) {
   p.option("-m,--model", "FILE", "GGUF model (first part of a split model)", o.model_path, "the built-in tiny model");
   add_mtp_model_flag(p, o.mtp_model);
+  add_mem_budget_flag(p, f.mem_budget);
   p.option("--mmproj", "FILE", "vision tower (Step-3.7's step3vl mmproj GGUF): chat requests may then hold pictures "
            "(OpenAI image_url parts, Anthropic image blocks, Responses input_image) as base64 data: URLs", o.mmproj,
            "text only");
@@ -231,6 +232,7 @@ static ArgParser serve_parser(server::ServerOptions& o, ServeFlags& f) {
 static void apply_serve_flags(const ArgParser& p, const ServeFlags& f, server::ServerOptions& o) {
   EngineOptions& e = o.engine;
   o.api_keys = api_keys(f.api_key, f.api_key_file);
+  o.mem_budget = parse_mem_size(f.mem_budget);
   o.cors_origins = split_list(f.cors);
   if (p.has("cors") && o.cors_origins.empty()) throw UsageError("--cors expects origins (or *), got nothing");
   if (f.log_format != "text" && f.log_format != "json")

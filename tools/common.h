@@ -17,7 +17,19 @@ namespace step35::cli {
 int default_threads();
 // Loads a model with a summary on stderr (and a progress bar when stderr is a terminal);
 // `mtp_model` is --mtp-model's value (Model::LoadOptions::mtp_model).
-std::unique_ptr<Model> load_model(const std::string& path, bool quiet = false, const std::string& mtp_model = "");
+// `memory`: --mem-budget and what the command will keep in its KV cache (docs/memory.md).
+struct ModelMemory {
+  uint64_t budget = 0;       // bytes; 0: no budget
+  int64_t kv_positions = 0;  // positions of all sequences held at once
+  KvTypes kv_types;
+};
+std::unique_ptr<Model> load_model(const std::string& path, bool quiet = false, const std::string& mtp_model = "",
+                                  const ModelMemory& memory = {});
+// --mem-budget SIZE (run, serve, bench, eval, perplexity): the value as given.
+void add_mem_budget_flag(ArgParser& p, std::string& size);
+// "200M", "3.5G", "512K", "1T" (powers of 1024; a trailing "iB" or "B" is allowed) or a
+// byte count; "" or "0": no budget. UsageError for anything else.
+uint64_t parse_mem_size(const std::string& size);
 // A file's bytes / writes bytes to a file (UsageError naming the file and the reason).
 std::vector<uint8_t> read_file_bytes(const std::string& path);
 void write_file_bytes(const std::string& path, const void* data, size_t n);

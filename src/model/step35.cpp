@@ -200,7 +200,9 @@ std::unique_ptr<Model> Model::load_parsed(std::unique_ptr<gguf::File> file, std:
     experts = m->weight_bytes_ + m->repack_growth_bytes() <= usable_memory_bytes() / 4 * 3
                   ? LoadOptions::ExpertRepack::OnFirstUse
                   : LoadOptions::ExpertRepack::Never;
+  if (opts.mem_budget > 0) experts = LoadOptions::ExpertRepack::Never;  // the cache holds file rows
   if (repack) m->repack_weights(experts);
+  if (opts.mem_budget > 0) m->start_expert_cache(opts);
   auto base = std::make_shared<WeightSet>();
   base->layers = m->layers_;
   m->weights_ = std::move(base);
@@ -609,7 +611,10 @@ void Model::repack_weights(LoadOptions::ExpertRepack expert_mode) {
   }
   if (kernels::can_repack(output_)) todo.push_back(&output_);
   // One buffer for all of them.
-  for (const WeightMatrix* w : todo) repacked_bytes_ += kernels::repacked_bytes(*w);
+  for (const WeightMatrix* w : todo) {
+    repacked_bytes_ += kernels::repacked_bytes(*w);
+    repacked_rows_bytes_ += w->total_bytes();
+  }
   if (!todo.empty()) {
     packed_.emplace_back(size_t(repacked_bytes_));
     uint8_t* dst = packed_.back().data();
@@ -648,7 +653,10 @@ void Model::repack_weights(LoadOptions::ExpertRepack expert_mode) {
   }
 }
 
-void Model::prepare_experts(int il, const int32_t* experts, int64_t n, ThreadPool& pool) const {
+offload::ExpertCache::Lease Model::prepare_experts(int il, const int32_t* experts, int64_t n,
+                                                   ThreadPool& pool) const {
+  offload::ExpertCache::Lease lease;
+  if (expert_cache_) lease = expert_cache_->acquire(il, experts, n, pool);
   const LayerWeights& W = layers_[size_t(il)];
   struct Todo {
     const WeightMatrix* w;
@@ -659,7 +667,7 @@ void Model::prepare_experts(int il, const int32_t* experts, int64_t n, ThreadPoo
     if (w->lazy)
       for (int64_t i = 0; i < n; ++i)
         if (!w->lazy->is_ready(experts[i])) todo.push_back({w, experts[i]});
-  if (todo.empty()) return;
+  if (todo.empty()) return lease;
   std::lock_guard<std::mutex> lock(lazy_mu_);
   pool.parallel_stealing(int64_t(todo.size()), [&](int64_t i, int) {
     const Todo& t = todo[size_t(i)];
@@ -671,6 +679,7 @@ void Model::prepare_experts(int il, const int32_t* experts, int64_t n, ThreadPoo
     lazy_done_bytes_.fetch_add(lp.mat_bytes, std::memory_order_relaxed);
     lp.ready[size_t(t.e)].store(1, std::memory_order_release);
   });
+  return lease;
 }
 
 void Model::prepare_all_experts(ThreadPool& pool) const {

@@ -15,6 +15,7 @@
 
 #include "gguf/gguf.h"
 #include "model/expert_executor.h"
+#include "offload/expert_cache.h"
 #include "exec/batch.h"
 #include "exec/kv_cache.h"
 #include "tensor/kernels.h"
@@ -151,6 +152,17 @@ class Model {
     // Step-3.7-Flash is released. A path; empty: a file named mtp-*.gguf in the model's
     // folder when the model has no MTP block of its own (kNoMtpSidecar: never look).
     std::string mtp_model;
+
+    // docs/memory.md: the bytes the process may keep in memory (0: no budget, the file is
+    // mapped and the page cache decides). Under a budget the dense weights stay mapped and
+    // the routed experts are read into an expert cache (src/offload) that takes what is left
+    // after them, the KV cache of `mem_kv_positions` positions of `mem_kv_types` (all the
+    // sequences the caller will hold at once) and scratch; the experts are not repacked. A
+    // budget without room for one MoE block's experts is a std::invalid_argument naming the
+    // minimum.
+    uint64_t mem_budget = 0;
+    int64_t mem_kv_positions = 0;
+    KvTypes mem_kv_types;
   };
   static constexpr const char* kNoMtpSidecar = "none";
   // Throws gguf::Error with a one-line message for anything malformed or unsupported.
@@ -195,7 +207,11 @@ class Model {
   // Repacks those of the n experts of MoE block il (expert ids) that are repacked on first
   // use and not yet, on `pool`. The forward pass calls it before computing them; several
   // passes may call it at once.
-  void prepare_experts(int il, const int32_t* experts, int64_t n, ThreadPool& pool) const;
+  // Under a memory budget it also reads those not in the expert cache and keeps them there
+  // until the returned lease is dropped (std::runtime_error when a read fails).
+  offload::ExpertCache::Lease prepare_experts(int il, const int32_t* experts, int64_t n, ThreadPool& pool) const;
+  // The expert cache of a model loaded under a memory budget (null: none).
+  const offload::ExpertCache* expert_cache() const { return expert_cache_.get(); }
   // The same for every expert of every MoE block: the state a server reaches once its
   // traffic has routed to each expert (bench times that state, as a peer that repacks at
   // load does).
@@ -248,6 +264,10 @@ class Model {
   // What repacking every matrix that can be repacked would add to the resident weights
   // (copies minus the file rows they replace; 0 where a copy is no larger).
   uint64_t repack_growth_bytes() const;
+  // LoadOptions::mem_budget: the expert cache, or the error naming the minimum budget.
+  void start_expert_cache(const LoadOptions& opts);
+  // Bytes of the resident weights besides the routed experts (dense weights and their copies).
+  uint64_t dense_resident_bytes(uint64_t expert_bytes) const;
 
   std::unique_ptr<gguf::File> file_;
   std::unique_ptr<gguf::File> mtp_file_;  // the MTP sidecar, if the blocks come from one
@@ -262,6 +282,9 @@ class Model {
   uint64_t weight_bytes_ = 0;
   std::vector<kernels::AlignedBytes> packed_;  // owners of the WeightMatrix::packed copies
   uint64_t repacked_bytes_ = 0;
+  uint64_t repacked_rows_bytes_ = 0;  // the file rows those copies replace
+  std::vector<std::unique_ptr<ResidentMatrices>> resident_;  // expert residency, per tensor
+  std::unique_ptr<offload::ExpertCache> expert_cache_;
   // Experts repacked on first use: their address space, and one LazyPacked per tensor.
   std::unique_ptr<kernels::ReservedBytes> lazy_space_;
   std::vector<std::unique_ptr<LazyPacked>> lazy_packed_;

@@ -550,13 +550,15 @@ ForwardPass::ExpertOutputs ForwardPass::expert_products(int il, const ExpertGrou
   ExpertExecutor* remote = m_.experts_;
   const std::vector<std::vector<int32_t>>* remote_rows = remote ? &remote_tokens(il, groups) : nullptr;
   if (remote) remote->begin(il, acts_for(W.ffn_gate_exps), *remote_rows, prec_);
-  if (W.ffn_gate_exps.lazy || W.ffn_up_exps.lazy || W.ffn_down_exps.lazy) {
-    // Experts repacked on first use: make the copies of those this pass computes.
+  offload::ExpertCache::Lease in_memory;
+  if (W.ffn_gate_exps.lazy || W.ffn_up_exps.lazy || W.ffn_down_exps.lazy || W.ffn_gate_exps.resident) {
+    // Experts repacked on first use: make the copies of those this pass computes. Under a
+    // memory budget: read those not in the expert cache, and keep them there until the end.
     std::vector<int32_t>& routed = ws_.routed_experts;
     routed.clear();
     for (int64_t e = 0; e < hp_.n_expert; ++e)
       if (!(*groups.tokens)[size_t(e)].empty() && computes_here(il, e)) routed.push_back(int32_t(e));
-    m_.prepare_experts(il, routed.data(), int64_t(routed.size()), pool_);
+    in_memory = m_.prepare_experts(il, routed.data(), int64_t(routed.size()), pool_);
   }
   const ExpertActs acts = expert_gate_up(il, groups);
   ExpertOutputs out = expert_down(il, groups, acts);

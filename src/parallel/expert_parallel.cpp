@@ -354,8 +354,9 @@ void compute_work(const Model& m, const std::vector<uint8_t>& msg, std::vector<f
   float* gu = ws.gu.get(size_t(2 * std::max<int64_t>(w.n_rows, 1) * w.F));
   ws.jobs.clear();
   collect_routed_experts(w, m.hparams().n_expert, ws);
-  // Experts repacked on first use: this rank's copies of the ones it computes now.
-  m.prepare_experts(int(w.h.layer), ws.routed_experts.data(), int64_t(ws.routed_experts.size()), pool);
+  // Experts repacked on first use: this rank's copies of the ones it computes now; under a
+  // memory budget, read into this rank's expert cache and kept there to the end.
+  const offload::ExpertCache::Lease in_memory = m.prepare_experts(int(w.h.layer), ws.routed_experts.data(), int64_t(ws.routed_experts.size()), pool);
   gate_up_products(w, gu, ws, pool);
   const DownActs act = swiglu_down_acts(w, gu, ws, pool);
   down_products(w, act, rows, ws, pool);

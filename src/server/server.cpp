@@ -503,6 +503,9 @@ void load(ServerContext& ctx, const ServerOptions& options) {
   try {
     Model::LoadOptions lo;
     lo.mtp_model = options.mtp_model;
+    lo.mem_budget = options.mem_budget;
+    lo.mem_kv_positions = options.engine.kv_bytes > 0 ? 0 : int64_t(options.engine.n_ctx) * options.engine.n_parallel;
+    lo.mem_kv_types = options.engine.kv_types;
     ctx.model = Model::load(options.model_path, lo);
     // Test seam (tests/test_server_lifecycle.cpp): a load that takes this long, so that a
     // test can signal a server that is still loading.

@@ -38,6 +38,7 @@ enum class LogFormat : uint8_t { Text, Json };
 struct ServerOptions {
   std::string model_path;
   std::string mtp_model;  // Model::LoadOptions::mtp_model
+  uint64_t mem_budget = 0;  // --mem-budget: Model::LoadOptions::mem_budget (0: none)
   std::string mmproj;     // the vision tower, a step3vl mmproj GGUF ("": text only)
   size_t image_cache_bytes = size_t(256) << 20;  // embeddings of recent pictures kept (0: none)
   ImageFetchOptions image_fetch;  // pictures by http(s) URL (--allow-image-urls; off by default)

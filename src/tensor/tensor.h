@@ -25,6 +25,15 @@ struct LazyPacked {
   bool is_ready(int64_t m) const { return ready[size_t(m)].load(std::memory_order_acquire) != 0; }
 };
 
+// The matrices of a 3-D tensor that an expert cache (src/offload) holds in memory read
+// from disk, when the file is not mapped for them (a memory budget): matrix m's rows are at
+// where[m] while the cache keeps it there, and the mapping's rows are still correct (only
+// slower) when it does not.
+struct ResidentMatrices {
+  std::unique_ptr<std::atomic<const uint8_t*>[]> where;
+  const uint8_t* at(int64_t m) const { return where[size_t(m)].load(std::memory_order_acquire); }
+};
+
 struct WeightMatrix;
 
 // Replacements of some matrices of a 3-D tensor (fine-tuned experts, model patches):
@@ -50,6 +59,8 @@ struct WeightMatrix {
   const LazyPacked* lazy = nullptr;
   // Matrices replaced by others (3-D tensors only), or null; matrix(m) returns them.
   const MatrixSlots* slots = nullptr;
+  // Matrices an expert cache holds (3-D tensors under a memory budget), or null.
+  const ResidentMatrices* resident = nullptr;
 
   bool present() const { return data != nullptr; }
   size_t mat_bytes() const { return row_bytes * size_t(n_out); }
@@ -71,12 +82,15 @@ inline WeightMatrix WeightMatrix::matrix(int64_t mat) const {
   WeightMatrix m = *this;
   m.data = data + size_t(mat) * mat_bytes();
   if (packed) m.packed = packed + size_t(mat) * packed_mat_bytes;
+  if (resident)
+    if (const uint8_t* p = resident->at(mat)) m.data = p;
   if (lazy && lazy->is_ready(mat)) {
     m.packed = lazy->base + size_t(mat) * lazy->mat_bytes;
     m.packed_mat_bytes = lazy->mat_bytes;
   }
   m.lazy = nullptr;
   m.slots = nullptr;
+  m.resident = nullptr;
   m.n_mat = 1;
   return m;
 }

@@ -1,0 +1,212 @@
+// Models under a memory budget (docs/memory.md): the routed experts come from an expert cache
+// read from the file, and nothing a user sees changes: logits bit-identical with and without
+// a budget, even one so small that every token reads its experts again; a budget below the
+// minimum, and a file changed under a loaded model, are clear errors.
+#include <gtest/gtest.h>
+
+#include <fstream>
+#include <memory>
+#include <stdexcept>
+#include <thread>
+
+#include "engine/sampler.h"
+#include "exec/thread_pool.h"
+#include "model/session.h"
+#include "model/step35.h"
+#include "support.h"
+
+using namespace step35;
+using namespace step35::testing;
+
+namespace {
+
+std::unique_ptr<Model> load(const std::string& path, uint64_t budget) {
+  Model::LoadOptions o;
+  o.verbose = false;
+  o.repack_experts = Model::LoadOptions::ExpertRepack::Never;
+  o.mem_budget = budget;
+  o.mem_kv_positions = 256;
+  return Model::load(path, o);
+}
+
+// The smallest budget the model loads with (its expert cache then holds one MoE block's
+// experts, so a pass through the blocks evicts every expert before the next token needs it).
+uint64_t smallest_budget(const std::string& path) {
+  uint64_t lo = 1, hi = uint64_t(1) << 40;  // lo fails, hi loads
+  while (hi - lo > 1) {
+    const uint64_t mid = lo + (hi - lo) / 2;
+    try {
+      load(path, mid);
+      hi = mid;
+    } catch (const std::invalid_argument&) {
+      lo = mid;
+    }
+  }
+  return hi;
+}
+
+std::vector<int32_t> prompt(int n, int seed) {
+  std::vector<int32_t> p;
+  uint32_t s = uint32_t(seed) * 2654435761u + 7;
+  for (int i = 0; i < n; ++i) {
+    s = s * 1664525u + 1013904223u;
+    p.push_back(3 + int32_t(s >> 8) % 500);
+  }
+  return p;
+}
+
+// Greedy continuation: the logits of the prefill and of each decode step; `misses` (if
+// given) gets the cache's misses after each step.
+std::vector<std::vector<float>> greedy(const Model& m, const std::vector<int32_t>& p, int n_gen, int threads,
+                                       std::vector<uint64_t>* misses = nullptr) {
+  ThreadPool pool(threads);
+  Session s(m, 256, 64, Precision::Native);
+  std::vector<std::vector<float>> rows;
+  std::vector<float> logits;
+  s.forward(p.data(), int32_t(p.size()), false, logits, pool);
+  rows.push_back(logits);
+  for (int i = 0; i < n_gen; ++i) {
+    const int32_t next = Sampler::argmax(logits.data(), logits.size());
+    s.forward(&next, 1, false, logits, pool);
+    rows.push_back(logits);
+    if (misses) misses->push_back(m.expert_cache()->stats().misses);
+  }
+  return rows;
+}
+
+class Budgeted : public ::testing::TestWithParam<const char*> {};
+
+TEST_P(Budgeted, LogitsBitIdenticalWhileEveryTokenMisses) {
+  const std::string path = fixture_model(GetParam());
+  const auto plain = load(path, 0);
+  EXPECT_EQ(plain->expert_cache(), nullptr);
+  const auto p = prompt(37, 3);
+  const auto want = greedy(*plain, p, 6, 2);
+
+  const uint64_t smallest = smallest_budget(path);
+  const auto tight = load(path, smallest);
+  ASSERT_NE(tight->expert_cache(), nullptr);
+  int64_t most_experts = 0, n_moe = 0;
+  for (int il = 0; il < tight->hparams().n_layer; ++il) {
+    most_experts = std::max(most_experts, tight->layer(il).ffn_gate_exps.n_mat);
+    n_moe += tight->layer(il).ffn_gate_exps.present();
+  }
+  ASSERT_GT(n_moe, 1) << "the test needs two MoE blocks to force misses";
+  EXPECT_EQ(tight->expert_cache()->slots(), most_experts);
+  std::vector<uint64_t> misses;
+  for (int threads : {1, 2}) {
+    misses.clear();
+    EXPECT_EQ(greedy(*tight, p, 6, threads, &misses), want) << threads << " threads";
+    for (size_t i = 1; i < misses.size(); ++i)
+      EXPECT_GE(misses[i] - misses[i - 1], uint64_t(n_moe)) << "decode step " << i << " read no expert";
+  }
+  const offload::ExpertCacheStats st = tight->expert_cache()->stats();
+  EXPECT_GT(st.bytes_read, 0u);
+  EXPECT_GT(st.evictions, 0u);
+
+  // Room for every expert: after the first pass only hits, and still the same logits.
+  const auto roomy = load(path, uint64_t(1) << 34);
+  EXPECT_EQ(greedy(*roomy, p, 6, 2), want);
+  const uint64_t misses_first = roomy->expert_cache()->stats().misses;
+  EXPECT_EQ(greedy(*roomy, p, 6, 2), want);
+  EXPECT_EQ(roomy->expert_cache()->stats().misses, misses_first) << "a cache with room for all read again";
+  EXPECT_GT(roomy->expert_cache()->stats().hits, 0u);
+  EXPECT_EQ(roomy->expert_cache()->stats().evictions, 0u);
+}
+
+// Four passes at once on the smallest cache (room for one pass's block at a time): each waits
+// for room instead of failing or deadlocking, and each gets its own logits.
+TEST_P(Budgeted, ConcurrentPassesShareTheSmallestCache) {
+  const std::string path = fixture_model(GetParam());
+  const auto plain = load(path, 0);
+  const std::vector<std::vector<int32_t>> prompts = {prompt(20, 5), prompt(31, 6), prompt(3, 7), prompt(12, 8)};
+  std::vector<std::vector<std::vector<float>>> want;
+  for (const auto& p : prompts) want.push_back(greedy(*plain, p, 5, 1));
+  const auto tight = load(path, smallest_budget(path));
+  std::vector<std::vector<std::vector<float>>> got(prompts.size());
+  std::vector<std::thread> threads;
+  for (size_t i = 0; i < prompts.size(); ++i)
+    threads.emplace_back([&, i] { got[i] = greedy(*tight, prompts[i], 5, 1); });
+  for (auto& t : threads) t.join();
+  for (size_t i = 0; i < prompts.size(); ++i) EXPECT_EQ(got[i], want[i]) << "prompt " << i;
+}
+
+INSTANTIATE_TEST_SUITE_P(Fixtures, Budgeted, ::testing::Values("tiny-a-q4_k_m.gguf", "tiny-a-f32.gguf", "tiny-k-q4_k_m.gguf"),
+                         [](const auto& info) {
+                           std::string n = info.param;
+                           for (char& c : n)
+                             if (c == '-' || c == '.') c = '_';
+                           return n;
+                         });
+
+// A file rewritten under a loaded model: the next read refuses, naming the file, instead of
+// computing with other weights; so does a file cut short.
+TEST(ExpertCacheFaults, FileChangedOnDiskIsAnErrorNotOtherNumbers) {
+  const std::string copy = tmp_dir() + "/expert_cache_changed.gguf";
+  write_bytes(copy, read_bytes(fixture_model("tiny-a-q4_k_m.gguf")));
+  const auto m = load(copy, smallest_budget(copy));
+  const auto p = prompt(9, 1);
+  greedy(*m, p, 2, 1);
+  {
+    std::ofstream grow(copy, std::ios::app | std::ios::binary);
+    grow << "x";
+  }
+  try {
+    greedy(*m, p, 2, 1);
+    FAIL() << "a pass read experts from a changed file";
+  } catch (const std::runtime_error& e) {
+    EXPECT_NE(std::string(e.what()).find("changed on disk"), std::string::npos) << e.what();
+    EXPECT_NE(std::string(e.what()).find(copy), std::string::npos) << e.what();
+  }
+}
+
+TEST(ExpertCacheFaults, BudgetBelowTheMinimumNamesIt) {
+  try {
+    load(fixture_model("tiny-a-q4_k_m.gguf"), 1024);
+    FAIL() << "a 1 KiB budget loaded";
+  } catch (const std::invalid_argument& e) {
+    const std::string what = e.what();
+    EXPECT_NE(what.find("--mem-budget"), std::string::npos) << what;
+    EXPECT_NE(what.find("minimum of"), std::string::npos) << what;
+    EXPECT_NE(what.find("dense weights"), std::string::npos) << what;
+  }
+}
+
+// Through the CLI: the same greedy text with a budget that forces misses as without one; a
+// budget that is too small or not a size is a usage error (exit 2) saying why.
+TEST(ExpertCacheCli, RunAnswersTheSameUnderABudget) {
+  const std::string model = fixture_model("tiny-a-q4_k_m.gguf");
+  const std::string smallest = std::to_string(smallest_budget(model));
+  const std::string run = step35_binary() + " run -m " + model + " -p 'one two three' -n 12 --temp 0 -t 2 -c 256";
+  std::string plain, budgeted, err;
+  ASSERT_EQ(run_command(run, &plain, &err), 0) << err;
+  ASSERT_EQ(run_command(run + " --mem-budget " + smallest, &budgeted, &err), 0) << err;
+  EXPECT_EQ(budgeted, plain);
+  EXPECT_NE(err.find("expert cache:"), std::string::npos) << err;
+  EXPECT_EQ(run_command(run + " --mem-budget 1K", nullptr, &err), 2);
+  EXPECT_NE(err.find("minimum of"), std::string::npos) << err;
+  EXPECT_EQ(run_command(run + " --mem-budget lots", nullptr, &err), 2);
+  EXPECT_NE(err.find("200M"), std::string::npos) << err;
+}
+
+// bench --json reports the cache per test.
+TEST(ExpertCacheCli, BenchJsonReportsTheCache) {
+  const std::string model = fixture_model("tiny-a-q4_k_m.gguf");
+  std::string out, err;
+  ASSERT_EQ(run_command(step35_binary() + " bench -m " + model + " -p 16 -n 8 -r 1 -t 1 --json --mem-budget " +
+                            std::to_string(smallest_budget(model)),
+                        &out, &err),
+            0)
+      << err;
+  const nlohmann::json j = nlohmann::json::parse(out);
+  for (const char* test : {"pp16", "tg8"}) {
+    const nlohmann::json& c = j["tests"][test]["expert_cache"];
+    ASSERT_TRUE(c.is_object()) << j.dump();
+    EXPECT_GT(c["bytes_read_per_token"].get<double>(), 0) << test;
+    EXPECT_GT(c["read_bytes_per_s"].get<double>(), 0) << test;
+    EXPECT_GE(c["hit_rate"].get<double>(), 0) << test;
+    EXPECT_LT(c["hit_rate"].get<double>(), 1) << test;
+  }
+}
+
+}  // namespace
