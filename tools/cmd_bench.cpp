@@ -448,7 +448,9 @@ class ThreadCountBench {
   double tg_mean_ = 0;  // the last tg test's, for --membw's share of the roofline
   // --mem-budget: the expert cache's counters when the current test began.
   offload::ExpertCacheStats cache_mark_;
+  double tg_read_per_token_ = 0;  // the last tg test's expert bytes read per token
   void mark_expert_cache();
+  void bench_disk_bound();
   nlohmann::json expert_cache_since_mark(int64_t n_tok) const;
 };
 
@@ -582,6 +584,8 @@ void ThreadCountBench::bench_tg(int64_t n_gen) {
   const std::vector<double> tps = plan_.mtp.max_k == 0 ? time_plain_tg(n_gen) : time_speculative_tg(n_gen, spec);
   report("tg" + std::to_string(n_gen), n_gen, tps, "tg");
   tg_mean_ = stats_of(tps).mean;
+  if (model_.expert_cache())
+    tg_read_per_token_ = expert_cache_since_mark(n_gen)["bytes_read_per_token"].get<double>();
   if (plan_.mtp.max_k > 0) report_speculation(spec);
 }
 
@@ -748,9 +752,11 @@ void ThreadCountBench::bench_verify_cost() {
 }
 
 void ThreadCountBench::bench_membw() {
-  const size_t mib = size_t(bs_.membw_mib);
+  // Under --mem-budget the buffer stays small: the budget is the process's memory.
+  const size_t mib = model_.expert_cache() ? std::min<size_t>(size_t(bs_.membw_mib), 64) : size_t(bs_.membw_mib);
   const double bw = measure_read_bandwidth(pool_, mib << 20, 5);
   const double roofline = bw / double(plan_.active_bytes);
+  if (model_.expert_cache()) bench_disk_bound();
   if (bs_.json) {
     result_["membw_bytes_per_s"] = bw;
     result_["active_bytes_per_token"] = plan_.active_bytes;
@@ -762,6 +768,26 @@ void ThreadCountBench::bench_membw() {
               (long long)threads_, bw / 1e9, double(plan_.active_bytes) / 1e6, roofline);
   if (tg_mean_ > 0) std::printf("; tg achieved %.1f tok/s = %.0f %% of it", tg_mean_, 100.0 * tg_mean_ / roofline);
   std::printf("\n\n");
+}
+
+// Under --mem-budget: the model file's direct-I/O read bandwidth and the decode speed the
+// last tg test's expert reads allow at that bandwidth.
+void ThreadCountBench::bench_disk_bound() {
+  const double disk = offload::direct_read_bandwidth(plan_.path, uint64_t(1) << 30);
+  const double bound = tg_read_per_token_ > 0 ? disk / tg_read_per_token_ : 0;
+  if (bs_.json) {
+    result_["disk_read_bytes_per_s"] = disk;
+    if (bound > 0) {
+      result_["disk_bound_tok_per_s"] = bound;
+      result_["tg_share_of_disk_bound"] = tg_mean_ / bound;
+    }
+    return;
+  }
+  std::printf("\nthreads %lld: model file read with direct I/O at %.2f GB/s", (long long)threads_, disk / 1e9);
+  if (bound > 0)
+    std::printf("; tg read %.1f MB of experts per token -> disk bound %.1f tok/s, tg achieved %.0f %% of it",
+                tg_read_per_token_ / 1e6, bound, 100.0 * tg_mean_ / bound);
+  std::printf("\n");
 }
 
 // What the lossy policy costs in accuracy: the same random prompt through the strict and

@@ -694,6 +694,15 @@ bool MappedFile::release(const void* p, size_t n) const {
   return true;
 }
 
+bool MappedFile::advise(const void* p, size_t n, Access access) const {
+  const uint8_t* b = static_cast<const uint8_t*>(p);
+  if (b < data_ || n > size_ || size_t(b - data_) > size_ - n) return false;
+  const uintptr_t page = uintptr_t(::sysconf(_SC_PAGESIZE));
+  const uintptr_t first = uintptr_t(b) / page * page, last = uintptr_t(b) + n;
+  ::madvise(reinterpret_cast<void*>(first), last - first, access == Access::Random ? MADV_RANDOM : MADV_WILLNEED);
+  return true;
+}
+
 MappedFile::~MappedFile() {
   if (data_ != nullptr) ::munmap(const_cast<uint8_t*>(data_), size_);
 }
@@ -713,6 +722,14 @@ std::unique_ptr<File> File::parse_buffer(const uint8_t* data, size_t size, const
 void File::release_pages(const void* p, size_t n) const {
   for (const auto& f : files_)
     if (f->release(p, n)) return;
+}
+
+void File::advise(const void* p, size_t n, MappedFile::Access access) const {
+  for (const auto& f : files_)
+    if (p == nullptr)
+      f->advise(f->data(), f->size(), access);
+    else if (f->advise(p, n, access))
+      return;
 }
 
 std::unique_ptr<File> File::open(const std::string& path) {

@@ -83,6 +83,11 @@ class MappedFile {
   // this mapping (true then). A later read maps them again from the page cache, so the
   // bytes stay valid; only memory is given back.
   bool release(const void* p, size_t n) const;
+  // How the bytes [p, p + n) will be read, if they lie in this mapping (true then): Random
+  // stops the kernel reading around a fault (pages of other tensors that then fill the page
+  // cache), WillNeed starts reading the whole range now.
+  enum class Access { Random, WillNeed };
+  bool advise(const void* p, size_t n, Access access) const;
 
  private:
   std::string path_;
@@ -143,6 +148,8 @@ class File {
   // Gives back the resident memory of file bytes this process no longer reads (weights it
   // keeps a converted copy of): see MappedFile::release. No-op for a parsed buffer.
   void release_pages(const void* p, size_t n) const;
+  // MappedFile::advise on the file holding [p, p + n); every file's whole mapping with p null.
+  void advise(const void* p, size_t n, MappedFile::Access access) const;
 
   // Tensors.
   const std::vector<TensorInfo>& tensors() const { return tensors_; }

@@ -27,6 +27,19 @@ uint64_t Model::dense_resident_bytes(uint64_t expert_bytes) const {
   return weight_bytes_ - expert_bytes - repacked_rows_bytes_ + repacked_bytes_;
 }
 
+// The mapping stays for the dense weights, but a fault there reads around it (read_ahead_kb,
+// often MiBs) and pulls experts' pages into the page cache, which counts against the same
+// memory: no read-around anywhere, and the dense tensors read ahead explicitly instead.
+void Model::keep_experts_out_of_page_cache() const {
+  for (const gguf::File* f : {file_.get(), mtp_file_.get()}) {
+    if (!f) continue;
+    f->advise(nullptr, 0, gguf::MappedFile::Access::Random);
+    for (const gguf::TensorInfo& t : f->tensors())
+      if (t.name.find("_exps.") == std::string::npos && t.name != "token_embd.weight")
+        f->advise(t.data, size_t(t.nbytes), gguf::MappedFile::Access::WillNeed);
+  }
+}
+
 void Model::start_expert_cache(const LoadOptions& opts) {
   if (file_->path().empty()) throw std::invalid_argument("a memory budget needs a model file to read experts from");
   std::vector<std::vector<offload::ExpertTensor>> blocks(layers_.size());
@@ -72,6 +85,7 @@ void Model::start_expert_cache(const LoadOptions& opts) {
                                 budget_mib(reserved));
   const uint64_t n_slots = std::min<uint64_t>((opts.mem_budget - dense - reserved) / slot, n_experts);
   expert_cache_ = std::make_unique<offload::ExpertCache>(std::move(blocks), int64_t(n_slots));
+  keep_experts_out_of_page_cache();
   if (opts.verbose)
     std::fprintf(stderr, "expert cache: %llu of %llu experts in memory (%s, %s per expert)%s\n",
                  static_cast<unsigned long long>(n_slots), static_cast<unsigned long long>(n_experts),

@@ -266,6 +266,7 @@ class Model {
   uint64_t repack_growth_bytes() const;
   // LoadOptions::mem_budget: the expert cache, or the error naming the minimum budget.
   void start_expert_cache(const LoadOptions& opts);
+  void keep_experts_out_of_page_cache() const;
   // Bytes of the resident weights besides the routed experts (dense weights and their copies).
   uint64_t dense_resident_bytes(uint64_t expert_bytes) const;
 

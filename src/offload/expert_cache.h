@@ -132,5 +132,10 @@ class ExpertCache {
   ExpertCacheStats stats_;
 };
 
+// The file's sequential read bandwidth with direct I/O (4 MiB reads from the start, up to
+// max_bytes), in bytes per second: what an expert cache can read at best (`bench --membw`).
+// Throws std::runtime_error for a file that cannot be read.
+double direct_read_bandwidth(const std::string& path, uint64_t max_bytes);
+
 }  // namespace offload
 }  // namespace step35
