@@ -3,6 +3,7 @@
 // a budget, even one so small that every token reads its experts again; a budget below the
 // minimum, and a file changed under a loaded model, are clear errors.
 #include <gtest/gtest.h>
+#include <httplib.h>
 
 #include <fstream>
 #include <memory>
@@ -13,6 +14,7 @@
 #include "exec/thread_pool.h"
 #include "model/session.h"
 #include "model/step35.h"
+#include "serve_process.h"
 #include "support.h"
 
 using namespace step35;
@@ -207,6 +209,60 @@ TEST(ExpertCacheCli, BenchJsonReportsTheCache) {
     EXPECT_GE(c["hit_rate"].get<double>(), 0) << test;
     EXPECT_LT(c["hit_rate"].get<double>(), 1) << test;
   }
+}
+
+// The server under a budget: answers as without one, reports the cache on /metrics, and a
+// model file changed under it fails the request that needed a read (500 naming the file)
+// while the server stays up and answers /health.
+TEST(ExpertCacheServe, ServesUnderABudgetAndFailsOnlyTheRequestOnAChangedFile) {
+  const std::string copy = tmp_dir() + "/expert_cache_serve.gguf";
+  write_bytes(copy, read_bytes(fixture_model("tiny-a-q4_k_m.gguf")));
+  const nlohmann::json body = {{"prompt", "one two three"}, {"max_tokens", 8}, {"temperature", 0}};
+  std::string want;
+  {
+    ServeProcess plain({"-m", copy, "-t", "1"}, "expert_cache_plain");
+    httplib::Client c("127.0.0.1", plain.port());
+    const auto r = c.Post("/v1/completions", body.dump(), "application/json");
+    ASSERT_TRUE(r && r->status == 200) << (r ? r->body : "no answer");
+    want = nlohmann::json::parse(r->body)["choices"][0]["text"];
+  }
+  // One sequence of 256 positions: the KV room load() keeps, so the smallest budget is the
+  // same and the cache holds one block's experts (every pass reads).
+  ServeProcess s({"-m", copy, "-t", "1", "--parallel", "1", "-c", "256", "--mem-budget",
+                  std::to_string(smallest_budget(copy))},
+                 "expert_cache_serve");
+  httplib::Client c("127.0.0.1", s.port());
+  c.set_read_timeout(60, 0);
+  auto r = c.Post("/v1/completions", body.dump(), "application/json");
+  ASSERT_TRUE(r && r->status == 200) << (r ? r->body : "no answer");
+  EXPECT_EQ(nlohmann::json::parse(r->body)["choices"][0]["text"], want);
+  const auto m = c.Get("/metrics");
+  ASSERT_TRUE(m);
+  for (const char* name : {"step35_expert_cache_slots ", "step35_expert_cache_misses_total ",
+                           "step35_expert_cache_read_bytes_total ", "step35_expert_cache_hit_rate "})
+    EXPECT_NE(m->body.find(name), std::string::npos) << name;
+  EXPECT_EQ(m->body.find("step35_expert_cache_misses_total 0\n"), std::string::npos) << "no expert was read";
+  {
+    std::ofstream grow(copy, std::ios::app | std::ios::binary);
+    grow << "x";
+  }
+  // A prompt the prefix cache cannot answer, so the pass routes to experts again.
+  const nlohmann::json other = {{"prompt", "seven eight nine ten eleven"}, {"max_tokens", 8}, {"temperature", 0}};
+  bool failed = false;
+  for (int i = 0; i < 4 && !failed; ++i) {  // a pass whose experts were all in memory reads nothing
+    r = c.Post("/v1/completions", other.dump(), "application/json");
+    ASSERT_TRUE(r) << "no answer";
+    if (r->status != 200) {
+      failed = true;
+      EXPECT_EQ(r->status, 500) << r->body;
+      EXPECT_NE(r->body.find("changed on disk"), std::string::npos) << r->body;
+    }
+  }
+  EXPECT_TRUE(failed) << "requests kept computing from a changed file";
+  const auto h = c.Get("/health");
+  ASSERT_TRUE(h);
+  EXPECT_TRUE(s.alive());
+  EXPECT_EQ(s.terminate(), 0);
 }
 
 }  // namespace

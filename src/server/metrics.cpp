@@ -23,8 +23,28 @@ std::string heap_metrics() {
   return out;
 }
 
+namespace {
+void metric(std::string& out, const char* name, const char* type, const char* help, double value);
+
+// Under --mem-budget (docs/memory.md): the expert cache's slots and traffic.
+void append_expert_cache_metrics(std::string& out, const offload::ExpertCache& cache) {
+  const offload::ExpertCacheStats s = cache.stats();
+  metric(out, "step35_expert_cache_slots", "gauge", "routed experts the memory budget keeps in memory", double(s.slots));
+  metric(out, "step35_expert_cache_hits_total", "counter", "experts a pass needed that were in memory", double(s.hits));
+  metric(out, "step35_expert_cache_misses_total", "counter", "experts read from the model file", double(s.misses));
+  metric(out, "step35_expert_cache_hit_rate", "gauge", "hits / (hits + misses) since start", s.hit_rate());
+  metric(out, "step35_expert_cache_evictions_total", "counter", "experts dropped to make room", double(s.evictions));
+  metric(out, "step35_expert_cache_read_bytes_total", "counter", "bytes read from the model file for experts",
+         double(s.bytes_read));
+  metric(out, "step35_expert_cache_read_seconds_total", "counter", "seconds passes waited for expert reads",
+         s.read_seconds);
+}
+}  // namespace
+
 std::string model_memory_metrics(const Model& model) {
-  return "# HELP step35_expert_repacked_bytes routed experts' copies made on first use so far (of "
+  std::string cache;
+  if (const offload::ExpertCache* c = model.expert_cache()) append_expert_cache_metrics(cache, *c);
+  return cache + "# HELP step35_expert_repacked_bytes routed experts' copies made on first use so far (of "
          "step35_expert_repack_bytes)\n# TYPE step35_expert_repacked_bytes gauge\nstep35_expert_repacked_bytes " +
          std::to_string(model.lazy_repacked_so_far()) +
          "\n# HELP step35_expert_repack_bytes bytes all routed experts' copies take once each is used\n"
