@@ -688,7 +688,23 @@ void set_tokenizer_keys(gguf::Writer& w, const Vocab& vocab) {
 }
 
 // Block il's tensors (architecture.md "GGUF: keys and tensors"); V: the vocabulary size.
-void declare_block_tensors(TensorEmitter& T, const Shape& S, const BlockSchedule& blocks, int32_t il, int64_t V) {
+// TinyModelOptions::hot_experts: block il's selection bias, -hot * ln(1 + rank) with the
+// experts ranked in an order drawn from (seed, il).
+std::vector<float> hot_expert_bias(int64_t n_expert, double hot, uint64_t seed, int32_t il) {
+  std::vector<int64_t> order(static_cast<size_t>(n_expert));
+  for (int64_t e = 0; e < n_expert; ++e) order[size_t(e)] = e;
+  uint64_t state = seed * 0x9E3779B97F4A7C15ull + uint64_t(il) + 1;
+  for (int64_t i = n_expert - 1; i > 0; --i) {  // Fisher-Yates with a 64-bit LCG
+    state = state * 6364136223846793005ull + 1442695040888963407ull;
+    std::swap(order[size_t(i)], order[size_t((state >> 33) % uint64_t(i + 1))]);
+  }
+  std::vector<float> bias(static_cast<size_t>(n_expert));
+  for (int64_t r = 0; r < n_expert; ++r) bias[size_t(order[size_t(r)])] = float(-hot * std::log1p(double(r)));
+  return bias;
+}
+
+void declare_block_tensors(TensorEmitter& T, const Shape& S, const BlockSchedule& blocks, int32_t il, int64_t V,
+                           const TinyModelOptions& o) {
   const int64_t E = S.n_embd, D = S.head_dim;
   const int64_t H = blocks.n_head[size_t(il)], G = blocks.n_head_kv[size_t(il)];
   T.norm(block_tensor_name(il, "attn_norm.weight"), E);
@@ -703,7 +719,10 @@ void declare_block_tensors(TensorEmitter& T, const Shape& S, const BlockSchedule
   if (blocks.is_moe[size_t(il)]) {
     const int64_t X = S.n_expert, F = S.n_ff_exp, FS = S.n_ff_shexp;
     T.f32(block_tensor_name(il, "ffn_gate_inp.weight"), {E, X}, 0.0, fan_std(E, kRouterGain));
-    T.f32(block_tensor_name(il, "exp_probs_b.bias"), {X}, 0.0, kRouterBiasStd);
+    if (o.hot_experts > 0)
+      T.values(block_tensor_name(il, "exp_probs_b.bias"), hot_expert_bias(X, o.hot_experts, o.seed, il));
+    else
+      T.f32(block_tensor_name(il, "exp_probs_b.bias"), {X}, 0.0, kRouterBiasStd);
     T.matrix(block_tensor_name(il, "ffn_gate_exps.weight"), {E, F, X}, fan_std(E), true);
     T.matrix(block_tensor_name(il, "ffn_up_exps.weight"), {E, F, X}, fan_std(E), true);
     T.matrix(block_tensor_name(il, "ffn_down_exps.weight"), {F, E, X}, fan_std(F, kResidGain), true);
@@ -725,11 +744,12 @@ void declare_block_tensors(TensorEmitter& T, const Shape& S, const BlockSchedule
 }
 
 // All tensors: globals first, then each block, then the output head.
-void declare_tensors(TensorEmitter& T, const Shape& S, const BlockSchedule& blocks, int64_t V) {
+void declare_tensors(TensorEmitter& T, const Shape& S, const BlockSchedule& blocks, int64_t V,
+                     const TinyModelOptions& o) {
   const int64_t E = S.n_embd;
   T.matrix("token_embd.weight", {E, V}, kEmbdStd);
   T.values("rope_freqs.weight", llama3_rope_factors(S.head_dim, kRopeBase, S.rope_orig_ctx));
-  for (int32_t il = 0; il < S.n_layer + S.n_mtp; ++il) declare_block_tensors(T, S, blocks, il, V);
+  for (int32_t il = 0; il < S.n_layer + S.n_mtp; ++il) declare_block_tensors(T, S, blocks, il, V, o);
   T.norm("output_norm.weight", E);
   T.matrix("output.weight", {E, V}, fan_std(E, kOutGain));
 }
@@ -751,7 +771,7 @@ void make_tiny_model(const TinyModelOptions& options, const std::string& path, T
     set_hparam_keys(w, S, blocks);
     set_tokenizer_keys(w, vocab);
     TensorEmitter T(options.seed, options.weight_type);
-    declare_tensors(T, S, blocks, int64_t(vocab.tokens.size()));
+    declare_tensors(T, S, blocks, int64_t(vocab.tokens.size()), options);
 
     T.emit(w, summary);
     w.write(path);

@@ -15,6 +15,10 @@ struct TinyModelOptions {
   uint64_t seed = 1;
   DType weight_type = DType::F32;  // f32 | f16 | bf16 | q8_0 for matrices; norms/router stay F32
   std::string name;                // general.name; default derived from the output file name
+  // Router bias that makes a few experts hot, as trained routers do (0: the near-even
+  // spread of random routers). Each MoE block ranks its experts in a seeded random order
+  // and biases the expert of rank r by -hot_experts * ln(1 + r).
+  double hot_experts = 0;
 };
 
 // What was written (for `step35 make-tiny`'s JSON summary).
