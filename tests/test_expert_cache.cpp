@@ -61,7 +61,7 @@ std::vector<int32_t> prompt(int n, int seed) {
 }
 
 // Greedy continuation: the logits of the prefill and of each decode step; `misses` (if
-// given) gets the cache's misses after each step.
+// given) gets the experts the cache has read after each step.
 std::vector<std::vector<float>> greedy(const Model& m, const std::vector<int32_t>& p, int n_gen, int threads,
                                        std::vector<uint64_t>* misses = nullptr) {
   ThreadPool pool(threads);
@@ -74,7 +74,10 @@ std::vector<std::vector<float>> greedy(const Model& m, const std::vector<int32_t
     const int32_t next = Sampler::argmax(logits.data(), logits.size());
     s.forward(&next, 1, false, logits, pool);
     rows.push_back(logits);
-    if (misses) misses->push_back(m.expert_cache()->stats().misses);
+    if (misses) {  // read by the pass itself or ahead of it by the prefetcher
+      const offload::ExpertCacheStats st = m.expert_cache()->stats();
+      misses->push_back(st.misses + st.prefetched);
+    }
   }
   return rows;
 }

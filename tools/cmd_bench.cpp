@@ -466,11 +466,18 @@ nlohmann::json ThreadCountBench::expert_cache_since_mark(int64_t n_tok) const {
   const double bytes = double(now.bytes_read - cache_mark_.bytes_read);
   const double secs = now.read_seconds - cache_mark_.read_seconds;
   const double tokens = double(n_tok) * double(bs_.repetitions + 1);
+  const uint64_t ahead = now.prefetched - cache_mark_.prefetched, used = now.prefetch_used - cache_mark_.prefetch_used,
+                 wasted = now.prefetch_wasted - cache_mark_.prefetch_wasted;
   return {{"hit_rate", hits + misses ? double(hits) / double(hits + misses) : 0.0},
           {"hits", hits},
           {"misses", misses},
           {"bytes_read_per_token", tokens > 0 ? bytes / tokens : 0.0},
           {"read_bytes_per_s", secs > 0 ? bytes / secs : 0.0},
+          {"prefetched", ahead},
+          // Of the experts passes would have read themselves, the share read ahead; of those
+          // read ahead, the share evicted before any pass asked for them.
+          {"prefetch_recall", used + misses ? double(used) / double(used + misses) : 0.0},
+          {"prefetch_wasted", ahead ? double(wasted) / double(ahead) : 0.0},
           {"slots", now.slots},
           {"slot_bytes", now.slot_bytes},
           {"direct_io", now.direct_io}};

@@ -90,6 +90,7 @@ class ForwardPass {
     float* shared = nullptr;    // a row per token (null without a shared expert)
   };
   MoeRoute route_tokens(int il);
+  void prefetch_next_block(int il);
   void route_token(const LayerWeights& W, int64_t t, float* router_row, const MoeRoute& r) const;
   ExpertGroups group_by_expert(const MoeRoute& route);
   void record_routing(int il, const MoeRoute& route, const ExpertGroups& groups);
@@ -559,11 +560,40 @@ ForwardPass::ExpertOutputs ForwardPass::expert_products(int il, const ExpertGrou
     for (int64_t e = 0; e < hp_.n_expert; ++e)
       if (!(*groups.tokens)[size_t(e)].empty() && computes_here(il, e)) routed.push_back(int32_t(e));
     in_memory = m_.prepare_experts(il, routed.data(), int64_t(routed.size()), pool_);
+    if (m_.expert_cache_) prefetch_next_block(il);
   }
   const ExpertActs acts = expert_gate_up(il, groups);
   ExpertOutputs out = expert_down(il, groups, acts);
   if (remote) remote->finish(il, *remote_rows, groups.first_row, out.down);
   return out;
+}
+
+// Under a memory budget: the experts the next MoE block will probably route to, by its router
+// applied to this block's FFN input (the residual stream changes little in one block), are
+// read ahead on the cache's reader threads while this block computes. Only where experts go
+// in memory changes, never a result.
+void ForwardPass::prefetch_next_block(int il) {
+  const int next = il + 1;
+  if (next >= hp_.n_layer || !hp_.layers[size_t(next)].is_moe) return;
+  const LayerWeights& W = weights_->layers[size_t(next)];
+  const int64_t X = hp_.n_expert, K = hp_.layers[size_t(next)].n_expert_used, T = T_;
+  float* logits = ws_.next_router.get(size_t(T * X));
+  ws_.jobs.clear();
+  add_job(W.ffn_gate_inp, acts_for(W.ffn_gate_inp), logits, X);
+  run_matmuls(ws_.jobs, pool_);
+  std::vector<uint8_t> wanted(static_cast<size_t>(X), 0);
+  std::vector<int32_t> ids(static_cast<size_t>(K));
+  std::vector<float> sel(static_cast<size_t>(K));
+  for (int64_t t = 0; t < T; ++t) {
+    router_probabilities(hp_.gating_sigmoid, logits + t * X, X);
+    router_top_k(logits + t * X, W.exp_probs_b.empty() ? nullptr : W.exp_probs_b.data(), X, K, ids.data(), sel.data());
+    for (int32_t e : ids) wanted[size_t(e)] = 1;
+  }
+  std::vector<int32_t>& predicted = ws_.predicted_experts;
+  predicted.clear();
+  for (int64_t e = 0; e < X; ++e)
+    if (wanted[size_t(e)] && computes_here(next, e)) predicted.push_back(int32_t(e));
+  m_.expert_cache_->prefetch(next, predicted.data(), int64_t(predicted.size()));
 }
 
 // Replaced experts (model patches) of another type than their tensor run in this process

@@ -52,13 +52,14 @@ void run_matmuls(std::vector<MatJob>& jobs, ThreadPool& pool);
 
 struct Workspace {
   Precision precision = Precision::Native;
-  Scratch<float> x, a, tmp, q, k, v, gate, o, router, gu, down, shared_gu, shared_out, logits_in;
+  Scratch<float> x, a, tmp, q, k, v, gate, o, router, next_router, gu, down, shared_gu, shared_out, logits_in;
   Scratch<float> moe_weights, moe_weights_raw;
   Scratch<int32_t> moe_topk, moe_topk_n;  // selected experts per token (and how many kept)
   Scratch<int32_t> pos, slot, seq_of;     // per token: position, KV slot, chunk index
   std::vector<std::vector<int32_t>> expert_tokens;  // per expert: batch token indices
   std::vector<std::vector<int32_t>> expert_slots;   // per expert: (token*K + slot)
   std::vector<int32_t> routed_experts;              // experts with tokens (first-use repacking)
+  std::vector<int32_t> predicted_experts;           // the next block's, to read ahead (memory budget)
   Scratch<int32_t> slot_row;              // (token*K + slot) -> row in gu/down
   Scratch<int64_t> expert_first_row;      // per expert: its first row in gu/down
   Scratch<uint8_t> row_local;             // expert parallelism: row computed in this process

@@ -87,9 +87,17 @@ ExpertCache::ExpertCache(std::vector<std::vector<ExpertTensor>> blocks, int64_t 
     throw std::runtime_error("expert cache: cannot reserve " + std::to_string(total >> 20) + " MiB for its slots");
   }
   base_ = static_cast<uint8_t*>(p);
+  // Two reads in flight keep a disk busier than one; more would take cores from the pass.
+  for (int i = 0; i < 2; ++i) readers_.emplace_back([this] { reader_loop(); });
 }
 
 ExpertCache::~ExpertCache() {
+  {
+    std::lock_guard<std::mutex> lock(mu_);
+    stopping_ = true;
+  }
+  queued_.notify_all();
+  for (std::thread& t : readers_) t.join();
   for (const auto& tensors : blocks_)
     for (const ExpertTensor& t : tensors)
       for (int64_t m = 0; m < t.n_mat; ++m) t.resident->where[size_t(m)].store(nullptr, std::memory_order_release);
@@ -156,19 +164,24 @@ void ExpertCache::evict(int64_t s) {
   slot_of_[size_t(slot.block)][size_t(slot.expert)] = -1;
   slot.state = SlotState::Empty;
   ++stats_.evictions;
+  if (slot.prefetched) ++stats_.prefetch_wasted;
+  slot.prefetched = false;
 }
 
 ExpertCache::Lease ExpertCache::acquire(int il, const int32_t* experts, int64_t n, ThreadPool& pool) {
-  Lease lease;
-  lease.cache_ = this;
-  const std::vector<Read> reads = claim(il, experts, n, lease.slots_);
-  std::string error = reads.empty() ? std::string() : read_all(reads, pool);
-  if (error.empty()) error = wait_for_others(lease.slots_);
-  if (!error.empty()) {
+  for (int attempt = 0;; ++attempt) {
+    Lease lease;
+    lease.cache_ = this;
+    const std::vector<Read> reads = claim(il, experts, n, lease.slots_);
+    std::string error = reads.empty() ? std::string() : read_all(reads, pool);
+    bool others_failed = false;
+    if (error.empty()) others_failed = !(error = wait_for_others(lease.slots_)).empty();
+    if (error.empty()) return lease;
     lease.release();
-    throw std::runtime_error(error);
+    // A read another pass or the prefetcher made failed: read those experts here once, so
+    // the error (if it persists) is this pass's own.
+    if (!others_failed || attempt > 0) throw std::runtime_error(error);
   }
-  return lease;
 }
 
 // Pins the experts that are in a slot (ready, or being read by another pass) and claims a
@@ -192,6 +205,8 @@ std::vector<ExpertCache::Read> ExpertCache::claim(int il, const int32_t* experts
       slot.last_use = ++tick_;
       pinned.push_back(s);
       ++stats_.hits;
+      stats_.prefetch_used += slot.prefetched;
+      slot.prefetched = false;
     }
     missing.resize(kept);
     if (unpinned_ >= int64_t(missing.size())) break;
@@ -240,26 +255,75 @@ std::string ExpertCache::read_all(const std::vector<Read>& reads, ThreadPool& po
     std::lock_guard<std::mutex> lock(mu_);
     stats_.read_seconds += std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
     for (size_t i = 0; i < reads.size(); ++i) {
-      const Read& r = reads[i];
-      Slot& slot = slots_[size_t(r.slot)];
-      if (!errors[i].empty()) {
-        if (error.empty()) error = errors[i];
-        slot.state = SlotState::Ready;  // so that evict() clears it like any other
-        evict(r.slot);
-        --stats_.evictions;
-        continue;
-      }
-      uint8_t* at = slot_data(r.slot);
-      for (const ExpertTensor& t : blocks_[size_t(r.block)]) {
-        const uint64_t off = t.offset + uint64_t(r.expert) * t.mat_bytes;
-        t.resident->where[size_t(r.expert)].store(at + (off - align_down(off)), std::memory_order_release);
-        at += window_bytes(t.mat_bytes);
-      }
-      slot.state = SlotState::Ready;
+      publish(reads[i], errors[i]);
+      if (error.empty()) error = errors[i];
     }
   }
   changed_.notify_all();
   return error;
+}
+
+void ExpertCache::publish(const Read& r, const std::string& error) {
+  Slot& slot = slots_[size_t(r.slot)];
+  if (!error.empty()) {
+    slot.state = SlotState::Ready;  // so that evict() clears it like any other
+    slot.prefetched = false;
+    evict(r.slot);
+    --stats_.evictions;
+    return;
+  }
+  uint8_t* at = slot_data(r.slot);
+  for (const ExpertTensor& t : blocks_[size_t(r.block)]) {
+    const uint64_t off = t.offset + uint64_t(r.expert) * t.mat_bytes;
+    t.resident->where[size_t(r.expert)].store(at + (off - align_down(off)), std::memory_order_release);
+    at += window_bytes(t.mat_bytes);
+  }
+  slot.state = SlotState::Ready;
+}
+
+void ExpertCache::prefetch(int il, const int32_t* experts, int64_t n) {
+  {
+    std::lock_guard<std::mutex> lock(mu_);
+    for (int64_t i = 0; i < n && unpinned_ > 0; ++i) {
+      const int32_t e = experts[i];
+      if (slot_of_[size_t(il)][size_t(e)] >= 0) continue;
+      const int64_t s = pick_victim();
+      evict(s);
+      Slot& slot = slots_[size_t(s)];
+      slot.block = il;
+      slot.expert = e;
+      slot.state = SlotState::Loading;
+      slot.pins = 1;  // the reader's, until the bytes are in
+      slot.last_use = ++tick_;
+      slot.prefetched = true;
+      --unpinned_;
+      slot_of_[size_t(il)][size_t(e)] = s;
+      prefetch_queue_.push_back({s, il, e});
+      ++stats_.prefetched;
+    }
+  }
+  queued_.notify_all();
+}
+
+void ExpertCache::reader_loop() {
+  std::unique_lock<std::mutex> lock(mu_);
+  for (;;) {
+    queued_.wait(lock, [&] { return stopping_ || !prefetch_queue_.empty(); });
+    if (stopping_) return;
+    const Read r = prefetch_queue_.front();
+    prefetch_queue_.pop_front();
+    lock.unlock();
+    std::string error;
+    try {
+      read_expert(r);
+    } catch (const std::exception& e) {
+      error = e.what();
+    }
+    lock.lock();
+    publish(r, error);
+    if (--slots_[size_t(r.slot)].pins == 0) ++unpinned_;
+    changed_.notify_all();
+  }
 }
 
 // Waits until the pinned experts another pass was reading are in; "" or why one is not.

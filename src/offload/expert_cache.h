@@ -16,7 +16,9 @@
 #include <cstdint>
 #include <memory>
 #include <mutex>
+#include <deque>
 #include <string>
+#include <thread>
 #include <vector>
 
 #include "tensor/tensor.h"
@@ -43,6 +45,9 @@ struct ExpertCacheStats {
   uint64_t evictions = 0;   // experts dropped to make room
   uint64_t bytes_read = 0;  // from the file, alignment padding included
   double read_seconds = 0;  // wall time passes waited for reads
+  uint64_t prefetched = 0;       // experts read ahead of the pass that needed them
+  uint64_t prefetch_used = 0;    // of those, asked for by a pass while still in memory
+  uint64_t prefetch_wasted = 0;  // of those, evicted before any pass asked for them
   int64_t slots = 0;
   size_t slot_bytes = 0;
   bool direct_io = false;   // O_DIRECT on every file
@@ -81,6 +86,11 @@ class ExpertCache {
   // comes up short, or the file changed since it was opened; nothing stays pinned then.
   Lease acquire(int il, const int32_t* experts, int64_t n, ThreadPool& pool);
 
+  // Starts reading those of experts[0..n) of block il that are in no slot, on the cache's
+  // reader threads, into slots no pass has pinned; returns at once. As many as there is
+  // room for; a failed read is dropped (the pass that needs the expert reads it again).
+  void prefetch(int il, const int32_t* experts, int64_t n);
+
   ExpertCacheStats stats() const;
   int64_t slots() const { return n_slots_; }
 
@@ -91,6 +101,7 @@ class ExpertCache {
     SlotState state = SlotState::Empty;
     int32_t pins = 0;
     uint64_t last_use = 0;
+    bool prefetched = false;  // read ahead and not asked for yet
   };
   struct OpenFile {
     std::string path;
@@ -110,6 +121,10 @@ class ExpertCache {
   std::string read_all(const std::vector<Read>& reads, ThreadPool& pool);
   std::string wait_for_others(const std::vector<int64_t>& pinned);
   void read_expert(const Read& r);  // throws
+  // After reading r (error: why it failed, or ""): its tensors point into the slot, or the
+  // slot is empty again (lock held).
+  void publish(const Read& r, const std::string& error);
+  void reader_loop();
   void read_range(const OpenFile& f, uint64_t offset, size_t bytes, uint8_t* dst);
   void check_unchanged(const OpenFile& f) const;
   void unpin(const std::vector<int64_t>& slots);
@@ -130,6 +145,10 @@ class ExpertCache {
   mutable std::mutex mu_;
   std::condition_variable changed_;  // a slot was unpinned or finished loading
   ExpertCacheStats stats_;
+  std::deque<Read> prefetch_queue_;
+  std::condition_variable queued_;
+  bool stopping_ = false;
+  std::vector<std::thread> readers_;
 };
 
 // The file's sequential read bandwidth with direct I/O (4 MiB reads from the start, up to

@@ -38,6 +38,12 @@ void append_expert_cache_metrics(std::string& out, const offload::ExpertCache& c
          double(s.bytes_read));
   metric(out, "step35_expert_cache_read_seconds_total", "counter", "seconds passes waited for expert reads",
          s.read_seconds);
+  metric(out, "step35_expert_cache_prefetched_total", "counter", "experts read ahead of the pass (next block's router)",
+         double(s.prefetched));
+  metric(out, "step35_expert_cache_prefetch_used_total", "counter", "experts read ahead that a pass then asked for",
+         double(s.prefetch_used));
+  metric(out, "step35_expert_cache_prefetch_wasted_total", "counter", "experts read ahead and evicted unused",
+         double(s.prefetch_wasted));
 }
 }  // namespace
 
