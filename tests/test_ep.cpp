@@ -178,6 +178,24 @@ TEST(EpMpi, EvalMatchesSingleProcess) {
   }
 }
 
+// Every rank under --mem-budget (each its own expert cache, at the smallest budget rank 0
+// accepts, so experts are read on every token): the same JSON as one process without one.
+TEST(EpMpi, BudgetedRanksMatchSingleProcess) {
+  std::string why;
+  if (!have_mpirun(&why)) GTEST_SKIP() << why;
+  const std::string model = fixture_models().front();
+  const std::string args = " eval -m " + model + " --tokens " + kTokens + " --all-logits --greedy 6 -t 1";
+  std::string ref, got, err;
+  ASSERT_EQ(run_command(bin() + args, &ref, &err), 0) << err;
+  EXPECT_EQ(run_command(bin() + args + " --mem-budget 1", nullptr, &err), 2);
+  const size_t at = err.find("minimum of ");
+  ASSERT_NE(at, std::string::npos) << err;
+  const double mib = std::stod(err.substr(at + 11));
+  const std::string budget = std::to_string(uint64_t((mib + 0.1) * 1048576));
+  ASSERT_EQ(run_command(mpirun(2) + args + " --ep --mem-budget " + budget, &got, &err), 0) << err;
+  EXPECT_EQ(got, ref);
+}
+
 // Greedy text from `run` (with MTP speculative decoding where the model has MTP blocks,
 // whose MoE goes through the ranks too) is identical.
 TEST(EpMpi, GreedyRunMatchesSingleProcess) {

@@ -843,7 +843,8 @@ static int bench_main(const Args& args) {
   if (!p.parse(args)) return 0;
   BenchPlan plan = bench_plan(bs);
   EpSetup ep(p);
-  if (ep.is_follower()) return ep.follow(plan.path, int(plan.threads_list.front()), bs.mtp_model);
+  if (ep.is_follower())
+    return ep.follow(plan.path, int(plan.threads_list.front()), bs.mtp_model, parse_mem_size(bs.mem_budget));
   auto model = load_model(plan.path, bs.json, bs.mtp_model, {parse_mem_size(bs.mem_budget), bench_positions(plan), bs.kv_types});
   ep.attach(*model);
   fit_plan_to_model(plan, bs, *model);

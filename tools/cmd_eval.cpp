@@ -182,7 +182,7 @@ static int eval_main(const Args& args) {
   if (!s.images.empty() && s.mmproj.empty()) throw UsageError("--image needs --mmproj (the model's vision tower)");
   if (p.has("dump-image-embd") && s.images.empty()) throw UsageError("--dump-image-embd needs --image");
   EpSetup ep(p);
-  if (ep.is_follower()) return ep.follow(s.model_path, s.n_threads, s.mtp_model);
+  if (ep.is_follower()) return ep.follow(s.model_path, s.n_threads, s.mtp_model, parse_mem_size(s.mem_budget));
   auto model = load_model(s.model_path, false, s.mtp_model,
                           {parse_mem_size(s.mem_budget), s.n_ctx > 0 ? s.n_ctx : 4096, s.go.kv_types});
   if (p.has("prompt")) return eval_prompt(*model, s);

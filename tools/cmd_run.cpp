@@ -195,7 +195,7 @@ static int run_main(const Args& args) {
 
   EpSetup ep(p);
   const std::string path = run_model_path(rs, ep.is_follower());
-  if (ep.is_follower()) return ep.follow(path, rs.threads, rs.mtp_model);
+  if (ep.is_follower()) return ep.follow(path, rs.threads, rs.mtp_model, parse_mem_size(rs.mem_budget));
   RunTimes times;
   const double t_load0 = now_seconds();
   auto model = load_model(path, false, rs.mtp_model, {parse_mem_size(rs.mem_budget), go.n_ctx, go.kv_types});

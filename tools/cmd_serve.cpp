@@ -266,7 +266,7 @@ static int serve_main(const Args& args) {
                  o.model_path.c_str());
   }
   apply_serve_flags(p, f, o);
-  if (ep.is_follower()) return ep.follow(o.model_path, o.engine.n_threads, o.mtp_model);
+  if (ep.is_follower()) return ep.follow(o.model_path, o.engine.n_threads, o.mtp_model, o.mem_budget);
   o.on_model_loaded = [&ep](Model& model) { ep.attach(model); };
   return server::serve(o);
 }

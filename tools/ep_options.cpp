@@ -43,10 +43,10 @@ EpSetup::~EpSetup() {
   // mpi_'s destructor (last) releases the followers and finalises MPI.
 }
 
-int EpSetup::follow(const std::string& model_path, int n_threads, const std::string& mtp_model) {
+int EpSetup::follow(const std::string& model_path, int n_threads, const std::string& mtp_model, uint64_t mem_budget) {
   std::unique_ptr<Model> model;
   try {
-    model = load_model(model_path, true, mtp_model);
+    model = load_model(model_path, true, mtp_model, {mem_budget, 0, {}});
   } catch (const std::exception& e) {
     std::fprintf(stderr, "step35 rank %d: error: %s\n", mpi_->rank(), e.what());
     mpi_->abort_all(1);

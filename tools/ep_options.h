@@ -31,7 +31,8 @@ class EpSetup {
   bool is_follower() const { return mpi_ && mpi_->rank() > 0; }
   int n_ranks() const { return mpi_ ? mpi_->n_ranks() : 1; }
   // Ranks > 0: load the model quietly and compute experts for rank 0 until it is done.
-  int follow(const std::string& model_path, int n_threads, const std::string& mtp_model = "");
+  // `mem_budget`: this rank's --mem-budget (its expert cache; it holds no KV cache).
+  int follow(const std::string& model_path, int n_threads, const std::string& mtp_model = "", uint64_t mem_budget = 0);
   // Rank 0 (or no --ep): install the executor and the expert-count recorder on `model`,
   // which must not be used for forward passes after this object is destroyed (declare
   // the EpSetup before the model).
