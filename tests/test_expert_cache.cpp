@@ -139,6 +139,37 @@ TEST_P(Budgeted, ConcurrentPassesShareTheSmallestCache) {
   for (size_t i = 0; i < prompts.size(); ++i) EXPECT_EQ(got[i], want[i]) << "prompt " << i;
 }
 
+// A model patch that swaps experts (hot-swap) under a budget: the same logits as the same
+// patch without one, and the swapped expert's slot is given back.
+TEST_P(Budgeted, ReplacedExpertsGiveTheSameLogits) {
+  const std::string path = fixture_model(GetParam());
+  const auto plain = load(path, 0);
+  const auto tight = load(path, smallest_budget(path));
+  int moe = -1;
+  for (int il = 0; il < plain->hparams().n_layer && moe < 0; ++il)
+    if (plain->layer(il).ffn_up_exps.present()) moe = il;
+  ASSERT_GE(moe, 0);
+  // Expert 0 of every matrix of one block becomes a copy of expert 1 (file bytes, from the
+  // mapping of the model without a budget, which outlives both).
+  std::vector<MatrixReplacement> swap;
+  for (const char* name : {"ffn_gate_exps.weight", "ffn_up_exps.weight", "ffn_down_exps.weight"}) {
+    const LayerWeights& W = plain->layer(moe);
+    const WeightMatrix& w = std::string(name) == "ffn_gate_exps.weight" ? W.ffn_gate_exps
+                            : std::string(name) == "ffn_up_exps.weight" ? W.ffn_up_exps
+                                                                        : W.ffn_down_exps;
+    const WeightMatrix one = w.matrix(1);
+    swap.push_back({block_tensor_name(moe, name), 0, one.type, one.data, one.mat_bytes(), nullptr});
+  }
+  const auto p = prompt(29, 11);
+  greedy(*tight, p, 2, 2);  // experts in slots before the swap
+  plain->set_replacements(swap);
+  tight->set_replacements(swap);
+  EXPECT_EQ(greedy(*tight, p, 6, 2), greedy(*plain, p, 6, 2));
+  tight->set_replacements({});
+  plain->set_replacements({});
+  EXPECT_EQ(greedy(*tight, p, 6, 2), greedy(*plain, p, 6, 2)) << "after restoring the file's experts";
+}
+
 INSTANTIATE_TEST_SUITE_P(Fixtures, Budgeted, ::testing::Values("tiny-a-q4_k_m.gguf", "tiny-a-f32.gguf", "tiny-k-q4_k_m.gguf"),
                          [](const auto& info) {
                            std::string n = info.param;

@@ -97,6 +97,7 @@ class ForwardPass {
   ExpertOutputs expert_products(int il, const ExpertGroups& groups);
   bool computes_here(int il, int64_t e) const;  // expert e of block il runs in this process
   bool replaced_with_other_type(int il, int64_t e) const;
+  bool fully_replaced(int il, int64_t e) const;
   // The groups' tokens of the experts the other processes compute (expert parallelism).
   const std::vector<std::vector<int32_t>>& remote_tokens(int il, const ExpertGroups& groups);
   ExpertActs expert_gate_up(int il, const ExpertGroups& groups);
@@ -558,7 +559,8 @@ ForwardPass::ExpertOutputs ForwardPass::expert_products(int il, const ExpertGrou
     std::vector<int32_t>& routed = ws_.routed_experts;
     routed.clear();
     for (int64_t e = 0; e < hp_.n_expert; ++e)
-      if (!(*groups.tokens)[size_t(e)].empty() && computes_here(il, e)) routed.push_back(int32_t(e));
+      if (!(*groups.tokens)[size_t(e)].empty() && computes_here(il, e) && !fully_replaced(il, e))
+        routed.push_back(int32_t(e));
     in_memory = m_.prepare_experts(il, routed.data(), int64_t(routed.size()), pool_);
     if (m_.expert_cache_) prefetch_next_block(il);
   }
@@ -592,7 +594,7 @@ void ForwardPass::prefetch_next_block(int il) {
   std::vector<int32_t>& predicted = ws_.predicted_experts;
   predicted.clear();
   for (int64_t e = 0; e < X; ++e)
-    if (wanted[size_t(e)] && computes_here(next, e)) predicted.push_back(int32_t(e));
+    if (wanted[size_t(e)] && computes_here(next, e) && !fully_replaced(next, e)) predicted.push_back(int32_t(e));
   m_.expert_cache_->prefetch(next, predicted.data(), int64_t(predicted.size()));
 }
 
@@ -601,6 +603,13 @@ void ForwardPass::prefetch_next_block(int il) {
 // format.
 bool ForwardPass::computes_here(int il, int64_t e) const {
   return !m_.experts_ || m_.experts_->is_local(il, int32_t(e)) || replaced_with_other_type(il, e);
+}
+
+// Whether all three matrices of expert e are replaced (model patches): nothing of the file's
+// expert is read then.
+bool ForwardPass::fully_replaced(int il, int64_t e) const {
+  const LayerWeights& W = weights_->layers[size_t(il)];
+  return W.ffn_gate_exps.replaced(e) && W.ffn_up_exps.replaced(e) && W.ffn_down_exps.replaced(e);
 }
 
 bool ForwardPass::replaced_with_other_type(int il, int64_t e) const {

@@ -112,6 +112,14 @@ void Model::set_replacements(std::vector<MatrixReplacement> replacements) {
       *w = m;
     }
   }
+  // Under a memory budget, an expert swapped for a replacement gives its slot back: passes
+  // from now on read the replacement (a partly replaced expert reads its other matrices
+  // into a slot again when routed to).
+  if (expert_cache_)
+    for (const MatrixReplacement& r : replacements) {
+      std::string name;
+      if (r.expert >= 0) expert_cache_->drop(parse_block(r.tensor, &name), r.expert);
+    }
   set->replacements = std::move(replacements);
   std::lock_guard<std::mutex> lock(weights_mu_);
   set->version = ++weights_version_;

@@ -414,6 +414,13 @@ double direct_read_bandwidth(const std::string& path, uint64_t max_bytes) {
   return secs > 0 ? double(done) / secs : 0;
 }
 
+void ExpertCache::drop(int il, int32_t e) {
+  std::lock_guard<std::mutex> lock(mu_);
+  if (il < 0 || size_t(il) >= slot_of_.size() || e < 0 || size_t(e) >= slot_of_[size_t(il)].size()) return;
+  const int64_t s = slot_of_[size_t(il)][size_t(e)];
+  if (s >= 0 && slots_[size_t(s)].pins == 0) evict(s);
+}
+
 ExpertCacheStats ExpertCache::stats() const {
   std::lock_guard<std::mutex> lock(mu_);
   return stats_;

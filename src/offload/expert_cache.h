@@ -91,6 +91,10 @@ class ExpertCache {
   // room for; a failed read is dropped (the pass that needs the expert reads it again).
   void prefetch(int il, const int32_t* experts, int64_t n);
 
+  // Gives back the slot of expert e of block il (a model patch replaced it) unless a pass
+  // holds it; a later pass that routes to it reads it again.
+  void drop(int il, int32_t e);
+
   ExpertCacheStats stats() const;
   int64_t slots() const { return n_slots_; }
 
