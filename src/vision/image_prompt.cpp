@@ -34,10 +34,11 @@ void check_prompt(std::string_view prompt, size_t n_images, const Tokenizer& tok
                                 std::to_string(n_images) + " image" + (n_images == 1 ? "" : "s"));
 }
 
-// Where a picture's chunk rows come from: the tower (or the cache), or nowhere when only the
-// layout is wanted (null: the chunks' sizes then come from the plan).
+// Where a picture's chunk rows come from: the tower (or the cache, by the picture's digest,
+// which the source appends to `digests`), or nowhere when only the layout is wanted (null:
+// the chunks' sizes then come from the plan, and no digest is computed).
 using ChunkSource = std::function<std::shared_ptr<const PictureEmbeddings>(size_t image, const Step3vlPlan& plan,
-                                                                           const Digest& digest)>;
+                                                                           std::vector<Digest>& digests)>;
 
 // The prompt's tokens around the markers, each picture's layout in its marker's place, and
 // its chunks' rows (when the source gives them) at the -1 positions.
@@ -58,8 +59,7 @@ ImagePrompt assemble(std::string_view prompt, const std::vector<RgbImage>& image
     pending += prompt.substr(at, m - at);
     at = m + marker.size();
     const Step3vlPlan plan = plan_step3vl(images[i].nx, images[i].ny, cfg);
-    out.digests.push_back(picture_digest(images[i]));
-    const std::shared_ptr<const PictureEmbeddings> chunks = source(i, plan, out.digests.back());
+    const std::shared_ptr<const PictureEmbeddings> chunks = source(i, plan, out.digests);
     for (const LayoutPiece& piece : step3vl_layout(plan)) {
       if (piece.chunk < 0) {
         pending += piece.text;
@@ -97,7 +97,8 @@ ImagePrompt build_image_prompt(std::string_view prompt, const std::vector<RgbIma
   const auto t0 = std::chrono::steady_clock::now();
   int32_t n_encoded = 0;
   ImagePrompt out = assemble(prompt, images, encoder.config(), tok, n_embd, add_bos, marker,
-                             [&](size_t i, const Step3vlPlan& plan, const Digest& digest) {
+                             [&](size_t i, const Step3vlPlan& plan, std::vector<Digest>& digests) {
+                               const Digest& digest = digests.emplace_back(picture_digest(images[i]));
                                std::shared_ptr<const PictureEmbeddings> chunks = cache ? cache->find(digest) : nullptr;
                                if (!chunks) {
                                  chunks = std::make_shared<const PictureEmbeddings>(
@@ -115,7 +116,7 @@ ImagePrompt build_image_prompt(std::string_view prompt, const std::vector<RgbIma
 ImagePrompt image_prompt_layout(std::string_view prompt, const std::vector<RgbImage>& images,
                                 const Step3vlConfig& cfg, const Tokenizer& tok, bool add_bos, std::string_view marker) {
   check_prompt(prompt, images.size(), tok, marker);
-  const ChunkSource layout_only = [](size_t, const Step3vlPlan&, const Digest&) { return nullptr; };
+  const ChunkSource layout_only = [](size_t, const Step3vlPlan&, std::vector<Digest>&) { return nullptr; };
   return assemble(prompt, images, cfg, tok, 0, add_bos, marker, layout_only);
 }
 

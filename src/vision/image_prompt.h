@@ -31,7 +31,7 @@ struct ImagePrompt {
     bool overview = false;
   };
   std::vector<Step3vlPlan> plans;   // per picture
-  std::vector<Digest> digests;      // per picture (picture_digest)
+  std::vector<Digest> digests;      // per picture (picture_digest); none from image_prompt_layout
   int32_t n_encoded = 0;            // pictures that went through the tower (not in the cache)
   std::vector<Chunk> chunks;        // every image chunk, prompt order
   std::vector<float> image_embeddings;  // the chunks' rows, prompt order (one per -1 token)
