@@ -159,13 +159,32 @@ int64_t ExpertCache::pick_victim() {
 void ExpertCache::evict(int64_t s) {
   Slot& slot = slots_[size_t(s)];
   if (slot.state == SlotState::Empty) return;
+  ++stats_.evictions;
+  if (slot.prefetched) ++stats_.prefetch_wasted;
+  empty_slot(s);
+}
+
+void ExpertCache::empty_slot(int64_t s) {
+  Slot& slot = slots_[size_t(s)];
   for (const ExpertTensor& t : blocks_[size_t(slot.block)])
     t.resident->where[size_t(slot.expert)].store(nullptr, std::memory_order_release);
   slot_of_[size_t(slot.block)][size_t(slot.expert)] = -1;
   slot.state = SlotState::Empty;
-  ++stats_.evictions;
-  if (slot.prefetched) ++stats_.prefetch_wasted;
   slot.prefetched = false;
+}
+
+int64_t ExpertCache::take_slot(int il, int32_t e) {
+  const int64_t s = pick_victim();
+  evict(s);
+  Slot& slot = slots_[size_t(s)];
+  slot.block = il;
+  slot.expert = e;
+  slot.state = SlotState::Loading;
+  slot.pins = 1;
+  slot.last_use = ++tick_;
+  --unpinned_;
+  slot_of_[size_t(il)][size_t(e)] = s;
+  return s;
 }
 
 ExpertCache::Lease ExpertCache::acquire(int il, const int32_t* experts, int64_t n, ThreadPool& pool) {
@@ -221,16 +240,7 @@ std::vector<ExpertCache::Read> ExpertCache::claim(int il, const int32_t* experts
   }
   std::vector<Read> reads;
   for (int32_t e : missing) {
-    const int64_t s = pick_victim();
-    evict(s);
-    Slot& slot = slots_[size_t(s)];
-    slot.block = il;
-    slot.expert = e;
-    slot.state = SlotState::Loading;
-    slot.pins = 1;
-    slot.last_use = ++tick_;
-    --unpinned_;
-    slot_of_[size_t(il)][size_t(e)] = s;
+    const int64_t s = take_slot(il, e);
     pinned.push_back(s);
     reads.push_back({s, il, e});
     ++stats_.misses;
@@ -266,10 +276,7 @@ std::string ExpertCache::read_all(const std::vector<Read>& reads, ThreadPool& po
 void ExpertCache::publish(const Read& r, const std::string& error) {
   Slot& slot = slots_[size_t(r.slot)];
   if (!error.empty()) {
-    slot.state = SlotState::Ready;  // so that evict() clears it like any other
-    slot.prefetched = false;
-    evict(r.slot);
-    --stats_.evictions;
+    empty_slot(r.slot);
     return;
   }
   uint8_t* at = slot_data(r.slot);
@@ -287,17 +294,8 @@ void ExpertCache::prefetch(int il, const int32_t* experts, int64_t n) {
     for (int64_t i = 0; i < n && unpinned_ > 0; ++i) {
       const int32_t e = experts[i];
       if (slot_of_[size_t(il)][size_t(e)] >= 0) continue;
-      const int64_t s = pick_victim();
-      evict(s);
-      Slot& slot = slots_[size_t(s)];
-      slot.block = il;
-      slot.expert = e;
-      slot.state = SlotState::Loading;
-      slot.pins = 1;  // the reader's, until the bytes are in
-      slot.last_use = ++tick_;
-      slot.prefetched = true;
-      --unpinned_;
-      slot_of_[size_t(il)][size_t(e)] = s;
+      const int64_t s = take_slot(il, e);  // pinned by the reader until the bytes are in
+      slots_[size_t(s)].prefetched = true;
       prefetch_queue_.push_back({s, il, e});
       ++stats_.prefetched;
     }
@@ -343,7 +341,11 @@ void ExpertCache::read_expert(const Read& r) {
   const auto& tensors = blocks_[size_t(r.block)];
   // A file replaced or rewritten under a running process would give other weights than
   // the ones loaded: refuse before reading.
-  for (int32_t fi : file_of_[size_t(r.block)]) check_unchanged(files_[size_t(fi)]);
+  // (The three tensors of a block are nearly always in one file: each file is checked once.)
+  const std::vector<int32_t>& files = file_of_[size_t(r.block)];
+  for (size_t t = 0; t < files.size(); ++t)
+    if (std::find(files.begin(), files.begin() + ptrdiff_t(t), files[t]) == files.begin() + ptrdiff_t(t))
+      check_unchanged(files_[size_t(files[t])]);
   for (size_t t = 0; t < tensors.size(); ++t) {
     const ExpertTensor& x = tensors[t];
     const OpenFile& f = files_[size_t(file_of_[size_t(r.block)][t])];

@@ -120,7 +120,10 @@ class ExpertCache {
 
   int64_t pick_victim();  // an unpinned slot, by the policy above; -1 if none (lock held)
   void count_use(int il, int32_t e);  // lock held
-  void evict(int64_t slot);  // lock held
+  void evict(int64_t slot);  // counted as an eviction (lock held)
+  void empty_slot(int64_t slot);  // its expert out of every table (lock held)
+  // A slot for expert e of block il, evicting by the policy, left Loading with one pin (lock held).
+  int64_t take_slot(int il, int32_t e);
   std::vector<Read> claim(int il, const int32_t* experts, int64_t n, std::vector<int64_t>& pinned);
   std::string read_all(const std::vector<Read>& reads, ThreadPool& pool);
   std::string wait_for_others(const std::vector<int64_t>& pinned);
