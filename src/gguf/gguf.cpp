@@ -685,21 +685,19 @@ MappedFile::MappedFile(const std::string& path) : path_(path) {
   size_ = size;
 }
 
-bool MappedFile::release(const void* p, size_t n) const {
-  const uint8_t* b = static_cast<const uint8_t*>(p);
-  if (b < data_ || n > size_ || size_t(b - data_) > size_ - n) return false;
-  const uintptr_t page = uintptr_t(::sysconf(_SC_PAGESIZE));
-  const uintptr_t first = (uintptr_t(b) + page - 1) / page * page, last = (uintptr_t(b) + n) / page * page;
-  if (first < last) ::madvise(reinterpret_cast<void*>(first), last - first, MADV_DONTNEED);
-  return true;
-}
+bool MappedFile::release(const void* p, size_t n) const { return advise(p, n, Access::Release); }
 
 bool MappedFile::advise(const void* p, size_t n, Access access) const {
   const uint8_t* b = static_cast<const uint8_t*>(p);
   if (b < data_ || n > size_ || size_t(b - data_) > size_ - n) return false;
   const uintptr_t page = uintptr_t(::sysconf(_SC_PAGESIZE));
-  const uintptr_t first = uintptr_t(b) / page * page, last = uintptr_t(b) + n;
-  ::madvise(reinterpret_cast<void*>(first), last - first, access == Access::Random ? MADV_RANDOM : MADV_WILLNEED);
+  // Releasing takes only the pages wholly inside the range (a page shared with a neighbour
+  // may still be read); the hints cover every page the range touches.
+  const bool inside = access == Access::Release;
+  const uintptr_t first = (uintptr_t(b) + (inside ? page - 1 : 0)) / page * page;
+  const uintptr_t last = inside ? (uintptr_t(b) + n) / page * page : uintptr_t(b) + n;
+  const int advice = access == Access::Release ? MADV_DONTNEED : access == Access::Random ? MADV_RANDOM : MADV_WILLNEED;
+  if (first < last) ::madvise(reinterpret_cast<void*>(first), last - first, advice);
   return true;
 }
 
@@ -719,10 +717,7 @@ std::unique_ptr<File> File::parse_buffer(const uint8_t* data, size_t size, const
   return f;
 }
 
-void File::release_pages(const void* p, size_t n) const {
-  for (const auto& f : files_)
-    if (f->release(p, n)) return;
-}
+void File::release_pages(const void* p, size_t n) const { advise(p, n, MappedFile::Access::Release); }
 
 void File::advise(const void* p, size_t n, MappedFile::Access access) const {
   for (const auto& f : files_)

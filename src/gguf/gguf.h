@@ -85,8 +85,8 @@ class MappedFile {
   bool release(const void* p, size_t n) const;
   // How the bytes [p, p + n) will be read, if they lie in this mapping (true then): Random
   // stops the kernel reading around a fault (pages of other tensors that then fill the page
-  // cache), WillNeed starts reading the whole range now.
-  enum class Access { Random, WillNeed };
+  // cache), WillNeed starts reading the whole range now, Release is release().
+  enum class Access { Random, WillNeed, Release };
   bool advise(const void* p, size_t n, Access access) const;
 
  private:
