@@ -174,4 +174,13 @@ std::string tiny_q_regen_dir() {
   return tmp_dir() + "/tiny-q-regen";
 }
 
+std::vector<int32_t> lcg_tokens(int n, uint32_t state, int range) {
+  std::vector<int32_t> tokens;
+  for (int i = 0; i < n; ++i) {
+    state = state * 1664525u + 1013904223u;
+    tokens.push_back(3 + int32_t(state >> 8) % range);
+  }
+  return tokens;
+}
+
 }  // namespace step35::testing

@@ -41,4 +41,8 @@ std::string regenerated_fixture(const std::string& file, std::string* why, const
 // llama.cpp's llama-quantize): $STEP35_TINY_Q_DIR, else tmp_dir()/tiny-q-regen.
 std::string tiny_q_regen_dir();
 
+// n pseudo-random token ids in [3, 3 + range): a 32-bit LCG started at `state`, stepped
+// before each id (the tests' deterministic prompts; each test derives the state from a seed).
+std::vector<int32_t> lcg_tokens(int n, uint32_t state, int range);
+
 }  // namespace step35::testing

@@ -32,15 +32,7 @@ const Model& tiny_a() {
   return *l.model;
 }
 
-std::vector<int32_t> prompt(int n, int seed) {
-  std::vector<int32_t> p;
-  uint32_t s = uint32_t(seed) * 2654435761u + 1;
-  for (int i = 0; i < n; ++i) {
-    s = s * 1664525u + 1013904223u;
-    p.push_back(3 + int32_t(s >> 8) % 500);
-  }
-  return p;
-}
+std::vector<int32_t> prompt(int n, int seed) { return lcg_tokens(n, uint32_t(seed) * 2654435761u + 1, 500); }
 
 // Greedy continuation of one sequence alone (prefill in one chunk, then one token a step).
 std::vector<std::vector<float>> run_alone(const Model& m, const std::vector<int32_t>& p, int n_gen, int threads,

@@ -32,11 +32,8 @@ const Model& model() {
 
 std::vector<int32_t> prompt(int n, int seed) {
   std::vector<int32_t> p = {0};
-  uint32_t s = uint32_t(seed) * 2654435761u + 7;
-  for (int i = 1; i < n; ++i) {
-    s = s * 1664525u + 1013904223u;
-    p.push_back(3 + int32_t(s >> 8) % 500);
-  }
+  const std::vector<int32_t> rest = lcg_tokens(n - 1, uint32_t(seed) * 2654435761u + 7, 500);
+  p.insert(p.end(), rest.begin(), rest.end());
   return p;
 }
 

@@ -50,15 +50,7 @@ uint64_t smallest_budget(const std::string& path) {
   return hi;
 }
 
-std::vector<int32_t> prompt(int n, int seed) {
-  std::vector<int32_t> p;
-  uint32_t s = uint32_t(seed) * 2654435761u + 7;
-  for (int i = 0; i < n; ++i) {
-    s = s * 1664525u + 1013904223u;
-    p.push_back(3 + int32_t(s >> 8) % 500);
-  }
-  return p;
-}
+std::vector<int32_t> prompt(int n, int seed) { return lcg_tokens(n, uint32_t(seed) * 2654435761u + 7, 500); }
 
 // Greedy continuation: the logits of the prefill and of each decode step; `misses` (if
 // given) gets the experts the cache has read after each step.

@@ -37,11 +37,8 @@ std::unique_ptr<Model> load(const std::string& name) {
 
 std::vector<int32_t> prompt(int n, int seed, int vocab) {
   std::vector<int32_t> p = {0};
-  uint32_t s = uint32_t(seed) * 2654435761u + 11;
-  for (int i = 1; i < n; ++i) {
-    s = s * 1664525u + 1013904223u;
-    p.push_back(3 + int32_t(s >> 8) % (vocab - 10));
-  }
+  const std::vector<int32_t> rest = lcg_tokens(n - 1, uint32_t(seed) * 2654435761u + 11, vocab - 10);
+  p.insert(p.end(), rest.begin(), rest.end());
   return p;
 }
 
